@@ -1,0 +1,127 @@
+"""Launch detection: which launcher started this process, and what it says about the job.
+
+:func:`detect_environment` asks each registered environment (built-in or from a plugin) in
+priority order and returns the first :class:`~distcomm.environment.info.LaunchInfo` one gives;
+:func:`explain_detection` says in words what each was asked and answered. Detection is pure: it
+reads a snapshot of the environment and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Mapping
+
+from distcomm.environment.info import LaunchInfo
+from distcomm.errors import EnvironmentDetectionError, InvalidArgumentError, did_you_mean
+from distcomm.specs import EnvironmentSpec
+
+__all__ = ["REQUIRED_VARIABLES", "detect_environment", "explain_detection"]
+
+#: What each built-in method needs to find, for the error when it was asked for but not found.
+REQUIRED_VARIABLES = {
+    "env": "RANK and WORLD_SIZE",
+    "slurm": "an srun task step (SLURM_STEP_ID, SLURM_PROCID)",
+    "mpi": "an MPI launcher's rank/size variables (OMPI_COMM_WORLD_*, PMI_RANK/PMI_SIZE, ...)",
+}
+
+
+def detect_environment(
+    method: str | None = None, environ: Mapping[str, str] | None = None
+) -> LaunchInfo:
+    """Detect how this process was launched.
+
+    Args:
+        method: the launch method to use (``"env"``, ``"slurm"``, ``"mpi"``, ``"single_node"``
+            or a plugin's); None tries every registered method by descending priority (ties by
+            name) and takes the first that matches. ``single_node`` always matches, last.
+        environ: the environment to read; defaults to ``os.environ``. It is only read.
+
+    Returns:
+        The detected launch; ``sources`` says where each field came from, and
+        ``sources["method"]`` why this method matched.
+
+    Raises:
+        InvalidArgumentError: ``method`` names no registered environment.
+        EnvironmentDetectionError: ``method`` was given but its launcher did not start this
+            process, or a launcher variable is present but malformed.
+    """
+    snapshot = _snapshot(environ)
+    if method is not None:
+        spec = _spec(method)
+        info = spec.detect(snapshot)
+        if info is None:
+            needs = REQUIRED_VARIABLES.get(spec.name, "the variables its plugin documents")
+            raise EnvironmentDetectionError(
+                f"method={method!r} was requested, but this process was not launched that way: "
+                f"{spec.name!r} needs {needs}. HINT: launch with that launcher, or leave "
+                "method unset (and DISTCOMM_INIT_METHOD unset) to detect the launcher.",
+            )
+        return info
+    for spec in _ordered_specs():
+        info = spec.detect(snapshot)
+        if info is not None:
+            return info
+    raise EnvironmentDetectionError(
+        "no registered launch environment matched. HINT: the built-in 'single_node' fallback "
+        "is missing; reinstall distcomm.",
+    )
+
+
+def explain_detection(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Say, one line per environment in detection order, what automatic detection finds.
+
+    Lines read ``"env: not detected"``, ``"slurm: detected (<why>)"`` or
+    ``"mpi: error: <message>"``; the list stops where detection stops: at the first environment
+    that is detected or raises.
+
+    Args:
+        environ: the environment to read; defaults to ``os.environ``. It is only read.
+    """
+    snapshot = _snapshot(environ)
+    lines: list[str] = []
+    for spec in _ordered_specs():
+        try:
+            info = spec.detect(snapshot)
+        except EnvironmentDetectionError as exc:
+            lines.append(f"{spec.name}: error: {exc}")
+            break
+        if info is not None:
+            lines.append(f"{spec.name}: detected ({info.sources.get('method', info.method)})")
+            break
+        lines.append(f"{spec.name}: not detected")
+    return lines
+
+
+def _snapshot(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    """Return a read-only copy of ``environ`` (default ``os.environ``) for the detectors."""
+    return types.MappingProxyType(dict(os.environ if environ is None else environ))
+
+
+def _registered() -> dict[str, EnvironmentSpec]:
+    from distcomm.registry import get_registry
+
+    return get_registry().environments
+
+
+def _ordered_specs() -> list[EnvironmentSpec]:
+    """Return the registered environments by descending priority, ties by name."""
+    return sorted(_registered().values(), key=lambda spec: (-spec.priority, spec.name))
+
+
+def _spec(method: str) -> EnvironmentSpec:
+    """Return the environment registered as ``method`` (case-insensitive)."""
+    specs = _registered()
+    if not isinstance(method, str):
+        raise InvalidArgumentError(
+            f"method must be a string, not {method!r}. HINT: use one of {', '.join(sorted(specs))}."
+        )
+    spec = specs.get(method.strip().lower())
+    if spec is None:
+        suggestion = did_you_mean(method.strip(), specs)
+        hint = suggestion or f"use one of {', '.join(sorted(specs))}."
+        raise InvalidArgumentError(
+            f"unknown launch method {method!r}; available: {', '.join(sorted(specs))}. "
+            f"HINT: {hint}"
+        )
+    return spec

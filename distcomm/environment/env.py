@@ -1,0 +1,88 @@
+"""The ``env`` launch method: RANK and WORLD_SIZE set by torchrun, ``distcomm run`` or by hand.
+
+Read: RANK, WORLD_SIZE (both required), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node's
+rank), GROUP_WORLD_SIZE (the number of nodes), MASTER_ADDR, MASTER_PORT, and the job id from
+TORCHELASTIC_RUN_ID or SLURM_JOB_ID. What is missing is derived, and ``sources`` says how.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from distcomm.environment.info import LaunchInfo, read_int
+from distcomm.environment.readers import node_layout, read_text, require_int
+from distcomm.errors import EnvironmentDetectionError
+
+__all__ = ["detect"]
+
+_JOB_ID_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+#: What torchrun puts in TORCHELASTIC_RUN_ID when no --rdzv-id is given: no id at all.
+_NO_RUN_ID = "none"
+
+
+def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
+    """Return the launch described by RANK and WORLD_SIZE, or None when neither is set.
+
+    Raises:
+        EnvironmentDetectionError: only one of RANK and WORLD_SIZE is set, or a variable is
+            malformed (not an integer, rank not below the world size, ...).
+    """
+    present = [name for name in ("RANK", "WORLD_SIZE") if name in environ]
+    if not present:
+        return None
+    if len(present) == 1:
+        (given,) = present
+        missing = "WORLD_SIZE" if given == "RANK" else "RANK"
+        raise EnvironmentDetectionError(
+            f"{given}={environ[given]!r} is set but {missing} is not; the env method needs "
+            f"both. HINT: set {missing} as well (torchrun and 'distcomm run' set both), or "
+            f"unset {given}.",
+            variable=missing,
+            value=None,
+        )
+    context = "the env method needs it"
+    rank = require_int(environ, "RANK", context=context)
+    world_size = require_int(environ, "WORLD_SIZE", context=context, minimum=1)
+    layout, sources = node_layout(
+        environ,
+        rank,
+        world_size,
+        local_rank="LOCAL_RANK",
+        local_world_size="LOCAL_WORLD_SIZE",
+        node_rank="GROUP_RANK",
+        num_nodes="GROUP_WORLD_SIZE",
+    )
+    address = read_text(environ, "MASTER_ADDR")
+    sources["master_addr"] = "MASTER_ADDR"
+    if address is None:
+        single = layout["num_nodes"] == 1
+        address = "127.0.0.1" if single else None
+        sources["master_addr"] = "derived: one node, loopback" if single else "default"
+    port = read_int(environ, "MASTER_PORT")
+    job_variable, job_id = _job_id(environ)
+    sources.update(
+        method="RANK and WORLD_SIZE set (torchrun or distcomm run)",
+        rank="RANK",
+        world_size="WORLD_SIZE",
+        master_port="MASTER_PORT" if port is not None else "default",
+        job_id=job_variable,
+    )
+    return LaunchInfo(
+        method="env",
+        rank=rank,
+        world_size=world_size,
+        **layout,
+        master_addr=address,
+        master_port=port,
+        job_id=job_id,
+        sources=sources,
+    )
+
+
+def _job_id(environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """Return ``(source, job id)``: TORCHELASTIC_RUN_ID (unless torchrun's "none"), SLURM_JOB_ID."""
+    for name in _JOB_ID_VARIABLES:
+        value = read_text(environ, name)
+        if value is not None and value != _NO_RUN_ID:
+            return name, value
+    return "default", None

@@ -1,0 +1,117 @@
+"""The exception hierarchy of distcomm.
+
+Every error distcomm raises on purpose derives from :class:`DistcommError`. Messages name the
+offending value with ``!r``, list the valid choices, and end with a ``HINT:`` saying how to fix it.
+Where a standard exception fits too (``LookupError``, ``ValueError``, ``TimeoutError``), the
+distcomm error derives from both so that existing ``except`` clauses keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "AlreadyInitializedError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "DistTimeoutError",
+    "DistcommError",
+    "DistcommWarning",
+    "EnvironmentDetectionError",
+    "InvalidArgumentError",
+    "NotInitializedError",
+    "PluginConflictError",
+    "RankFailedError",
+]
+
+
+class DistcommError(Exception):
+    """Base class of every error raised by distcomm."""
+
+
+class BackendNotFoundError(DistcommError, LookupError):
+    """No backend of the requested name is registered, or none is available for this launch."""
+
+
+class BackendUnavailableError(DistcommError):
+    """The backend is registered but cannot run here; ``reason`` says why."""
+
+    def __init__(self, message: str, *, backend: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.backend = backend
+        self.reason = reason
+
+
+class EnvironmentDetectionError(DistcommError):
+    """A launcher variable is present but malformed; ``variable`` and ``value`` name it."""
+
+    def __init__(self, message: str, *, variable: str | None = None, value: str | None = None):
+        super().__init__(message)
+        self.variable = variable
+        self.value = value
+
+
+class InvalidArgumentError(DistcommError, ValueError):
+    """An argument has a value distcomm cannot use."""
+
+
+class NotInitializedError(DistcommError):
+    """An operation needs ``distcomm.init()`` first."""
+
+
+class AlreadyInitializedError(DistcommError):
+    """``init()`` was called again with arguments that differ from the running communicator."""
+
+
+class PluginConflictError(DistcommError):
+    """Two plugins registered the same backend or environment name."""
+
+
+class DistTimeoutError(DistcommError, TimeoutError):
+    """An operation did not complete within its timeout.
+
+    Attributes:
+        op: the operation's name, e.g. ``"all_reduce"``.
+        seq: the operation's sequence number on its communicator, when known.
+        group: a description of the communicator.
+        missing_ranks: ranks (of that communicator) that had not joined, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        seq: int | None = None,
+        group: str | None = None,
+        missing_ranks: Sequence[int] | None = None,
+    ):
+        super().__init__(message)
+        self.op = op
+        self.seq = seq
+        self.group = group
+        self.missing_ranks = tuple(missing_ranks) if missing_ranks is not None else None
+
+
+class RankFailedError(DistcommError):
+    """A rank of a multi-rank run raised; ``rank`` and ``traceback`` (text) say which and where."""
+
+    def __init__(self, rank: int, traceback: str, message: str | None = None):
+        self.rank = rank
+        self.traceback = traceback
+        super().__init__(message or f"rank {rank} failed:\n{traceback.rstrip()}")
+
+    def __reduce__(self) -> tuple[type[RankFailedError], tuple[int, str, str]]:
+        return (type(self), (self.rank, self.traceback, str(self)))
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """Return ``" HINT: did you mean 'x'?"``-style text for the closest choice, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(value.lower(), [c.lower() for c in choices], n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+class DistcommWarning(UserWarning):
+    """A warning distcomm issues: the program runs, but probably not as the user meant."""

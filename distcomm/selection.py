@@ -1,0 +1,167 @@
+"""Choosing a backend for a launch, and recording why every candidate was taken or not.
+
+Order (DESIGN section 4): the ``backend`` argument, else ``DISTCOMM_BACKEND``, else automatic:
+adopt an existing torch default process group; a world of 1 with no launcher runs on fakelink;
+otherwise the available backend of highest priority (nccl 300, mpi 200, gloo 100, plugins by their
+own; 0 means only when asked for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+
+from distcomm.environment.info import LaunchInfo
+from distcomm.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
+from distcomm.registry import FIRST_PARTY_BACKENDS, Registry, install_hint
+from distcomm.specs import BackendSpec
+
+__all__ = ["Candidate", "Selection", "select_backend"]
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One backend as the selection saw it (``distcomm info``'s "backends" entries)."""
+
+    name: str
+    distribution: str
+    available: bool
+    reason: str
+    selected: bool = False
+    priority: int = 0
+
+
+@dataclasses.dataclass
+class Selection:
+    """The outcome: the chosen backend (or the error) and the trace of why."""
+
+    backend: str | None
+    spec: BackendSpec | None
+    candidates: list[Candidate]
+    trace: list[str]
+    error: Exception | None = None
+
+
+def select_backend(
+    registry: Registry,
+    launch: LaunchInfo,
+    requested: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Selection:
+    """Choose a backend for ``launch``; never raises: a failure is ``Selection.error``."""
+    environ = os.environ if environ is None else environ
+    trace: list[str] = []
+    if requested is not None:
+        trace.append(f"backend {requested!r} requested by the backend argument")
+    elif environ.get("DISTCOMM_BACKEND", "").strip():
+        requested = environ["DISTCOMM_BACKEND"]
+        trace.append(f"backend {requested.strip()!r} requested by DISTCOMM_BACKEND")
+    candidates = _candidates(registry, launch)
+    by_name = {c.name: c for c in candidates}
+    specs = registry.backends
+    if requested is not None:
+        name = str(requested).strip().lower()
+        choice = by_name.get(name) if name in specs else None
+        if choice is None:
+            return _fail(candidates, trace, _not_found(name, specs, by_name))
+        if not choice.available:
+            error = BackendUnavailableError(
+                f"backend {name!r} cannot run here: {choice.reason}", backend=name, reason=choice.reason
+            )
+            return _fail(candidates, trace, error)
+        return _chosen(choice, specs, candidates, trace, "was requested")
+    adopted = _torch_default_backend()
+    if adopted is not None:
+        trace.append(f"a torch default process group exists (backend {adopted!r}): adopting it")
+        choice = by_name.get(adopted)
+        if choice is None or adopted not in specs:
+            return _fail(candidates, trace, _not_found(adopted, specs, by_name))
+        return _chosen(choice, specs, candidates, trace, "adopts the existing torch process group")
+    if launch.method == "single_node" and launch.world_size == 1:
+        return _chosen(by_name["fakelink"], specs, candidates, trace,
+                       "because a world of 1 with no launcher runs in-process")
+    ranked = sorted((c for c in candidates if c.name in specs and c.priority > 0),
+                    key=lambda c: (-c.priority, c.name))
+    for choice in ranked:
+        if choice.available:
+            return _chosen(choice, specs, candidates, trace, f"is the highest-priority available backend (priority {choice.priority})")
+    reasons = "; ".join(f"{c.name}: {c.reason}" for c in candidates if not c.selected)
+    return _fail(candidates, trace, BackendNotFoundError(
+        f"no backend can run a world of {launch.world_size} launched by {launch.method!r}: "
+        f"{reasons}. HINT: install one (e.g. {install_hint('distcomm-torch')}), or name one "
+        "with init(backend=...) / DISTCOMM_BACKEND."
+    ))
+
+
+def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
+    out = []
+    failed = {p.distribution: p.error for p in registry.plugins if p.error}
+    blocked = {p.distribution for p in registry.plugins if p.blocked}
+    for name, spec in sorted(registry.backends.items()):
+        distribution = registry.distribution_of(name) or "?"
+        if name in registry.conflicts:
+            available, reason = False, registry.conflicts[name]
+        else:
+            try:
+                available, reason = spec.is_available(launch)
+            except Exception as exc:
+                available, reason = False, f"is_available() raised {type(exc).__name__}: {exc}"
+        out.append(Candidate(name, distribution, bool(available), reason, priority=spec.priority))
+    for name, distribution in FIRST_PARTY_BACKENDS.items():
+        if name in registry.backends:
+            continue
+        if distribution in failed:
+            reason = f"{distribution} is installed but failed to load: {failed[distribution]}"
+        elif distribution in blocked:
+            reason = f"{distribution} is blocked by DISTCOMM_DISABLE_PLUGINS"
+        else:
+            reason = f"not installed ({install_hint(distribution)})"
+        out.append(Candidate(name, distribution, False, reason))
+    return out
+
+
+def _chosen(choice: Candidate, specs: dict[str, BackendSpec], candidates: list[Candidate],
+            trace: list[str], why: str) -> Selection:
+    choice.selected = True
+    trace.append(f"{choice.name}: selected: {why}")
+    for c in candidates:
+        if c.selected:
+            continue
+        if c.available:
+            trace.append(f"{c.name}: available, not chosen (priority {c.priority}; {choice.name} {why})")
+        else:
+            trace.append(f"{c.name}: not available: {c.reason}")
+    return Selection(choice.name, specs[choice.name], candidates, trace)
+
+
+def _fail(candidates: list[Candidate], trace: list[str], error: Exception) -> Selection:
+    trace.extend(f"{c.name}: {'available' if c.available else 'not available: ' + c.reason}" for c in candidates)
+    trace.append(f"no backend selected: {error}")
+    return Selection(None, None, candidates, trace, error)
+
+
+def _not_found(name: str, specs: Mapping[str, BackendSpec], by_name: dict[str, Candidate]) -> BackendNotFoundError:
+    available = ", ".join(sorted(specs)) or "none"
+    hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
+    guess = hint.split("'")[1] if hint else name
+    parts = [f"unknown backend {name!r}; available: {available}."]
+    if guess in FIRST_PARTY_BACKENDS and guess not in specs:
+        dist = FIRST_PARTY_BACKENDS[guess]
+        lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"
+        parts.append(f"{lead} is provided by {dist}, which is not installed ({install_hint(dist)}).")
+    elif hint:
+        parts.append(f"HINT: {hint}")
+    else:
+        parts.append("HINT: run `distcomm info` to see every backend and why it is (not) available.")
+    return BackendNotFoundError(" ".join(parts))
+
+
+def _torch_default_backend() -> str | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    raw = str(dist.get_backend()).lower()
+    names = [part.split(":")[-1] for part in raw.split(",")]
+    return "nccl" if "nccl" in names else names[0]

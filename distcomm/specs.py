@@ -1,0 +1,102 @@
+"""What plugins register: :class:`BackendSpec`, :class:`EnvironmentSpec`, :class:`Capabilities`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distcomm.environment import LaunchInfo
+    from distcomm.protocol import Communicator
+
+__all__ = ["ALL_DTYPES", "ALL_OPS", "BackendSpec", "Capabilities", "EnvironmentSpec"]
+
+#: Every dtype name distcomm accepts, on every backend (some engines bridge through wider types).
+ALL_DTYPES = frozenset(
+    {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}
+)
+#: Every collective a Communicator offers.
+ALL_OPS = frozenset(
+    {
+        "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+        "reduce_scatter_tensor", "gather", "scatter", "all_to_all_single", "send", "recv",
+        "barrier", "objects", "new_group", "split",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a backend does natively; the rest distcomm emulates or refuses.
+
+    Attributes:
+        ops: collectives the engine runs (see :data:`ALL_OPS`).
+        dtypes: dtype names the engine reduces natively; others are bridged through wider types.
+        reduce_ops: ReduceOp names the engine has; AVG is emulated with SUM where missing.
+        async_ops: whether ``async_op=True`` overlaps with the caller (else it completes eagerly).
+        timeouts: whether a blocked operation ends with DistTimeoutError.
+        any_source: whether ``recv(src=None)`` is supported.
+    """
+
+    ops: frozenset[str] = ALL_OPS
+    dtypes: frozenset[str] = ALL_DTYPES
+    reduce_ops: frozenset[str] = frozenset(
+        {"SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"}
+    )
+    async_ops: bool = True
+    timeouts: bool = True
+    any_source: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """A backend, as a plugin registers it with ``registry.add_backend(spec)``.
+
+    Attributes:
+        name: what users pass as ``backend=``, lower case.
+        factory: ``factory(launch_info, **options) -> Communicator``; import heavy engines here.
+        is_available: ``is_available(launch_info) -> (bool, reason)``; cheap, never initialises.
+        priority: place in the automatic order (higher first); 0 means only when asked for.
+        devices: the tensor devices the engine moves natively, e.g. ``{"cpu"}``.
+        capabilities: what the engine does natively.
+        description: one line for ``distcomm info``.
+    """
+
+    name: str
+    factory: Callable[..., Communicator]
+    is_available: Callable[[LaunchInfo], tuple[bool, str]]
+    priority: int = 0
+    devices: frozenset[str] = frozenset({"cpu"})
+    capabilities: Capabilities = Capabilities()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name("backend", self.name)
+        object.__setattr__(self, "devices", frozenset(self.devices))
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentSpec:
+    """A launch environment, as a plugin registers it with ``registry.add_environment(spec)``.
+
+    Attributes:
+        name: the method name users pass as ``method=``.
+        detect: ``detect(environ) -> LaunchInfo | None``; pure: reads the mapping, writes nothing.
+            Returns None when this launcher did not start the process, raises
+            EnvironmentDetectionError when it did but a value is malformed.
+        priority: place in the automatic order (higher first). Built-ins: env 400, slurm 300,
+            mpi 200; single_node is the fallback after every other.
+    """
+
+    name: str
+    detect: Callable[[Mapping[str, str]], LaunchInfo | None]
+    priority: int = 100
+
+    def __post_init__(self) -> None:
+        _check_name("environment", self.name)
+
+
+def _check_name(kind: str, name: Any) -> None:
+    if not isinstance(name, str) or not name or name != name.strip().lower():
+        raise ValueError(f"{kind} name {name!r} must be a non-empty lower-case string")

@@ -1,0 +1,59 @@
+"""Who is initialised: the process's default communicator, or a thread-rank's own.
+
+Inside ``distcomm.testing.run_threads`` each thread has its own :class:`Context`, so the
+module-level API acts as that thread's rank; everywhere else one process-wide context holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distcomm.environment import LaunchInfo
+    from distcomm.protocol import Communicator
+
+__all__ = ["Context", "current", "set_process", "thread_context"]
+
+
+@dataclasses.dataclass
+class Context:
+    """An initialised world as ``init()`` made it.
+
+    Attributes:
+        comm: the default communicator.
+        launch: the launch it was built from (after ``init`` arguments were applied).
+        trace: why this backend and method were chosen.
+        requested: the arguments ``init`` was given, to compare with a later call.
+        exported: environment variables ``init`` set (``finalize`` removes exactly these).
+        thread_owned: True inside run_threads (finalize is a no-op there).
+    """
+
+    comm: Communicator
+    launch: LaunchInfo
+    trace: list[str] = dataclasses.field(default_factory=list)
+    requested: dict[str, Any] = dataclasses.field(default_factory=dict)
+    exported: dict[str, str] = dataclasses.field(default_factory=dict)
+    thread_owned: bool = False
+
+
+_process: Context | None = None
+_local = threading.local()
+
+
+def current() -> Context | None:
+    """The context that applies to the calling thread, or None before init."""
+    ctx: Context | None = getattr(_local, "ctx", None)
+    return ctx if ctx is not None else _process
+
+
+def set_process(ctx: Context | None) -> None:
+    """Install (or clear) the process-wide context."""
+    global _process
+    _process = ctx
+
+
+def thread_context(ctx: Context | None) -> None:
+    """Install (or clear) the calling thread's own context."""
+    _local.ctx = ctx

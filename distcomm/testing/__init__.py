@@ -1,0 +1,9 @@
+"""Testing tools: thread-ranks (:func:`run_threads`) and the backend conformance suite.
+
+``distcomm.testing.conformance`` holds the checks every backend must pass, written once and run
+inside already-running ranks (threads here; processes or mpirun ranks for other backends).
+"""
+
+from distcomm.testing.threads import run_threads
+
+__all__ = ["run_threads"]

@@ -1,0 +1,114 @@
+"""`run_threads`: N fakelink thread-ranks in this process, for tests and examples."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from distcomm import state
+from distcomm.environment.info import LaunchInfo
+from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
+from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
+
+__all__ = ["run_threads"]
+
+T = TypeVar("T")
+_GRACE = 5.0
+
+
+def run_threads(fn: Callable[..., T], world_size: int, *args: Any, timeout: float = 60.0) -> list[T]:
+    """Run ``fn(*args)`` in ``world_size`` thread-ranks of one fakelink world; return the results.
+
+    Each thread starts initialised as rank r of ``world_size``: inside it the module-level API
+    (``distcomm.all_reduce``, ``get_rank`` ...), helpers and compat modules act as that rank.
+    ``init()`` returns the thread's communicator and ``finalize()`` is a no-op there.
+
+    Args:
+        fn: the function every rank runs.
+        world_size: the number of ranks (at least 1).
+        *args: passed to ``fn``.
+        timeout: seconds for the whole run; also each operation's timeout.
+
+    Returns:
+        ``fn``'s return values in rank order.
+
+    Raises:
+        RankFailedError: a rank raised; the first to fail is reported, with its traceback, as
+            soon as it fails (ranks waiting in distcomm are stopped at once).
+        DistTimeoutError: the run took longer than ``timeout``; the message shows where each
+            unfinished rank was.
+    """
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise InvalidArgumentError(f"world_size={world_size!r} must be a positive int")
+    if not callable(fn):
+        raise InvalidArgumentError(f"fn={fn!r} must be callable")
+    fabric = Fabric(world_size)
+    results: list[Any] = [None] * world_size
+    failures: list[tuple[int, str]] = []
+    done = threading.Event()
+    finished = [False] * world_size
+    lock = threading.Lock()
+
+    def body(rank: int) -> None:
+        launch = LaunchInfo(
+            method="threads", rank=rank, world_size=world_size, local_rank=rank,
+            local_world_size=world_size, node_rank=0, num_nodes=1,
+            sources={"method": "distcomm.testing.run_threads"},
+        )
+        comm = FakeLinkCommunicator(fabric, 0, rank=rank, world_size=world_size, launch=launch,
+                                    timeout=timeout)
+        requested = {"backend": "fakelink", "method": "threads", "rank": rank,
+                     "world_size": world_size, "timeout": float(timeout)}
+        state.thread_context(state.Context(comm, launch, ["run_threads"], requested, thread_owned=True))
+        try:
+            results[rank] = fn(*args)
+        except FabricAborted:
+            pass
+        except BaseException:
+            with lock:
+                failures.append((rank, traceback.format_exc()))
+            fabric.abort(f"rank {rank} failed")
+        finally:
+            state.thread_context(None)
+            with lock:
+                finished[rank] = True
+                if all(finished) or failures:
+                    done.set()
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"distcomm-rank-{r}", daemon=True)
+               for r in range(world_size)]
+    for thread in threads:
+        thread.start()
+    if not done.wait(timeout):
+        fabric.abort(f"run_threads timed out after {timeout:g} s")
+        raise DistTimeoutError(
+            f"run_threads: ranks {[r for r, f in enumerate(finished) if not f]} did not finish "
+            f"within {timeout:g} s.\n{_where(threads)}HINT: a rank is stuck outside distcomm, or "
+            "raise timeout=.", op="run_threads", missing_ranks=[r for r, f in enumerate(finished) if not f],
+        )
+    if failures:
+        deadline = time.monotonic() + _GRACE
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        rank, text = failures[0]
+        others = sorted({r for r, _ in failures[1:]})
+        also = f" (ranks {others} failed too)" if others else ""
+        raise RankFailedError(rank, text, f"rank {rank} of {world_size} failed{also}:\n{text.rstrip()}")
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def _where(threads: list[threading.Thread]) -> str:
+    frames = sys._current_frames()
+    lines = []
+    for thread in threads:
+        frame = frames.get(thread.ident or -1)
+        if thread.is_alive() and frame is not None:
+            stack = traceback.extract_stack(frame)[-1]
+            lines.append(f"  {thread.name}: {stack.filename}:{stack.lineno} in {stack.name}\n")
+    return "".join(lines)
