@@ -106,7 +106,7 @@ class RankFailedError(DistcommError):
 
 
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
-    """Return ``" HINT: did you mean 'x'?"``-style text for the closest choice, or ``""``."""
+    """Return ``"did you mean 'x'?"`` for the closest choice, or ``""``."""
     import difflib
 
     close = difflib.get_close_matches(value.lower(), [c.lower() for c in choices], n=1, cutoff=0.6)

@@ -407,7 +407,7 @@ def is_available(launch: LaunchInfo) -> tuple[bool, str]:
         return True, "in-process world of 1"
     return False, (
         f"in-process only: it runs a world of 1, or thread-ranks in distcomm.testing.run_threads, "
-        f"but the {launch.method} launch says world_size={launch.world_size}. HINT: use gloo or mpi."
+        f"but the {launch.method} launch says world_size={launch.world_size}"
     )
 
 

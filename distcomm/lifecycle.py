@@ -15,11 +15,12 @@ import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from distcomm import state
 from distcomm.environment import LaunchInfo, detect_environment
 from distcomm.errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
+from distcomm.logs import logger
 from distcomm.protocol import Communicator
 from distcomm.registry import get_registry
 from distcomm.selection import select_backend
@@ -101,6 +102,7 @@ def init(
         if export_env:
             ctx.exported = _export_env(launch)
         state.set_process(ctx)
+        logger.info("initialised %r: %s", comm, "; ".join(trace))
         return comm
 
 
@@ -252,22 +254,24 @@ def dist_mode(func: F) -> F:
 
 def resolve_timeout(timeout: float | datetime.timedelta | None) -> float:
     """Seconds from a number, a timedelta, or (None) ``DISTCOMM_TIMEOUT`` / the default 1800."""
-    source = "timeout"
-    if timeout is None:
+    source, given = "timeout", cast(object, timeout)
+    if given is None:
         raw = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
         if not raw:
             return DEFAULT_TIMEOUT
-        source, timeout = "DISTCOMM_TIMEOUT", raw
-    if isinstance(timeout, datetime.timedelta):
-        value = timeout.total_seconds()
-    else:
+        source, given = "DISTCOMM_TIMEOUT", raw
+    if isinstance(given, datetime.timedelta):
+        value = given.total_seconds()
+    elif isinstance(given, (int, float, str)) and not isinstance(given, bool):
         try:
-            value = float(timeout)
-        except (TypeError, ValueError):
+            value = float(given)
+        except ValueError:
             value = -1.0
+    else:
+        value = -1.0
     if not value > 0 or value == float("inf"):
         raise InvalidArgumentError(
-            f"{source}={timeout!r} must be a positive number of seconds or a timedelta. "
+            f"{source}={given!r} must be a positive number of seconds or a timedelta. "
             "HINT: e.g. init(timeout=600) or DISTCOMM_TIMEOUT=600."
         )
     return value
@@ -278,8 +282,8 @@ def _check_device(device: Any) -> str:
         device = str(device)
     if isinstance(device, str):
         text = device.strip().lower()
-        kind, _, index = text.partition(":")
-        if (kind == "cpu" and not index) or (kind == "cuda" and (not index or index.isdigit())):
+        kind, colon, index = text.partition(":")
+        if (kind == "cpu" and not colon) or (kind == "cuda" and (not colon or index.isdigit())):
             return text
     raise InvalidArgumentError(
         f"device={device!r} is not a device; valid: 'cpu', 'cuda', 'cuda:N' or a torch.device. "

@@ -16,7 +16,7 @@ import math
 import operator
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distcomm.errors import InvalidArgumentError
@@ -158,19 +158,24 @@ def reduce_numbers(values: list[Any], op: ReduceOp) -> int | float:
         if op is ReduceOp.AVG:
             raise InvalidArgumentError("ReduceOp.AVG needs numbers, got bools. HINT: use SUM.")
         if op is ReduceOp.BXOR:
-            return functools.reduce(operator.xor, values)
+            return bool(functools.reduce(operator.xor, values))
         return any(values) if op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BOR) else all(values)
     if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and any(isinstance(v, float) for v in values):
-        raise InvalidArgumentError(f"ReduceOp.{op.name} needs ints, got {values!r}")
-    if op is ReduceOp.SUM:
-        return sum(values)
-    if op is ReduceOp.AVG:
-        return sum(values) / len(values)
-    if op is ReduceOp.PRODUCT:
-        return math.prod(values)
-    if op is ReduceOp.MIN:
-        return min(values)
-    if op is ReduceOp.MAX:
-        return max(values)
-    bitwise = {ReduceOp.BAND: operator.and_, ReduceOp.BOR: operator.or_, ReduceOp.BXOR: operator.xor}
-    return functools.reduce(bitwise[op], values)
+        raise InvalidArgumentError(
+            f"ReduceOp.{op.name} needs ints or bools, got {values!r}. HINT: convert the values "
+            "with int(), or use SUM, PRODUCT, MIN, MAX or AVG."
+        )
+    result: int | float = _NUMBER_OPS[op](values)
+    return result
+
+
+_NUMBER_OPS: dict[ReduceOp, Callable[[list[Any]], Any]] = {
+    ReduceOp.SUM: sum,
+    ReduceOp.AVG: lambda values: sum(values) / len(values),
+    ReduceOp.PRODUCT: math.prod,
+    ReduceOp.MIN: min,
+    ReduceOp.MAX: max,
+    ReduceOp.BAND: lambda values: functools.reduce(operator.and_, values),
+    ReduceOp.BOR: lambda values: functools.reduce(operator.or_, values),
+    ReduceOp.BXOR: lambda values: functools.reduce(operator.xor, values),
+}

@@ -17,6 +17,7 @@ from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
+    from distcomm.specs import Capabilities
 
 __all__ = ["NON_MEMBER", "Communicator", "NonMember", "ReduceOp", "Work"]
 
@@ -135,6 +136,10 @@ class Communicator(Protocol):
     def native(self) -> Any: ...
     @property
     def launch(self) -> LaunchInfo: ...
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the engine does natively (the rest is emulated)."""
+        ...
 
     def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False) -> Any: ...
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None: ...

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import logging
 import os
 import threading
 import traceback
@@ -24,6 +23,7 @@ import pluggy
 
 from distcomm import hookspecs
 from distcomm.errors import PluginConflictError
+from distcomm.logs import configure_from_env, logger
 from distcomm.specs import BackendSpec, EnvironmentSpec
 
 __all__ = [
@@ -34,9 +34,8 @@ __all__ = [
     "get_registry",
     "install_hint",
     "reload_registry",
+    "set_registry",
 ]
-
-logger = logging.getLogger("distcomm")
 
 ENTRY_POINT_GROUP = "distcomm"
 CORE_DISTRIBUTION = "distcomm"
@@ -51,8 +50,8 @@ _CORE_PLUGINS = ("distcomm.fakelink", "distcomm.environment.builtin")
 
 
 def install_hint(distribution: str) -> str:
-    """Return how to install a first-party distribution, e.g. ``pip install distcomm-torch``."""
-    return f"pip install {distribution} (from a distcomm checkout: pip install ./backends/{distribution})"
+    """Return how to install a first-party distribution from a distcomm checkout."""
+    return f"pip install ./backends/{distribution}"
 
 
 @dataclasses.dataclass
@@ -200,6 +199,7 @@ class Registry:
                 (default: ``os.environ``).
         """
         environ = os.environ if environ is None else environ
+        configure_from_env(environ)
         registry = cls()
         from distcomm import __version__
 
@@ -216,6 +216,7 @@ class Registry:
             registry._load_entry_point(ep, blocked)
         for module_name in sorted(_split_names(environ.get("DISTCOMM_PLUGINS", ""))):
             registry._load_module(module_name)
+        logger.debug("plugins: %s", ", ".join(f"{p.name} ({p.distribution})" for p in registry.plugins))
         return registry
 
     def _load_entry_point(self, ep: importlib.metadata.EntryPoint, blocked: set[str]) -> None:
@@ -271,3 +272,15 @@ def reload_registry() -> Registry:
     with _lock:
         _registry = Registry.load()
         return _registry
+
+
+def set_registry(registry: Registry | None) -> Registry | None:
+    """Install ``registry`` as the process's (None: load again on next use); return the old one.
+
+    For tests and for programs that build their own registry, e.g.
+    ``Registry.load(entry_points=[])`` for the core's plugins alone.
+    """
+    global _registry
+    with _lock:
+        previous, _registry = _registry, registry
+        return previous

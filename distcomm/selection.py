@@ -90,7 +90,8 @@ def select_backend(
     reasons = "; ".join(f"{c.name}: {c.reason}" for c in candidates if not c.selected)
     return _fail(candidates, trace, BackendNotFoundError(
         f"no backend can run a world of {launch.world_size} launched by {launch.method!r}: "
-        f"{reasons}. HINT: install one (e.g. {install_hint('distcomm-torch')}), or name one "
+        f"{reasons}. HINT: install one ({install_hint('distcomm-torch')} or "
+        f"{install_hint('distcomm-mpi')}), or name one "
         "with init(backend=...) / DISTCOMM_BACKEND."
     ))
 
@@ -146,7 +147,14 @@ def _not_found(name: str, specs: Mapping[str, BackendSpec], by_name: dict[str, C
     available = ", ".join(sorted(specs)) or "none"
     hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
     guess = hint.split("'")[1] if hint else name
+    missing = sorted({d for b, d in FIRST_PARTY_BACKENDS.items() if b not in specs})
+    not_installed = "; ".join(
+        f"{', '.join(sorted(b for b, d in FIRST_PARTY_BACKENDS.items() if d == dist))} ({dist})"
+        for dist in missing
+    )
     parts = [f"unknown backend {name!r}; available: {available}."]
+    if not_installed:
+        parts.append(f"Not installed: {not_installed}.")
     if guess in FIRST_PARTY_BACKENDS and guess not in specs:
         dist = FIRST_PARTY_BACKENDS[guess]
         lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"

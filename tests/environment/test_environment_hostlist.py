@@ -138,7 +138,7 @@ def _host_name(draw: st.DrawFn) -> tuple[str, list[str]]:
     texts = [draw(_TEXT if groups else _TEXT.filter(bool)) for _ in range(len(groups) + 1)]
     rendered = texts[0]
     hosts = [texts[0]]
-    for (body, numbers), text in zip(groups, texts[1:]):
+    for (body, numbers), text in zip(groups, texts[1:], strict=True):
         rendered += f"[{body}]{text}"
         hosts = [host + number + text for host in hosts for number in numbers]
     return rendered, hosts

@@ -1,0 +1,118 @@
+"""The ``distcomm`` command (also ``python -m distcomm``).
+
+``distcomm info [--explain] [--json]`` shows the detected launch, the backend distcomm would choose
+and why, every backend with its availability, and every plugin with its load error, without
+initialising anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["collect_info", "main"]
+
+
+def collect_info() -> dict[str, Any]:
+    """What ``distcomm info --json`` prints (see docs/cli.md for the shape)."""
+    from distcomm import __version__
+    from distcomm.environment import detect_environment
+    from distcomm.errors import DistcommError
+    from distcomm.registry import get_registry
+    from distcomm.selection import select_backend
+
+    registry = get_registry()
+    info: dict[str, Any] = {"version": __version__, "launch": None, "selected": {"backend": None, "method": None}}
+    trace: list[str] = []
+    method = os.environ.get("DISTCOMM_INIT_METHOD", "").strip() or None
+    try:
+        launch = detect_environment(method)
+    except DistcommError as exc:
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        trace.append(f"launch detection failed: {exc}")
+        candidates = []
+    else:
+        info["launch"] = launch.as_dict()
+        info["selected"]["method"] = launch.method
+        trace.append(f"method {launch.method}: {launch.sources.get('method', 'chosen')}")
+        selection = select_backend(registry, launch)
+        trace += selection.trace
+        info["selected"]["backend"] = selection.backend
+        if selection.error is not None:
+            info["error"] = f"{type(selection.error).__name__}: {selection.error}"
+        candidates = selection.candidates
+    info["backends"] = [
+        {"name": c.name, "distribution": c.distribution, "available": c.available,
+         "reason": c.reason, "selected": c.selected, "priority": c.priority}
+        for c in sorted(candidates, key=lambda c: (not c.selected, -c.priority, c.name))
+    ]
+    owners = {name: p.distribution for p in registry.plugins for name in p.environments}
+    info["environments"] = [
+        {"name": name, "distribution": owners.get(name, "?"), "priority": spec.priority}
+        for name, spec in sorted(registry.environments.items(), key=lambda kv: -kv[1].priority)
+    ]
+    info["plugins"] = [
+        {"name": p.name, "distribution": p.distribution, "version": p.version, "error": p.error,
+         "blocked": p.blocked}
+        for p in registry.plugins
+    ]
+    info["trace"] = trace + registry.notes
+    return info
+
+
+def _print_text(info: dict[str, Any], explain: bool) -> None:
+    out = sys.stdout
+    out.write(f"distcomm {info['version']}\n")
+    launch = info["launch"]
+    if launch:
+        out.write(
+            f"launch:    {launch['method']}: rank {launch['rank']} of {launch['world_size']} "
+            f"(local {launch['local_rank']} of {launch['local_world_size']}, node "
+            f"{launch['node_rank']} of {launch['num_nodes']}), master "
+            f"{launch['master_addr'] or '-'}:{launch['master_port'] or '-'}, job {launch['job_id'] or '-'}\n"
+        )
+    selected = info["selected"]
+    out.write(f"selected:  backend {selected['backend'] or '(none)'}, method {selected['method'] or '(none)'}\n")
+    if "error" in info:
+        out.write(f"error:     {info['error']}\n")
+    out.write("backends:\n")
+    width = max((len(b["name"]) for b in info["backends"]), default=8)
+    for b in info["backends"]:
+        mark = "*" if b["selected"] else " "
+        state = "available" if b["available"] else "unavailable"
+        out.write(f"  {mark} {b['name']:<{width}}  {b['distribution']:<18} {state}: {b['reason']}\n")
+    envs = ", ".join(f"{e['name']} ({e['distribution']})" for e in info["environments"])
+    out.write(f"environments: {envs}\n")
+    out.write("plugins:\n")
+    for p in info["plugins"]:
+        status = "blocked by DISTCOMM_DISABLE_PLUGINS" if p["blocked"] else (f"ERROR {p['error']}" if p["error"] else "ok")
+        out.write(f"    {p['name']:<30} {p['distribution']} {p['version'] or ''}: {status}\n")
+    if explain:
+        out.write("why:\n")
+        for line in info["trace"]:
+            out.write(f"    {line}\n")
+        if launch:
+            out.write("where each launch value came from:\n")
+            for field, source in launch["sources"].items():
+                out.write(f"    {field:<17} {source}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``distcomm`` command; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="distcomm", description="distcomm: one communication layer, many engines.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info_parser = commands.add_parser("info", help="show the detected launch, backends and plugins")
+    info_parser.add_argument("--explain", action="store_true", help="also say why each backend was (not) chosen")
+    info_parser.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
+    args = parser.parse_args(argv)
+    info = collect_info()
+    if args.json:
+        json.dump(info, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_text(info, args.explain)
+    return 1 if info["launch"] is None else 0

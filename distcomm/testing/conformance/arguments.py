@@ -1,0 +1,176 @@
+"""Checks of the getters and of argument validation.
+
+Invalid arguments raise InvalidArgumentError (a ValueError) on the rank that passed them, before
+anything is sent, so every check here may call with bad arguments on some ranks only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import distcomm
+from distcomm.errors import InvalidArgumentError
+from distcomm.protocol import Communicator
+from distcomm.testing.conformance.registry import check
+from distcomm.testing.conformance.support import cases, comm, empty, expect, make, raises
+
+
+@check
+def getters() -> None:
+    """get_rank, get_world_size, is_initialized, is_main_process, is_distributed agree with comm."""
+    c = comm()
+    rank, world = c.rank, c.world_size
+    expect(isinstance(c, Communicator), f"{c!r} does not satisfy the Communicator protocol")
+    expect(distcomm.is_initialized(), "is_initialized() is False inside a rank")
+    expect(distcomm.get_rank() == rank, f"get_rank() is {distcomm.get_rank()}, comm.rank is {rank}")
+    expect(
+        distcomm.get_world_size() == world,
+        f"get_world_size() is {distcomm.get_world_size()}, comm says {world}",
+    )
+    expect(0 <= rank < world, f"rank {rank} is not in range(world_size={world})")
+    expect(
+        tuple(c.global_ranks) == tuple(range(world)),
+        f"the world's global_ranks are {c.global_ranks!r}",
+    )
+    expect(distcomm.is_main_process() == (rank == 0), f"is_main_process() is wrong on rank {rank}")
+    expect(
+        distcomm.is_distributed() == (world > 1),
+        f"is_distributed() is wrong for a world of {world}",
+    )
+    expect(
+        distcomm.get_backend() == c.backend,
+        f"get_backend() is {distcomm.get_backend()!r}, comm says {c.backend!r}",
+    )
+    expect(distcomm.init() is c, "init() inside a running rank must return its communicator")
+    seen = distcomm.all_gather_object((rank, world))
+    expect(seen == [(r, world) for r in range(world)], f"ranks disagree on who they are: {seen}")
+
+
+@check
+def invalid_ranks() -> None:
+    """src/dst outside the communicator raise InvalidArgumentError naming the value."""
+    world = distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d == "float32"):
+        t = make(lib, dtype, [1.0, 2.0])
+        parts = [empty(lib, dtype, (2,)) for _ in range(world)]
+        for bad in (world, -1, world + 7):
+            calls: list[tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
+                ("src", distcomm.broadcast, (t,), {"src": bad}),
+                ("dst", distcomm.reduce, (t,), {"dst": bad}),
+                ("dst", distcomm.gather, (t,), {"dst": bad}),
+                ("dst", distcomm.gather, (t, parts), {"dst": bad}),
+                ("src", distcomm.scatter, (t,), {"src": bad}),
+                ("src", distcomm.scatter, (t, parts), {"src": bad}),
+                ("dst", distcomm.send, (t, bad), {}),
+                ("dst", distcomm.isend, (t, bad), {}),
+                ("src", distcomm.recv, (t, bad), {}),
+                ("src", distcomm.irecv, (t, bad), {}),
+                ("src", distcomm.broadcast_object, (1,), {"src": bad}),
+                ("dst", distcomm.gather_object, (1,), {"dst": bad}),
+                ("src", distcomm.scatter_object, ([1] * world,), {"src": bad}),
+            ]
+            for name, fn, args, kwargs in calls:
+                exc = raises(InvalidArgumentError, fn, *args, **kwargs)
+                expect(
+                    f"{name}={bad}" in str(exc) or (name in str(exc) and repr(bad) in str(exc)),
+                    f"{fn.__name__} with {name}={bad}: the message does not name the value: {exc}",
+                )
+        raises(InvalidArgumentError, distcomm.broadcast, t, src=True)
+        raises(InvalidArgumentError, distcomm.broadcast, t, src=0.0)
+        raises(InvalidArgumentError, distcomm.send, t, 0, tag=-1)
+
+
+@check
+def invalid_tensor_lists() -> None:
+    """Lists of the wrong length or holding the wrong arrays raise before communicating."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d == "int32"):
+        t = make(lib, dtype, [1, 2, 3])
+        for length in (world - 1, world + 1):
+            parts = [empty(lib, dtype, (3,)) for _ in range(length)]
+            exc = raises(InvalidArgumentError, distcomm.all_gather, parts, t)
+            expect(
+                str(world) in str(exc),
+                f"all_gather with {length} outputs: the message lacks the size: {exc}",
+            )
+            if rank == 0:
+                raises(InvalidArgumentError, distcomm.gather, t, parts, dst=0)
+                raises(InvalidArgumentError, distcomm.scatter, t, parts, src=0)
+        wrong_size = [empty(lib, dtype, (4,)) for _ in range(world)]
+        raises(InvalidArgumentError, distcomm.all_gather, wrong_size, t)
+        raises(InvalidArgumentError, distcomm.all_gather, empty(lib, dtype, (3 * world,)), t)
+
+
+@check
+def root_only_lists() -> None:
+    """gather_list / scatter_list: required on the root, ValueError elsewhere (as in torch)."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d == "float64"):
+        t = make(lib, dtype, [1.0])
+        parts = [empty(lib, dtype, (1,)) for _ in range(world)]
+        for root in range(world):
+            if rank == root:
+                raises(ValueError, distcomm.gather, t, None, dst=root)
+                raises(ValueError, distcomm.scatter, t, None, src=root)
+            else:
+                raises(ValueError, distcomm.gather, t, parts, dst=root)
+                raises(ValueError, distcomm.scatter, t, parts, src=root)
+
+
+@check
+def mismatched_outputs() -> None:
+    """Output and input of different dtypes, libraries or sizes raise before communicating."""
+    world = distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d == "float32"):
+        other = "int64"
+        inp = make(lib, dtype, [1.0] * 2 * world)
+        for fn, out in (
+            (distcomm.all_gather_into_tensor, empty(lib, other, (2 * world * world,))),
+            (distcomm.all_gather_into_tensor, empty(lib, dtype, (2 * world * world + 1,))),
+            (distcomm.reduce_scatter_tensor, empty(lib, other, (2,))),
+            (distcomm.reduce_scatter_tensor, empty(lib, dtype, (3,))),
+            (distcomm.all_to_all_single, empty(lib, other, (2 * world,))),
+            (distcomm.all_to_all_single, empty(lib, dtype, (2 * world + 1,))),
+        ):
+            exc = raises(InvalidArgumentError, fn, out, inp)
+            expect(
+                isinstance(exc, ValueError),
+                f"{fn.__name__}: {type(exc).__name__} is not a ValueError",
+            )
+        exc = raises(
+            InvalidArgumentError,
+            distcomm.all_gather_into_tensor,
+            empty(lib, other, (2 * world * world,)),
+            inp,
+        )
+        expect(
+            other in str(exc) and dtype in str(exc),
+            f"the dtype mismatch message names neither dtype: {exc}",
+        )
+        parts = [empty(lib, other, (2 * world,)) for _ in range(world)]
+        raises(InvalidArgumentError, distcomm.all_gather, parts, inp)
+    libs = sorted({lib for lib, _ in cases()})
+    if len(libs) == 2:
+        raises(
+            InvalidArgumentError,
+            distcomm.all_gather_into_tensor,
+            empty(libs[0], "float32", (world,)),
+            make(libs[1], "float32", [1.0]),
+        )
+
+
+@check
+def not_a_tensor() -> None:
+    """Python lists, tuples and strings are refused with a hint (numbers only for all_reduce)."""
+    world = distcomm.get_world_size()
+    for bad in ([1, 2], (1.0,), "abc", None):
+        exc = raises(InvalidArgumentError, distcomm.all_reduce, bad)
+        expect(
+            "tensor" in str(exc).lower(),
+            f"all_reduce({bad!r}): the message does not say what it wants: {exc}",
+        )
+        raises(InvalidArgumentError, distcomm.broadcast, bad, src=0)
+        raises(InvalidArgumentError, distcomm.all_gather, [bad] * world, bad)
+        if world > 1:
+            raises(InvalidArgumentError, distcomm.send, bad, 1 % world)

@@ -1,0 +1,125 @@
+"""Checks of the collectives that move data without reducing it.
+
+broadcast, all_gather, all_gather_into_tensor, gather, scatter, all_to_all_single and barrier,
+on every dtype, from and to every root.
+"""
+
+from __future__ import annotations
+
+import distcomm
+from distcomm.testing.conformance.registry import check
+from distcomm.testing.conformance.support import cases, empty, expect, expect_values, make, pattern
+
+SHAPE = (2, 3)
+N = 6
+
+
+@check
+def broadcast_every_src() -> None:
+    """broadcast from every src on every dtype; src's tensor is left as it was."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases():
+        for src in range(world):
+            t = make(lib, dtype, pattern(dtype, rank, N), SHAPE)
+            distcomm.broadcast(t, src=src)
+            expect_values(t, pattern(dtype, src, N), f"broadcast src={src} {lib} {dtype}")
+
+
+@check
+def all_gather_list() -> None:
+    """all_gather into a list with one tensor per rank, on every dtype."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases():
+        parts = [empty(lib, dtype, SHAPE) for _ in range(world)]
+        t = make(lib, dtype, pattern(dtype, rank, N), SHAPE)
+        distcomm.all_gather(parts, t)
+        for r, part in enumerate(parts):
+            expect_values(part, pattern(dtype, r, N), f"all_gather {lib} {dtype} entry {r}")
+        expect_values(t, pattern(dtype, rank, N), f"all_gather {lib} {dtype} modified its input")
+
+
+@check
+def all_gather_into_tensor() -> None:
+    """all_gather_into_tensor concatenates along the first dimension, on every dtype."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases():
+        out = empty(lib, dtype, (world * SHAPE[0], SHAPE[1]))
+        distcomm.all_gather_into_tensor(out, make(lib, dtype, pattern(dtype, rank, N), SHAPE))
+        expected = [v for r in range(world) for v in pattern(dtype, r, N)]
+        expect_values(out, expected, f"all_gather_into_tensor {lib} {dtype}")
+        # In place, as FSDP and ZeRO do it: the input is this rank's slice of the output.
+        out = make(lib, dtype, pattern(dtype, rank, N * world), (world * SHAPE[0], SHAPE[1]))
+        mine = out[rank * SHAPE[0] : (rank + 1) * SHAPE[0]]
+        mine[...] = make(lib, dtype, pattern(dtype, rank, N), SHAPE)
+        distcomm.all_gather_into_tensor(out, mine)
+        expect_values(out, expected, f"in-place all_gather_into_tensor {lib} {dtype}")
+
+
+@check
+def gather_every_dst() -> None:
+    """gather to every dst; gather_list is passed on dst only."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases():
+        for dst in range(world):
+            parts = [empty(lib, dtype, SHAPE) for _ in range(world)] if rank == dst else None
+            distcomm.gather(make(lib, dtype, pattern(dtype, rank, N), SHAPE), parts, dst=dst)
+            if parts is not None:
+                for r, part in enumerate(parts):
+                    expect_values(
+                        part, pattern(dtype, r, N), f"gather dst={dst} {lib} {dtype} entry {r}"
+                    )
+
+
+@check
+def scatter_every_src() -> None:
+    """scatter from every src; scatter_list is passed on src only."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases():
+        for src in range(world):
+            parts = None
+            if rank == src:
+                parts = [
+                    make(lib, dtype, pattern(dtype, src * world + r, N), SHAPE)
+                    for r in range(world)
+                ]
+            t = empty(lib, dtype, SHAPE)
+            distcomm.scatter(t, parts, src=src)
+            expect_values(
+                t, pattern(dtype, src * world + rank, N), f"scatter src={src} {lib} {dtype}"
+            )
+
+
+@check
+def all_to_all_single() -> None:
+    """all_to_all_single: chunk r of every rank's input lands in rank r's output, in rank order."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    n = 2
+    for lib, dtype in cases():
+        inp = make(
+            lib,
+            dtype,
+            [v for r in range(world) for v in pattern(dtype, rank * world + r, n)],
+            (world, n),
+        )
+        out = empty(lib, dtype, (world, n))
+        distcomm.all_to_all_single(out, inp)
+        expected = [v for s in range(world) for v in pattern(dtype, s * world + rank, n)]
+        expect_values(out, expected, f"all_to_all_single {lib} {dtype}")
+
+
+@check
+def barrier() -> None:
+    """barrier returns None, or a completed Work with async_op=True; collectives around it agree."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    expect(distcomm.barrier() is None, "barrier() must return None")
+    work = distcomm.barrier(async_op=True)
+    expect(isinstance(work, distcomm.Work), f"barrier(async_op=True) returned {work!r}, not a Work")
+    assert work is not None
+    expect(work.wait() is True, "barrier Work.wait() must return True")
+    expect(work.is_completed(), "barrier Work is not completed after wait()")
+    for _ in range(3):
+        distcomm.barrier()
+    expect(
+        distcomm.all_reduce(rank + 1) == world * (world + 1) // 2,
+        "all_reduce after barriers is wrong",
+    )

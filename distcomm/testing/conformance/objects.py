@@ -1,0 +1,186 @@
+"""Checks of the object collectives: broadcast_object, all_gather_object, gather_object and
+scatter_object, from and to every rank, in the world and in a sub-group.
+
+The objects mix what pickle protocol 5 sends in band (ints, strings, containers, None) with what
+it sends out of band (numpy arrays, bytearrays), including a ~8 MiB array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import distcomm
+from distcomm.errors import InvalidArgumentError
+from distcomm.testing.conformance.registry import check
+from distcomm.testing.conformance.support import comm, expect, has_numpy, has_torch, raises
+
+BIG = 8 * 2**20  # bytes
+
+
+def sample(seed: int) -> dict[str, Any]:
+    """An object that depends on ``seed``: containers, None, bytes, arrays of several layouts."""
+    obj: dict[str, Any] = {
+        "seed": seed,
+        "text": f"rank-{seed}-é",
+        "none": None,
+        "nested": [seed, (seed, {"deep": [None, {seed}]}), frozenset({seed + 1})],
+        "bytes": bytearray(f"payload {seed}", "ascii"),
+    }
+    if has_numpy():
+        import numpy
+
+        obj["ints"] = numpy.arange(7, dtype=numpy.int64) * seed
+        obj["floats"] = numpy.full((2, 3), seed + 0.5, dtype=numpy.float32)
+        obj["fortran"] = numpy.asfortranarray(
+            numpy.arange(6, dtype=numpy.int16).reshape(2, 3) + seed
+        )
+        obj["strided"] = (numpy.arange(10, dtype=numpy.float64) + seed)[::3]
+        obj["empty"] = numpy.zeros((0, 4), dtype=numpy.uint8)
+    if has_torch():
+        import torch
+
+        obj["tensor"] = torch.arange(4, dtype=torch.bfloat16) + seed
+    return obj
+
+
+def big(seed: int) -> Any:
+    """An ~8 MiB object that depends on ``seed``: a numpy array, or a bytearray without numpy."""
+    if has_numpy():
+        import numpy
+
+        return numpy.arange(BIG // 8, dtype=numpy.float64) + seed
+    return bytearray([seed % 256]) * BIG
+
+
+def same(got: Any, want: Any) -> bool:
+    """Deep equality that compares arrays by dtype, shape and values."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, dict):
+        return got.keys() == want.keys() and all(same(got[k], want[k]) for k in want)
+    if isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(same(a, b) for a, b in zip(got, want, strict=True))
+    if type(want).__module__.startswith(("numpy", "torch")) and hasattr(want, "shape"):
+        return bool(
+            got.dtype == want.dtype
+            and tuple(got.shape) == tuple(want.shape)
+            and bool((got == want).all())
+        )
+    return bool(got == want)
+
+
+def _expect_same(got: Any, want: Any, what: str) -> None:
+    expect(same(got, want), f"{what}: expected {want!r:.300}, got {got!r:.300}")
+
+
+@check
+def broadcast_object_every_src() -> None:
+    """broadcast_object from every src returns src's object on every rank."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for src in range(world):
+        got = distcomm.broadcast_object(sample(rank), src=src)
+        _expect_same(got, sample(src), f"broadcast_object src={src}")
+    expect(distcomm.broadcast_object(None if rank == 0 else rank) is None, "broadcast_object(None)")
+    got = distcomm.broadcast_object(["x" * rank, {"k": (rank,)}], src=world - 1)
+    _expect_same(got, ["x" * (world - 1), {"k": (world - 1,)}], "broadcast_object of a list")
+
+
+@check
+def all_gather_object() -> None:
+    """all_gather_object returns every rank's object, in rank order."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    _expect_same(
+        distcomm.all_gather_object(sample(rank)),
+        [sample(r) for r in range(world)],
+        "all_gather_object",
+    )
+    _expect_same(distcomm.all_gather_object(None), [None] * world, "all_gather_object(None)")
+    varied = distcomm.all_gather_object("y" * (rank * 1000))
+    _expect_same(
+        varied, ["y" * (r * 1000) for r in range(world)], "all_gather_object of different sizes"
+    )
+
+
+@check
+def gather_object_every_dst() -> None:
+    """gather_object returns the list on dst and None elsewhere."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for dst in range(world):
+        got = distcomm.gather_object(sample(rank), dst=dst)
+        if rank == dst:
+            _expect_same(got, [sample(r) for r in range(world)], f"gather_object dst={dst}")
+        else:
+            expect(
+                got is None,
+                f"gather_object dst={dst} returned {got!r:.100} on rank {rank}, not None",
+            )
+
+
+@check
+def scatter_object_every_src() -> None:
+    """scatter_object gives rank r ``objs[r]``; only src passes the list."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for src in range(world):
+        objs: list[Any] | None = None
+        if rank == src:
+            objs = [sample(src * world + r) for r in range(world)]
+        _expect_same(
+            distcomm.scatter_object(objs, src=src),
+            sample(src * world + rank),
+            f"scatter_object src={src}",
+        )
+    objs = [None if r % 2 else "x" * r * 100 for r in range(world)] if rank == 0 else None
+    _expect_same(
+        distcomm.scatter_object(objs),
+        None if rank % 2 else "x" * rank * 100,
+        "scatter_object of mixed sizes",
+    )
+    if rank == 0:
+        raises(InvalidArgumentError, distcomm.scatter_object, [1] * (world + 1), src=0)
+        raises(InvalidArgumentError, distcomm.scatter_object, None, src=0)
+
+
+@check
+def large_objects() -> None:
+    """An ~8 MiB object travels by broadcast_object, all_gather_object and scatter_object."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    got = distcomm.broadcast_object({"big": big(rank)}, src=world - 1)
+    _expect_same(got, {"big": big(world - 1)}, "broadcast_object of 8 MiB")
+    gathered = distcomm.all_gather_object(big(rank) if rank == 0 else rank)
+    _expect_same(gathered, [big(0), *range(1, world)], "all_gather_object with one 8 MiB entry")
+    objs = [big(r) for r in range(world)] if rank == 0 else None
+    _expect_same(distcomm.scatter_object(objs, src=0), big(rank), "scatter_object of 8 MiB objects")
+
+
+@check
+def objects_in_group() -> None:
+    """Object collectives inside a group use group ranks as src/dst."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    group: Any = comm().split(rank % 2, key=world - rank)
+    members = sorted((r for r in range(world) if r % 2 == rank % 2), reverse=True)
+    size = len(members)
+    for root in range(size):
+        _expect_same(
+            distcomm.broadcast_object(sample(rank), src=root, group=group),
+            sample(members[root]),
+            f"broadcast_object in group {members} src={root}",
+        )
+        got = distcomm.gather_object(sample(rank), dst=root, group=group)
+        if group.rank == root:
+            _expect_same(
+                got, [sample(m) for m in members], f"gather_object in group {members} dst={root}"
+            )
+        else:
+            expect(got is None, f"gather_object in group {members}: a non-dst got {got!r:.100}")
+        objs = [sample(100 + m) for m in members] if group.rank == root else None
+        _expect_same(
+            distcomm.scatter_object(objs, src=root, group=group),
+            sample(100 + rank),
+            f"scatter_object in group {members} src={root}",
+        )
+    _expect_same(
+        distcomm.all_gather_object(sample(rank), group=group),
+        [sample(m) for m in members],
+        f"all_gather_object in group {members}",
+    )
+    raises(InvalidArgumentError, distcomm.broadcast_object, 1, src=size, group=group)

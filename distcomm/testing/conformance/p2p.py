@@ -1,0 +1,167 @@
+"""Checks of point-to-point messages: send/recv, isend/irecv, tags and any-source receives.
+
+Messages go around a ring (rank r sends to r + 1), so every world of 2 or more ranks exercises
+them; a world of 1 has no one to talk to (``invalid_ranks`` checks the arguments there). Sends are
+started with ``isend`` before the matching receive where the order would otherwise depend on the
+engine buffering the message. Each check uses its own tags, so no message can leak into another.
+"""
+
+from __future__ import annotations
+
+import distcomm
+from distcomm.errors import DistTimeoutError, InvalidArgumentError
+from distcomm.protocol import Work
+from distcomm.testing.conformance.registry import check
+from distcomm.testing.conformance.support import (
+    cases,
+    comm,
+    empty,
+    expect,
+    expect_values,
+    make,
+    pattern,
+    raises,
+)
+
+N = 5
+
+
+def _ring() -> tuple[int, int, int, int]:
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    return rank, world, (rank + 1) % world, (rank - 1) % world
+
+
+@check
+def send_recv_ring() -> None:
+    """Blocking send/recv around the ring (even ranks send first), every dtype, recv returns src."""
+    rank, world, nxt, prev = _ring()
+    if world == 1:
+        return
+    for tag, (lib, dtype) in enumerate(cases()):
+        out = make(lib, dtype, pattern(dtype, rank * 100 + tag, N))
+        buf = empty(lib, dtype, (N,))
+        if rank % 2 == 0:
+            distcomm.send(out, nxt, tag=tag)
+            got = distcomm.recv(buf, prev, tag=tag)
+        else:
+            got = distcomm.recv(buf, prev, tag=tag)
+            distcomm.send(out, nxt, tag=tag)
+        expect(got == prev, f"recv from {prev} returned {got!r}")
+        expect_values(buf, pattern(dtype, prev * 100 + tag, N), f"send/recv {lib} {dtype}")
+
+
+@check
+def isend_irecv() -> None:
+    """isend/irecv return Works; an irecv's Work names its source; non-contiguous targets fill."""
+    rank, world, nxt, prev = _ring()
+    if world == 1:
+        return
+    for lib, dtype in cases(lambda d: d in ("bool", "int64", "float32", "bfloat16")):
+        mine, theirs = pattern(dtype, rank, 8), pattern(dtype, prev, 8)
+        buf = empty(lib, dtype, (8,))
+        recv_work = distcomm.irecv(buf, prev, tag=7)
+        send_work = distcomm.isend(make(lib, dtype, mine), nxt, tag=7)
+        expect(
+            isinstance(recv_work, Work) and isinstance(send_work, Work),
+            "isend/irecv must return Works",
+        )
+        expect(
+            recv_work.wait() is True and send_work.wait() is True, "Work.wait() must return True"
+        )
+        expect(recv_work.is_completed(), "irecv Work not completed after wait()")
+        expect(
+            getattr(recv_work, "source", None) == prev,
+            f"irecv Work.source is {getattr(recv_work, 'source', None)!r}, expected {prev}",
+        )
+        expect_values(buf, theirs, f"isend/irecv {lib} {dtype}")
+
+        base = empty(lib, dtype, (4, 2))
+        work = distcomm.irecv(base.T, prev, tag=8)
+        distcomm.isend(make(lib, dtype, mine, (2, 4)), nxt, tag=8).wait()
+        work.wait()
+        expect_values(base.T, theirs, f"irecv into a transposed {lib} {dtype}")
+
+
+@check
+def tags_received_out_of_order() -> None:
+    """Two messages with different tags are matched by tag, not by arrival order."""
+    rank, world, nxt, prev = _ring()
+    if world == 1:
+        return
+    for lib, dtype in cases(lambda d: d == "int32"):
+        first = distcomm.isend(make(lib, dtype, pattern(dtype, rank, N)), nxt, tag=21)
+        second = distcomm.isend(make(lib, dtype, pattern(dtype, rank + 50, N)), nxt, tag=22)
+        late, early = empty(lib, dtype, (N,)), empty(lib, dtype, (N,))
+        expect(distcomm.recv(late, prev, tag=22) == prev, "recv returned the wrong source")
+        expect(distcomm.recv(early, prev, tag=21) == prev, "recv returned the wrong source")
+        first.wait()
+        second.wait()
+        expect_values(late, pattern(dtype, prev + 50, N), f"tag 22 {lib}")
+        expect_values(early, pattern(dtype, prev, N), f"tag 21 {lib}")
+
+
+@check
+def same_tag_messages_keep_their_order() -> None:
+    """Messages from one sender with one tag arrive in the order they were sent."""
+    rank, world, nxt, prev = _ring()
+    if world == 1:
+        return
+    for lib, dtype in cases(lambda d: d == "int64"):
+        works = [distcomm.isend(make(lib, dtype, [rank, k]), nxt, tag=31) for k in range(4)]
+        for k in range(4):
+            buf = empty(lib, dtype, (2,))
+            distcomm.recv(buf, prev, tag=31)
+            expect_values(buf, [prev, k], f"message {k} from rank {prev} ({lib})")
+        for work in works:
+            work.wait()
+
+
+@check
+def recv_any_source() -> None:
+    """recv(src=None) returns the sender's rank, where the backend supports any-source receives."""
+    rank, world, nxt, prev = _ring()
+    if world == 1:
+        return
+    if not comm().capabilities.any_source:
+        lib, dtype = next(cases())
+        exc = raises(InvalidArgumentError, distcomm.recv, empty(lib, dtype, (1,)), None, tag=41)
+        expect("src" in str(exc), f"the any-source error does not say what to pass: {exc}")
+        return
+    for lib, dtype in cases(lambda d: d == "int64"):
+        send = distcomm.isend(make(lib, dtype, [rank]), nxt, tag=41)
+        buf = empty(lib, dtype, (1,))
+        got = distcomm.recv(buf, None, tag=41)
+        expect(got == prev, f"recv(src=None) returned {got!r}; the sender was {prev}")
+        expect_values(buf, [prev], f"recv(src=None) {lib}")
+        send.wait()
+
+        send = distcomm.isend(make(lib, dtype, [rank]), nxt, tag=42)
+        work = distcomm.irecv(buf, None, tag=42)
+        work.wait()
+        expect(
+            getattr(work, "source", None) == prev,
+            f"irecv(src=None).source is {getattr(work, 'source', None)!r}",
+        )
+        send.wait()
+
+
+@check
+def wait_with_timeout() -> None:
+    """Work.wait(timeout) raises DistTimeoutError while nothing arrives, and can be waited again.
+
+    Nobody sends before the barrier, and each rank's timed wait happens before it enters the
+    barrier, so the first wait cannot succeed; the message sent afterwards completes the Work.
+    """
+    rank, world, nxt, prev = _ring()
+    if world == 1 or not comm().capabilities.timeouts:
+        return
+    for lib, dtype in cases(lambda d: d == "int64"):
+        buf = empty(lib, dtype, (1,))
+        work = distcomm.irecv(buf, prev, tag=61)
+        exc = raises(DistTimeoutError, work.wait, timeout=0.05)
+        expect(isinstance(exc, TimeoutError), "DistTimeoutError must be a TimeoutError")
+        distcomm.barrier()
+        send = distcomm.isend(make(lib, dtype, [rank]), nxt, tag=61)
+        expect(work.wait() is True, "a Work waited again after a timeout must complete")
+        send.wait()
+        expect_values(buf, [prev], f"irecv completed after a timed-out wait ({lib})")
