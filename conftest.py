@@ -23,7 +23,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         return
     reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
     if reason.startswith("Skipped: "):
-        reason = reason[len("Skipped: "):]
+        reason = reason[len("Skipped: ") :]
     if not reason.startswith(ALLOWED_SKIPS):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run everything: {reason}"

@@ -38,6 +38,7 @@ from distcomm.errors import (
     EnvironmentDetectionError,
     InvalidArgumentError,
     NotInitializedError,
+    PluginConflictError,
     RankFailedError,
 )
 from distcomm.hookspecs import hookimpl, hookspec
@@ -83,6 +84,7 @@ __all__ = [
     "InvalidArgumentError",
     "LaunchInfo",
     "NotInitializedError",
+    "PluginConflictError",
     "RankFailedError",
     "ReduceOp",
     "Work",

@@ -60,10 +60,16 @@ class Adapter:
     def is_contiguous(self, x: Any) -> bool:
         raise NotImplementedError
 
+    def is_plain(self, x: Any, devices: frozenset[str]) -> bool:
+        """Whether an engine moving ``devices`` takes ``x`` as it is: contiguous, on one of them."""
+        return "cpu" in devices and self.is_contiguous(x)
+
     def numel(self, x: Any) -> int:
         raise NotImplementedError
 
-    def empty(self, like: Any, numel: int, dtype: str | None = None, device: str | None = None) -> Any:
+    def empty(
+        self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
+    ) -> Any:
         """A new flat, contiguous array of ``like``'s kind (and dtype/device unless given)."""
         raise NotImplementedError
 
@@ -89,7 +95,9 @@ class Adapter:
 
     def combine_(self, acc: Any, other: Any, op: ReduceOp) -> None:
         """``acc = acc (op) other`` elementwise, in place (AVG is SUM here; see :meth:`divide_`)."""
-        raise InvalidArgumentError(f"reductions need a torch tensor or numpy array, not {self.kind}")
+        raise InvalidArgumentError(
+            f"reductions need a torch tensor or numpy array, not {self.kind}"
+        )
 
     def divide_(self, x: Any, divisor: int) -> None:
         """``x /= divisor`` in place (floating-point arrays)."""
@@ -108,9 +116,16 @@ class TorchAdapter(Adapter):
 
         self.torch = torch
         self.names = {
-            torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16",
-            torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
-            torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64",
+            torch.bool: "bool",
+            torch.uint8: "uint8",
+            torch.int8: "int8",
+            torch.int16: "int16",
+            torch.int32: "int32",
+            torch.int64: "int64",
+            torch.float16: "float16",
+            torch.bfloat16: "bfloat16",
+            torch.float32: "float32",
+            torch.float64: "float64",
         }
         self.dtypes = {v: k for k, v in self.names.items()}
 
@@ -127,10 +142,15 @@ class TorchAdapter(Adapter):
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())
 
+    def is_plain(self, x: Any, devices: frozenset[str]) -> bool:
+        return x.device.type in devices and bool(x.is_contiguous())
+
     def numel(self, x: Any) -> int:
         return int(x.numel())
 
-    def empty(self, like: Any, numel: int, dtype: str | None = None, device: str | None = None) -> Any:
+    def empty(
+        self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
+    ) -> Any:
         return self.torch.empty(
             numel,
             dtype=self.dtypes[dtype] if dtype else like.dtype,
@@ -181,7 +201,11 @@ class TorchAdapter(Adapter):
         if isinstance(src, self.torch.Tensor):
             return src
         if isinstance(src, (bytearray, bytes, memoryview)):
-            return self.torch.frombuffer(src, dtype=self.torch.uint8) if len(src) else self.torch.empty(0, dtype=self.torch.uint8)
+            return (
+                self.torch.frombuffer(src, dtype=self.torch.uint8)
+                if len(src)
+                else self.torch.empty(0, dtype=self.torch.uint8)
+            )
         return self.torch.from_numpy(src)
 
 
@@ -192,11 +216,16 @@ class NumpyAdapter(Adapter):
         import numpy
 
         self.np = numpy
+        self.names: dict[Any, str] = {}
 
     def dtype(self, x: Any) -> str:
-        name = str(x.dtype.name)
-        if name not in ALL_DTYPES:
-            raise _bad_dtype(x.dtype)
+        dtype = x.dtype
+        name = self.names.get(dtype)
+        if name is None:
+            name = str(dtype.name)
+            if name not in ALL_DTYPES:
+                raise _bad_dtype(dtype)
+            self.names[dtype] = name
         return name
 
     def is_contiguous(self, x: Any) -> bool:
@@ -205,7 +234,9 @@ class NumpyAdapter(Adapter):
     def numel(self, x: Any) -> int:
         return int(x.size)
 
-    def empty(self, like: Any, numel: int, dtype: str | None = None, device: str | None = None) -> Any:
+    def empty(
+        self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
+    ) -> Any:
         return self.np.empty(numel, dtype=dtype or like.dtype)
 
     def clone(self, x: Any) -> Any:
@@ -227,9 +258,14 @@ class NumpyAdapter(Adapter):
         if acc.dtype == np.bool_:
             op = normalise_bool_op(op)
         ufunc = {
-            ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
-            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
-            ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor,
+            ReduceOp.SUM: np.add,
+            ReduceOp.AVG: np.add,
+            ReduceOp.PRODUCT: np.multiply,
+            ReduceOp.MIN: np.minimum,
+            ReduceOp.MAX: np.maximum,
+            ReduceOp.BAND: np.bitwise_and,
+            ReduceOp.BOR: np.bitwise_or,
+            ReduceOp.BXOR: np.bitwise_xor,
         }[op]
         if acc.dtype == np.bool_ and op is ReduceOp.BXOR:
             ufunc = np.logical_xor
@@ -262,7 +298,9 @@ class BytesAdapter(Adapter):
     def numel(self, x: Any) -> int:
         return memoryview(x).nbytes
 
-    def empty(self, like: Any, numel: int, dtype: str | None = None, device: str | None = None) -> Any:
+    def empty(
+        self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
+    ) -> Any:
         return bytearray(numel)
 
     def clone(self, x: Any) -> Any:

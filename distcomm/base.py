@@ -7,10 +7,9 @@ dtypes the engine lacks through wider ones, emulate AVG, and copy results back i
 non-contiguous tensors. A primitive receives contiguous arrays of a native dtype on a native device
 and, with ``async_op=True``, may return a :class:`~distcomm.protocol.Work` (None means done).
 
-Primitives every backend implements: ``_all_reduce``, ``_broadcast``, ``_all_gather_into``,
-``_send``, ``_recv``, ``_split``. The others have correct, slower defaults built on those:
-``_reduce``, ``_reduce_scatter``, ``_gather``, ``_scatter``, ``_all_to_all``, ``_barrier``,
-``_isend``, ``_irecv``, ``_finalize``.
+The primitives, which ones a backend must write and the defaults of the others, are in
+:mod:`distcomm.primitives`; argument checks in :mod:`distcomm.checks`. A contiguous CPU tensor of
+a native dtype (the common case) goes to the primitive as it is, with no copy and no wrapper.
 """
 
 from __future__ import annotations
@@ -21,8 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm import objects
 from distcomm.arrays import Adapter, adapter_for, check_op_dtype, normalise_bool_op
+from distcomm.checks import ArgumentChecks
 from distcomm.errors import DistcommError, DistcommWarning, InvalidArgumentError
-from distcomm.protocol import NON_MEMBER, Communicator, NonMember, ReduceOp, Work
+from distcomm.primitives import Primitives
+from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 from distcomm.specs import Capabilities
 from distcomm.staging import Staged, stage
 from distcomm.work import ChainedWork, CompletedWork
@@ -33,9 +34,10 @@ if TYPE_CHECKING:
 __all__ = ["BaseCommunicator"]
 
 _DONE = CompletedWork()
+_TYPED_OPS = frozenset({ReduceOp.AVG, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 
 
-class BaseCommunicator:
+class BaseCommunicator(ArgumentChecks, Primitives):
     """Template for backends; see the module docstring.
 
     Args:
@@ -64,7 +66,9 @@ class BaseCommunicator:
         self._rank = rank
         self._world_size = world_size
         self._launch = launch
-        self._global_ranks = tuple(global_ranks) if global_ranks is not None else tuple(range(world_size))
+        self._global_ranks = (
+            tuple(global_ranks) if global_ranks is not None else tuple(range(world_size))
+        )
         self.timeout = float(timeout)
         self.name = name
         self.seq = 0
@@ -72,6 +76,15 @@ class BaseCommunicator:
         self._warned_staging = False
         self._native_dtypes = self.capabilities.dtypes
         self._native_avg = "AVG" in self.capabilities.reduce_ops
+        self._direct_dtypes = self._native_dtypes - {"bool"}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "uint8" not in cls.capabilities.dtypes:
+            raise TypeError(
+                f"{cls.__qualname__}.capabilities.dtypes must include 'uint8': object "
+                "collectives, new_group and split travel as bytes"
+            )
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -119,9 +132,16 @@ class BaseCommunicator:
         if isinstance(tensor, (int, float)):
             return self._all_reduce_number(tensor, op)
         adapter, dtype = self._begin(tensor, "tensor")
-        check_op_dtype(op, dtype)
+        if op in _TYPED_OPS:
+            check_op_dtype(op, dtype)
         if self._world_size == 1:
             return _DONE if async_op else None
+        if (
+            dtype in self._direct_dtypes
+            and adapter.is_plain(tensor, self.devices)
+            and (self._native_avg or op is not ReduceOp.AVG)
+        ):
+            return self._complete(self._all_reduce(tensor, op, async_op), async_op)
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
         work = self._all_reduce(staged.engine, engine_op, async_op)
         return self._finish(work, async_op, staged, divide)
@@ -132,6 +152,8 @@ class BaseCommunicator:
         self._check_rank(src, "src")
         if self._world_size == 1:
             return _DONE if async_op else None
+        if dtype in self._native_dtypes and adapter.is_plain(tensor, self.devices):
+            return self._complete(self._broadcast(tensor, src, async_op), async_op)
         staged = self._stage(adapter, tensor, dtype)
         work = self._broadcast(staged.engine, src, async_op)
         return self._finish(work, async_op, staged)
@@ -139,7 +161,7 @@ class BaseCommunicator:
     def reduce(
         self, tensor: Any, dst: int = 0, op: Any = ReduceOp.SUM, async_op: bool = False
     ) -> Work | None:
-        """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are left unspecified."""
+        """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._begin(tensor, "tensor")
         check_op_dtype(op, dtype)
@@ -152,8 +174,10 @@ class BaseCommunicator:
             staged.copied, divide = False, None
         return self._finish(work, async_op, staged, divide)
 
-    def all_gather(self, tensor_list: list[Any], tensor: Any, async_op: bool = False) -> Work | None:
-        """Gather every rank's ``tensor`` into ``tensor_list`` (one entry per rank) on every rank."""
+    def all_gather(
+        self, tensor_list: list[Any], tensor: Any, async_op: bool = False
+    ) -> Work | None:
+        """Gather every rank's ``tensor`` into ``tensor_list`` (one per rank) on every rank."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
         if self._world_size == 1:
@@ -169,7 +193,13 @@ class BaseCommunicator:
     ) -> Work | None:
         """Gather every rank's ``input_tensor`` into ``output_tensor`` (world_size times larger)."""
         adapter, dtype = self._begin(input_tensor, "input_tensor")
-        self._check_pair(output_tensor, "output_tensor", adapter, dtype, adapter.numel(input_tensor) * self._world_size)
+        self._check_pair(
+            output_tensor,
+            "output_tensor",
+            adapter,
+            dtype,
+            adapter.numel(input_tensor) * self._world_size,
+        )
         if self._world_size == 1:
             adapter.copy_(output_tensor, input_tensor)
             return _DONE if async_op else None
@@ -187,7 +217,12 @@ class BaseCommunicator:
         check_op_dtype(op, dtype)
         self._check_pair(output, "output", adapter, dtype, None)
         if adapter.numel(input) != adapter.numel(output) * self._world_size:
-            raise self._size_error("input", adapter.numel(input), "world_size x output's", adapter.numel(output) * self._world_size)
+            raise self._size_error(
+                "input",
+                adapter.numel(input),
+                "world_size x output's",
+                adapter.numel(output) * self._world_size,
+            )
         if self._world_size == 1:
             adapter.copy_(output, input)
             return _DONE if async_op else None
@@ -198,12 +233,18 @@ class BaseCommunicator:
         return self._finish(work, async_op, staged_out, divide)
 
     def gather(
-        self, tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, async_op: bool = False
+        self,
+        tensor: Any,
+        gather_list: list[Any] | None = None,
+        dst: int = 0,
+        async_op: bool = False,
     ) -> Work | None:
         """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (None elsewhere)."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(dst, "dst")
-        self._check_root_list(gather_list, "gather_list", dst, "dst", adapter, dtype, adapter.numel(tensor))
+        self._check_root_list(
+            gather_list, "gather_list", dst, "dst", adapter, dtype, adapter.numel(tensor)
+        )
         if self._world_size == 1:
             assert gather_list is not None
             adapter.copy_(gather_list[0], tensor)
@@ -218,12 +259,18 @@ class BaseCommunicator:
         return self._finish_split(work, async_op, adapter, out, gather_list)
 
     def scatter(
-        self, tensor: Any, scatter_list: list[Any] | None = None, src: int = 0, async_op: bool = False
+        self,
+        tensor: Any,
+        scatter_list: list[Any] | None = None,
+        src: int = 0,
+        async_op: bool = False,
     ) -> Work | None:
         """Give rank r ``scatter_list[r]`` from ``src``, in ``tensor``."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(src, "src")
-        self._check_root_list(scatter_list, "scatter_list", src, "src", adapter, dtype, adapter.numel(tensor))
+        self._check_root_list(
+            scatter_list, "scatter_list", src, "src", adapter, dtype, adapter.numel(tensor)
+        )
         if self._world_size == 1:
             assert scatter_list is not None
             adapter.copy_(tensor, scatter_list[0])
@@ -300,21 +347,36 @@ class BaseCommunicator:
     # -- objects -----------------------------------------------------------------------------
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
+        self._check_usable()
         self._check_rank(src, "src")
-        return obj if self._world_size == 1 else objects.broadcast_object(self._object_channel(), obj, src)
+        return (
+            obj
+            if self._world_size == 1
+            else objects.broadcast_object(self._object_channel(), obj, src)
+        )
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
         self._check_usable()
-        return [obj] if self._world_size == 1 else objects.all_gather_object(self._object_channel(), obj)
+        return (
+            [obj]
+            if self._world_size == 1
+            else objects.all_gather_object(self._object_channel(), obj)
+        )
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
+        self._check_usable()
         self._check_rank(dst, "dst")
-        return [obj] if self._world_size == 1 else objects.gather_object(self._object_channel(), obj, dst)
+        return (
+            [obj]
+            if self._world_size == 1
+            else objects.gather_object(self._object_channel(), obj, dst)
+        )
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
+        self._check_usable()
         self._check_rank(src, "src")
         if self._rank == src:
             objects.check_scatter_list(objs, self._world_size)
@@ -340,14 +402,16 @@ class BaseCommunicator:
             if other != members:
                 raise InvalidArgumentError(
                     f"new_group: rank {self._rank} passed ranks {list(members)} but rank {r} "
-                    f"passed {list(other)}. HINT: every rank must call new_group with the same ranks."
+                    f"passed {list(other)}. HINT: every rank calls new_group with the same ranks."
                 )
         index = 0 if self._rank in members else None
         return self._split([members], index)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember:
         """Split into sub-communicators by ``color`` (None: not a member), ordered by ``key``."""
-        if color is not None and (not isinstance(color, int) or isinstance(color, bool) or color < 0):
+        if color is not None and (
+            not isinstance(color, int) or isinstance(color, bool) or color < 0
+        ):
             raise InvalidArgumentError(
                 f"split: color {color!r} must be a non-negative int, or None to stay out. "
                 "HINT: ranks with equal colors form one group."
@@ -357,7 +421,12 @@ class BaseCommunicator:
         entries = self.all_gather_object((color, self._rank if key is None else key))
         colors = sorted({c for c, _ in entries if c is not None})
         groups = [
-            tuple(sorted((r for r, (c, _) in enumerate(entries) if c == col), key=lambda r: (entries[r][1], r)))
+            tuple(
+                sorted(
+                    (r for r, (c, _) in enumerate(entries) if c == col),
+                    key=lambda r: (entries[r][1], r),
+                )
+            )
             for col in colors
         ]
         index = None if color is None else colors.index(color)
@@ -369,84 +438,6 @@ class BaseCommunicator:
             self._finalize()
             self.unusable = "finalized"
 
-    # -- engine primitives -------------------------------------------------------------------
-    def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        raise NotImplementedError
-
-    def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
-        raise NotImplementedError
-
-    def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
-        raise NotImplementedError
-
-    def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
-        raise NotImplementedError
-
-    def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
-        """Receive into ``tensor``; the returned Work has ``source`` once complete."""
-        raise NotImplementedError
-
-    def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
-        """Create one communicator per group (ranks of this communicator, in member order).
-
-        Called on every rank with the same ``groups``; ``index`` is this rank's group, or None.
-        Return the new communicator, or NON_MEMBER when ``index`` is None.
-        """
-        raise NotImplementedError
-
-    def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
-        target = tensor if self._rank == dst else adapter_for(tensor).clone(tensor)
-        return self._all_reduce(target, op, async_op)
-
-    def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        adapter = adapter_for(input)
-        scratch = adapter.clone(input)
-        _wait(self._all_reduce(scratch, op, async_op))
-        numel = adapter.numel(output)
-        adapter.copy_(output, adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel])
-        return None
-
-    def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
-        adapter = adapter_for(tensor)
-        if output is None:
-            output = adapter.empty(tensor, adapter.numel(tensor) * self._world_size)
-        return self._all_gather_into(output, tensor, async_op)
-
-    def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
-        adapter = adapter_for(output)
-        numel = adapter.numel(output)
-        if full is None:
-            full = adapter.empty(output, numel * self._world_size)
-        _wait(self._broadcast(full, src, async_op))
-        adapter.copy_(output, adapter.flat(full)[self._rank * numel : (self._rank + 1) * numel])
-        return None
-
-    def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
-        adapter = adapter_for(input)
-        chunk = adapter.numel(input) // self._world_size
-        src_flat, out_flat = adapter.flat(input), adapter.flat(output)
-        works = [
-            self._irecv(out_flat[r * chunk : (r + 1) * chunk], r, _ALL_TO_ALL_TAG)
-            for r in range(self._world_size)
-            if r != self._rank
-        ]
-        works += [
-            self._isend(src_flat[r * chunk : (r + 1) * chunk], r, _ALL_TO_ALL_TAG)
-            for r in range(self._world_size)
-            if r != self._rank
-        ]
-        me = slice(self._rank * chunk, (self._rank + 1) * chunk)
-        adapter.copy_(out_flat[me], src_flat[me])
-        for work in works:
-            work.wait()
-        return None
-
-    def _barrier(self, async_op: bool) -> Work | None:
-        return self._all_gather_into(bytearray(self._world_size), bytearray(1), async_op)
-
-    def _finalize(self) -> None:
-        """Free the engine's resources for this communicator."""
-
     # -- helpers -----------------------------------------------------------------------------
     def _check_usable(self) -> None:
         if self.unusable is not None:
@@ -456,7 +447,8 @@ class BaseCommunicator:
             )
 
     def _begin(self, x: Any, what: str) -> tuple[Adapter, str]:
-        self._check_usable()
+        if self.unusable is not None:
+            self._check_usable()
         adapter = adapter_for(x, what)
         self.seq += 1
         return adapter, adapter.dtype(x)
@@ -484,6 +476,14 @@ class BaseCommunicator:
             op, divide = ReduceOp.SUM, self._world_size
         return staged, op, divide
 
+    @staticmethod
+    def _complete(work: Work | None, async_op: bool) -> Work | None:
+        if async_op:
+            return work if work is not None else _DONE
+        if work is not None:
+            work.wait()
+        return None
+
     def _finish(
         self,
         work: Work | None,
@@ -501,13 +501,13 @@ class BaseCommunicator:
 
         elif staged is not None and staged.copied:
             after = staged.write_back
+        if after is None:
+            return self._complete(work, async_op)
         if async_op:
-            inner = work if work is not None else _DONE
-            return ChainedWork(inner, after) if after is not None else inner
+            return ChainedWork(work if work is not None else _DONE, after)
         if work is not None:
             work.wait()
-        if after is not None:
-            after()
+        after()
         return None
 
     def _finish_split(
@@ -540,77 +540,3 @@ class BaseCommunicator:
         if self._world_size == 1:
             return value / 1 if op is ReduceOp.AVG else value
         return objects.reduce_numbers(self.all_gather_object(value), op)
-
-    def _check_rank(self, value: Any, name: str) -> None:
-        self._check_usable()
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self._world_size:
-            raise InvalidArgumentError(
-                f"{name}={value!r} is not a rank of {self.describe()}: valid ranks are 0.."
-                f"{self._world_size - 1}. HINT: ranks are ranks of the communicator in use; map "
-                "a world rank with comm.global_ranks.index(world_rank)."
-            )
-
-    @staticmethod
-    def _check_tag(tag: Any) -> None:
-        if not isinstance(tag, int) or isinstance(tag, bool) or tag < 0:
-            raise InvalidArgumentError(f"tag={tag!r} must be a non-negative int")
-
-    def _check_members(self, ranks: Sequence[int]) -> tuple[int, ...]:
-        try:
-            members = tuple(sorted(ranks))
-        except TypeError:
-            raise InvalidArgumentError(f"new_group: ranks {ranks!r} must be a sequence of ints") from None
-        if not members or len(set(members)) != len(members) or not all(
-            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self._world_size for r in members
-        ):
-            raise InvalidArgumentError(
-                f"new_group: ranks {list(ranks)!r} must be distinct ranks of {self.describe()} "
-                f"(0..{self._world_size - 1}), at least one. HINT: pass e.g. [0, 1]."
-            )
-        return members
-
-    def _check_pair(self, x: Any, what: str, adapter: Adapter, dtype: str, numel: int | None) -> None:
-        if adapter_for(x, what).kind != adapter.kind:
-            raise InvalidArgumentError(f"{what} must be the same kind of array as the input ({adapter.kind})")
-        other = adapter.dtype(x)
-        if other != dtype:
-            raise InvalidArgumentError(f"{what} has dtype {other!r} but the input has {dtype!r}. HINT: use one dtype.")
-        if numel is not None and adapter.numel(x) != numel:
-            raise self._size_error(what, adapter.numel(x), "", numel)
-
-    def _check_list(self, parts: Any, what: str, adapter: Adapter, dtype: str, numel: int) -> None:
-        if not isinstance(parts, (list, tuple)) or len(parts) != self._world_size:
-            got = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
-            raise InvalidArgumentError(
-                f"{what} must be a list of {self._world_size} tensors (one per rank of "
-                f"{self.describe()}), got {got!r}. HINT: [torch.empty_like(t) for _ in range(world_size)]."
-            )
-        for i, part in enumerate(parts):
-            self._check_pair(part, f"{what}[{i}]", adapter, dtype, numel)
-
-    def _check_root_list(
-        self, parts: Any, what: str, root: int, root_name: str, adapter: Adapter, dtype: str, numel: int
-    ) -> None:
-        if self._rank == root:
-            if parts is None:
-                raise InvalidArgumentError(f"{what} is required on {root_name}={root} (this rank)")
-            self._check_list(parts, what, adapter, dtype, numel)
-        elif parts is not None:
-            raise InvalidArgumentError(
-                f"{what} must be None on rank {self._rank}: only {root_name}={root} passes it, as in "
-                "torch.distributed. HINT: pass it only where rank == " + root_name + "."
-            )
-
-    def _size_error(self, what: str, got: int, rule: str, expected: int) -> InvalidArgumentError:
-        rule = f" ({rule})" if rule else ""
-        return InvalidArgumentError(
-            f"{what} has {got} elements; expected {expected}{rule} on {self.describe()}."
-        )
-
-
-_ALL_TO_ALL_TAG = 2**30 + 7
-
-
-def _wait(work: Work | None) -> None:
-    if work is not None:
-        work.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +17,11 @@ __all__ = ["collect_info", "main"]
 
 
 def collect_info() -> dict[str, Any]:
-    """What ``distcomm info --json`` prints (see docs/cli.md for the shape)."""
+    """What ``distcomm info --json`` prints (see docs/cli.md for the shape).
+
+    Raises:
+        DistcommError: the plugins could not be loaded (e.g. a bad DISTCOMM_LOG_LEVEL).
+    """
     from distcomm import __version__
     from distcomm.environment import detect_environment
     from distcomm.errors import DistcommError
@@ -26,11 +29,14 @@ def collect_info() -> dict[str, Any]:
     from distcomm.selection import select_backend
 
     registry = get_registry()
-    info: dict[str, Any] = {"version": __version__, "launch": None, "selected": {"backend": None, "method": None}}
+    info: dict[str, Any] = {
+        "version": __version__,
+        "launch": None,
+        "selected": {"backend": None, "method": None},
+    }
     trace: list[str] = []
-    method = os.environ.get("DISTCOMM_INIT_METHOD", "").strip() or None
     try:
-        launch = detect_environment(method)
+        launch = detect_environment()
     except DistcommError as exc:
         info["error"] = f"{type(exc).__name__}: {exc}"
         trace.append(f"launch detection failed: {exc}")
@@ -46,8 +52,15 @@ def collect_info() -> dict[str, Any]:
             info["error"] = f"{type(selection.error).__name__}: {selection.error}"
         candidates = selection.candidates
     info["backends"] = [
-        {"name": c.name, "distribution": c.distribution, "available": c.available,
-         "reason": c.reason, "selected": c.selected, "priority": c.priority}
+        {
+            "name": c.name,
+            "distribution": c.distribution,
+            "available": c.available,
+            "reason": c.reason,
+            "selected": c.selected,
+            "priority": c.priority,
+            "description": c.description,
+        }
         for c in sorted(candidates, key=lambda c: (not c.selected, -c.priority, c.name))
     ]
     owners = {name: p.distribution for p in registry.plugins for name in p.environments}
@@ -56,8 +69,13 @@ def collect_info() -> dict[str, Any]:
         for name, spec in sorted(registry.environments.items(), key=lambda kv: -kv[1].priority)
     ]
     info["plugins"] = [
-        {"name": p.name, "distribution": p.distribution, "version": p.version, "error": p.error,
-         "blocked": p.blocked}
+        {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "error": p.error,
+            "blocked": p.blocked,
+        }
         for p in registry.plugins
     ]
     info["trace"] = trace + registry.notes
@@ -73,10 +91,14 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
             f"launch:    {launch['method']}: rank {launch['rank']} of {launch['world_size']} "
             f"(local {launch['local_rank']} of {launch['local_world_size']}, node "
             f"{launch['node_rank']} of {launch['num_nodes']}), master "
-            f"{launch['master_addr'] or '-'}:{launch['master_port'] or '-'}, job {launch['job_id'] or '-'}\n"
+            f"{launch['master_addr'] or '-'}:{launch['master_port'] or '-'}, "
+            f"job {launch['job_id'] or '-'}\n"
         )
     selected = info["selected"]
-    out.write(f"selected:  backend {selected['backend'] or '(none)'}, method {selected['method'] or '(none)'}\n")
+    out.write(
+        f"selected:  backend {selected['backend'] or '(none)'}, "
+        f"method {selected['method'] or '(none)'}\n"
+    )
     if "error" in info:
         out.write(f"error:     {info['error']}\n")
     out.write("backends:\n")
@@ -84,12 +106,18 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
     for b in info["backends"]:
         mark = "*" if b["selected"] else " "
         state = "available" if b["available"] else "unavailable"
-        out.write(f"  {mark} {b['name']:<{width}}  {b['distribution']:<18} {state}: {b['reason']}\n")
+        out.write(
+            f"  {mark} {b['name']:<{width}}  {b['distribution']:<18} {state}: {b['reason']}\n"
+        )
     envs = ", ".join(f"{e['name']} ({e['distribution']})" for e in info["environments"])
     out.write(f"environments: {envs}\n")
     out.write("plugins:\n")
     for p in info["plugins"]:
-        status = "blocked by DISTCOMM_DISABLE_PLUGINS" if p["blocked"] else (f"ERROR {p['error']}" if p["error"] else "ok")
+        status = (
+            "blocked by DISTCOMM_DISABLE_PLUGINS"
+            if p["blocked"]
+            else (f"ERROR {p['error']}" if p["error"] else "ok")
+        )
         out.write(f"    {p['name']:<30} {p['distribution']} {p['version'] or ''}: {status}\n")
     if explain:
         out.write("why:\n")
@@ -103,16 +131,30 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``distcomm`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="distcomm", description="distcomm: one communication layer, many engines.")
+    parser = argparse.ArgumentParser(
+        prog="distcomm", description="distcomm: one communication layer, many engines."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info_parser = commands.add_parser("info", help="show the detected launch, backends and plugins")
-    info_parser.add_argument("--explain", action="store_true", help="also say why each backend was (not) chosen")
+    info_parser.add_argument(
+        "--explain", action="store_true", help="also say why each backend was (not) chosen"
+    )
     info_parser.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
     args = parser.parse_args(argv)
-    info = collect_info()
-    if args.json:
-        json.dump(info, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_text(info, args.explain)
-    return 1 if info["launch"] is None else 0
+    from distcomm.errors import DistcommError
+
+    try:
+        info = collect_info()
+    except DistcommError as exc:
+        sys.stderr.write(f"distcomm: error: {exc}\n")
+        return 2
+    try:
+        if args.json:
+            json.dump(info, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_text(info, args.explain)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `distcomm info | head`: the reader left; that is fine
+        sys.stdout = None  # no flush at exit into the closed pipe
+    return 1 if "error" in info else 0

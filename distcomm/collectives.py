@@ -17,9 +17,25 @@ from distcomm.errors import InvalidArgumentError, NotInitializedError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 
 __all__ = [
-    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all_single",
-    "barrier", "broadcast", "broadcast_object", "gather", "gather_object", "irecv", "isend",
-    "new_group", "recv", "reduce", "reduce_scatter_tensor", "scatter", "scatter_object", "send",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object",
+    "send",
 ]
 
 _solo: Communicator | None = None
@@ -64,7 +80,9 @@ def _before_init() -> Communicator:
         return _solo
 
 
-def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
+def all_reduce(
+    tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+) -> Any:
     """Reduce ``tensor`` in place on every rank (a number: return the result)."""
     return resolve_group(group).all_reduce(tensor, op, async_op)
 
@@ -74,42 +92,59 @@ def broadcast(tensor: Any, src: int = 0, group: Any = None, async_op: bool = Fal
     return resolve_group(group).broadcast(tensor, src, async_op)
 
 
-def reduce(tensor: Any, dst: int = 0, op: Any = ReduceOp.SUM, group: Any = None,
-           async_op: bool = False) -> Work | None:
+def reduce(
+    tensor: Any, dst: int = 0, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Reduce ``tensor`` into ``dst``'s."""
     return resolve_group(group).reduce(tensor, dst, op, async_op)
 
 
-def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False) -> Work | None:
+def all_gather(
+    tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Gather every rank's ``tensor`` into ``tensor_list`` on every rank."""
     return resolve_group(group).all_gather(tensor_list, tensor, async_op)
 
 
-def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
-                           async_op: bool = False) -> Work | None:
+def all_gather_into_tensor(
+    output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Gather every rank's ``input_tensor`` into one ``output_tensor``."""
     return resolve_group(group).all_gather_into_tensor(output_tensor, input_tensor, async_op)
 
 
-def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None,
-                          async_op: bool = False) -> Work | None:
+def reduce_scatter_tensor(
+    output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Reduce ``input`` across ranks and give rank r chunk r in ``output``."""
     return resolve_group(group).reduce_scatter_tensor(output, input, op, async_op)
 
 
-def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Any = None,
-           async_op: bool = False) -> Work | None:
+def gather(
+    tensor: Any,
+    gather_list: list[Any] | None = None,
+    dst: int = 0,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
     """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (None elsewhere)."""
     return resolve_group(group).gather(tensor, gather_list, dst, async_op)
 
 
-def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int = 0, group: Any = None,
-            async_op: bool = False) -> Work | None:
+def scatter(
+    tensor: Any,
+    scatter_list: list[Any] | None = None,
+    src: int = 0,
+    group: Any = None,
+    async_op: bool = False,
+) -> Work | None:
     """Give rank r ``scatter_list[r]`` from ``src``, in ``tensor``."""
     return resolve_group(group).scatter(tensor, scatter_list, src, async_op)
 
 
-def all_to_all_single(output: Any, input: Any, group: Any = None, async_op: bool = False) -> Work | None:
+def all_to_all_single(
+    output: Any, input: Any, group: Any = None, async_op: bool = False
+) -> Work | None:
     """Chunk r of every rank's ``input`` goes to rank r's ``output``."""
     return resolve_group(group).all_to_all_single(output, input, async_op)
 

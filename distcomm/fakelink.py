@@ -22,7 +22,12 @@ from typing import Any
 from distcomm.arrays import adapter_for
 from distcomm.base import BaseCommunicator
 from distcomm.environment.info import LaunchInfo
-from distcomm.errors import BackendUnavailableError, DistcommError, DistTimeoutError, InvalidArgumentError
+from distcomm.errors import (
+    BackendUnavailableError,
+    DistcommError,
+    DistTimeoutError,
+    InvalidArgumentError,
+)
 from distcomm.hookspecs import hookimpl
 from distcomm.protocol import NON_MEMBER, Communicator, NonMember, ReduceOp, Work
 from distcomm.registry import Registry
@@ -81,7 +86,9 @@ class Fabric:
                 self.failure = reason
             self.cond.notify_all()
 
-    def wait(self, ready: Callable[[], bool], timeout: float | None, on_timeout: Callable[[], Exception]) -> None:
+    def wait(
+        self, ready: Callable[[], bool], timeout: float | None, on_timeout: Callable[[], Exception]
+    ) -> None:
         """Block until ``ready()`` (called under the lock), an abort, or the timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
@@ -93,8 +100,16 @@ class Fabric:
                     raise on_timeout()
                 self.cond.wait(remaining)
 
-    def join(self, uid: int, seq: int, rank: int, size: int, op: str, inputs: tuple[Any, ...],
-             compute: Callable[[dict[int, tuple[Any, ...]]], Any]) -> _Slot:
+    def join(
+        self,
+        uid: int,
+        seq: int,
+        rank: int,
+        size: int,
+        op: str,
+        inputs: tuple[Any, ...],
+        compute: Callable[[dict[int, tuple[Any, ...]]], Any],
+    ) -> _Slot:
         """Deposit this rank's inputs for collective ``seq`` of communicator ``uid``.
 
         The last of ``size`` ranks runs ``compute(inputs by rank)``; its result (or error) is
@@ -170,8 +185,10 @@ class _SlotWork:
 
     def wait(self, timeout: float | None = None) -> bool:
         comm, slot = self._comm, self._slot
-        comm.fabric.wait(lambda: slot.done, comm.timeout if timeout is None else timeout,
-                         lambda: comm.timeout_error(slot.op, self._seq))
+        limit = comm.timeout if timeout is None else timeout
+        comm.fabric.wait(
+            lambda: slot.done, limit, lambda: comm.timeout_error(slot.op, self._seq, limit)
+        )
         if slot.error is not None:
             raise slot.error
         return True
@@ -193,10 +210,14 @@ class _RecvWork:
         if not req.done and comm.world_size == 1:
             raise InvalidArgumentError(
                 "recv in a world of 1 with no message sent to this rank can never complete. "
-                "HINT: isend to yourself first, or run several ranks (distcomm.testing.run_threads)."
+                "HINT: isend to yourself first, or run several ranks (testing.run_threads)."
             )
-        comm.fabric.wait(lambda: req.done, comm.timeout if timeout is None else timeout,
-                         lambda: comm.timeout_error(f"recv(src={req.src}, tag={req.tag})", None))
+        limit = comm.timeout if timeout is None else timeout
+        comm.fabric.wait(
+            lambda: req.done,
+            limit,
+            lambda: comm.timeout_error(f"recv(src={req.src}, tag={req.tag})", None, limit),
+        )
         if req.error is not None:
             raise req.error
         return True
@@ -222,18 +243,26 @@ class FakeLinkCommunicator(BaseCommunicator):
     def native(self) -> Fabric:
         return self.fabric
 
-    def timeout_error(self, op: str, seq: int | None) -> DistTimeoutError:
+    def timeout_error(self, op: str, seq: int | None, limit: float) -> DistTimeoutError:
         missing = self.fabric.missing(self.uid, seq, self.world_size) if seq is not None else None
         waiting = f"; ranks not yet joined: {missing}" if missing else ""
         return DistTimeoutError(
             f"{op} (operation #{seq}) on {self.describe()} did not complete within "
-            f"{self.timeout:g} s{waiting}. HINT: a rank is stuck or skipped this call; raise the "
+            f"{limit:g} s{waiting}. HINT: a rank is stuck or skipped this call; raise the "
             "timeout with init(timeout=...) or DISTCOMM_TIMEOUT if it is merely slow.",
-            op=op, seq=seq, group=self.describe(), missing_ranks=missing,
+            op=op,
+            seq=seq,
+            group=self.describe(),
+            missing_ranks=missing,
         )
 
-    def _collective(self, op: str, inputs: tuple[Any, ...], compute: Callable[[dict[int, tuple[Any, ...]]], Any],
-                    async_op: bool) -> Work | None:
+    def _collective(
+        self,
+        op: str,
+        inputs: tuple[Any, ...],
+        compute: Callable[[dict[int, tuple[Any, ...]]], Any],
+        async_op: bool,
+    ) -> Work | None:
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, op, inputs, compute)
@@ -244,10 +273,14 @@ class FakeLinkCommunicator(BaseCommunicator):
         return None
 
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        return self._collective("all_reduce", (tensor,), lambda ins: _reduce_into(ins, op, range(len(ins))), async_op)
+        return self._collective(
+            "all_reduce", (tensor,), lambda ins: _reduce_into(ins, op, range(len(ins))), async_op
+        )
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
-        return self._collective("reduce", (tensor, dst), lambda ins: _reduce_into(ins, op, [dst]), async_op)
+        return self._collective(
+            "reduce", (tensor, dst), lambda ins: _reduce_into(ins, op, [dst]), async_op
+        )
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
@@ -338,9 +371,13 @@ class FakeLinkCommunicator(BaseCommunicator):
         members = groups[index]
         uid = slot.result[index]
         return FakeLinkCommunicator(
-            self.fabric, uid,
-            rank=members.index(self.rank), world_size=len(members), launch=self.launch,
-            global_ranks=[self.global_ranks[r] for r in members], timeout=self.timeout,
+            self.fabric,
+            uid,
+            rank=members.index(self.rank),
+            world_size=len(members),
+            launch=self.launch,
+            global_ranks=[self.global_ranks[r] for r in members],
+            timeout=self.timeout,
             name=f"group {uid}",
         )
 
@@ -380,21 +417,37 @@ def _write_chunks(out: Any, chunks: list[Any]) -> None:
 def _same_root(ins: dict[int, tuple[Any, ...]], name: str, index: int = 1) -> None:
     roots = {r: v[index] for r, v in ins.items()}
     if len(set(roots.values())) > 1:
-        raise InvalidArgumentError(f"ranks disagree on {name}: {roots}. HINT: pass the same {name} on every rank.")
-
-
-def _same_shape(ins: dict[int, tuple[Any, ...]], op: str, index: int = 0) -> None:
-    sizes = {r: adapter_for(v[index]).numel(v[index]) for r, v in ins.items() if v[index] is not None}
-    dtypes = {r: adapter_for(v[index]).dtype(v[index]) for r, v in ins.items() if v[index] is not None}
-    if len(set(sizes.values())) > 1 or len(set(dtypes.values())) > 1:
         raise InvalidArgumentError(
-            f"{op}: ranks passed different tensors: sizes {sizes}, dtypes {dtypes}. HINT: every rank "
-            "passes a tensor of the same size and dtype."
+            f"ranks disagree on {name}: {roots}. HINT: pass the same {name} on every rank."
         )
 
 
-def create(launch: LaunchInfo, *, timeout: float = 1800.0, **options: Any) -> FakeLinkCommunicator:
-    """Factory of the ``fakelink`` backend: a world of 1 in this process."""
+def _same_shape(ins: dict[int, tuple[Any, ...]], op: str, index: int = 0) -> None:
+    sizes = {
+        r: adapter_for(v[index]).numel(v[index]) for r, v in ins.items() if v[index] is not None
+    }
+    dtypes = {
+        r: adapter_for(v[index]).dtype(v[index]) for r, v in ins.items() if v[index] is not None
+    }
+    if len(set(sizes.values())) > 1 or len(set(dtypes.values())) > 1:
+        raise InvalidArgumentError(
+            f"{op}: ranks passed different tensors: sizes {sizes}, dtypes {dtypes}. "
+            "HINT: each rank passes a tensor of the same size and dtype."
+        )
+
+
+def create(
+    launch: LaunchInfo, *, timeout: float = 1800.0, device: str | None = None, **options: Any
+) -> FakeLinkCommunicator:
+    """Factory of the ``fakelink`` backend: a world of 1 in this process.
+
+    ``device`` is accepted and needs nothing: fakelink moves CPU and CUDA tensors alike.
+    """
+    if options:
+        raise InvalidArgumentError(
+            f"backend 'fakelink' takes no options, got {sorted(options)!r}. HINT: remove them from "
+            "init(); options are passed to the backend's factory."
+        )
     available, reason = is_available(launch)
     if not available:
         raise BackendUnavailableError(f"fakelink: {reason}", backend="fakelink", reason=reason)
@@ -413,7 +466,7 @@ def is_available(launch: LaunchInfo) -> tuple[bool, str]:
 
 @hookimpl
 def distcomm_register_backends(registry: Registry) -> None:
-    """Register ``fakelink`` (priority 0: chosen when asked, or for a world of 1 with no launcher)."""
+    """Register ``fakelink`` (priority 0: when asked, or for a world of 1 with no launcher)."""
     registry.add_backend(
         BackendSpec(
             name="fakelink",
@@ -422,6 +475,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             priority=0,
             devices=FakeLinkCommunicator.devices,
             capabilities=FakeLinkCommunicator.capabilities,
-            description="in-process: a world of 1, or N thread-ranks (distcomm.testing.run_threads)",
+            description="in-process: a world of 1, or N thread-ranks (testing.run_threads)",
         )
     )

@@ -26,14 +26,35 @@ from distcomm.registry import get_registry
 from distcomm.selection import select_backend
 
 __all__ = [
-    "DistContext", "dist_finalize", "dist_init", "dist_mode", "finalize", "get_backend",
-    "get_communicator", "get_local_rank", "get_local_world_size", "get_node_rank", "get_rank",
-    "get_world_size", "init", "is_distributed", "is_initialized", "is_local_main_process",
-    "is_main_process", "resolve_timeout",
+    "DistContext",
+    "dist_finalize",
+    "dist_init",
+    "dist_mode",
+    "finalize",
+    "get_backend",
+    "get_communicator",
+    "get_local_rank",
+    "get_local_world_size",
+    "get_node_rank",
+    "get_rank",
+    "get_world_size",
+    "init",
+    "is_distributed",
+    "is_initialized",
+    "is_local_main_process",
+    "is_main_process",
+    "resolve_timeout",
 ]
 
 DEFAULT_TIMEOUT = 1800.0
-EXPORTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+EXPORTED_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 _lock = threading.RLock()
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,9 +96,14 @@ def init(
     """
     requested: dict[str, Any] = {
         "backend": None if backend is None else str(backend).strip().lower(),
-        "method": method, "rank": rank, "world_size": world_size, "master_addr": master_addr,
-        "master_port": master_port, "timeout": None if timeout is None else resolve_timeout(timeout),
-        "device": None if device is None else _check_device(device), **options,
+        "method": method,
+        "rank": rank,
+        "world_size": world_size,
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "timeout": None if timeout is None else resolve_timeout(timeout),
+        "device": None if device is None else _check_device(device),
+        **options,
     }
     requested = {k: v for k, v in requested.items() if v is not None}
     with _lock:
@@ -86,18 +112,28 @@ def init(
             _check_same(ctx, requested)
             return ctx.comm
         timeout_s = requested.get("timeout") or resolve_timeout(None)
-        method = method or os.environ.get("DISTCOMM_INIT_METHOD", "").strip() or None
-        launch = _apply_overrides(detect_environment(method), rank, world_size, master_addr, master_port)
+        launch = _apply_overrides(
+            detect_environment(method), rank, world_size, master_addr, master_port
+        )
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
         selection = select_backend(get_registry(), launch, requested.get("backend"))
         trace += selection.trace
         if selection.error is not None:
             raise selection.error
         assert selection.spec is not None
-        comm = selection.spec.factory(launch, timeout=timeout_s, device=requested.get("device"), **options)
-        effective = {"backend": comm.backend, "method": launch.method, "rank": comm.rank,
-                     "world_size": comm.world_size, "master_addr": launch.master_addr,
-                     "master_port": launch.master_port, "timeout": timeout_s, **requested}
+        comm = selection.spec.factory(
+            launch, timeout=timeout_s, device=requested.get("device"), **options
+        )
+        effective = {
+            "backend": comm.backend,
+            "method": launch.method,
+            "rank": comm.rank,
+            "world_size": comm.world_size,
+            "master_addr": launch.master_addr,
+            "master_port": launch.master_port,
+            "timeout": timeout_s,
+            **requested,
+        }
         ctx = state.Context(comm, launch, trace, effective)
         if export_env:
             ctx.exported = _export_env(launch)
@@ -195,13 +231,17 @@ def is_local_main_process() -> bool:
     return get_local_rank() == 0
 
 
-def dist_init(method: str | None = None, device_id: int | None = None, *, backend: str | None = None) -> tuple[int, int]:
+def dist_init(
+    method: str | None = None, device_id: int | None = None, *, backend: str | None = None
+) -> tuple[int, int]:
     """Initialise (method first) and return ``(rank, world_size)``.
 
     When torch is imported and CUDA is available, also sets the current CUDA device:
     ``device_id`` if given, else the local rank modulo the visible devices.
     """
-    if device_id is not None and (not isinstance(device_id, int) or isinstance(device_id, bool) or device_id < 0):
+    if device_id is not None and (
+        not isinstance(device_id, int) or isinstance(device_id, bool) or device_id < 0
+    ):
         raise InvalidArgumentError(f"device_id={device_id!r} must be a non-negative int or None")
     comm = init(backend=backend, method=method)
     torch = sys.modules.get("torch")
@@ -235,8 +275,12 @@ class DistContext:
         self.rank, self.world_size = dist_init(self.method, backend=self.backend)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._owner:
             dist_finalize()
 
@@ -291,8 +335,13 @@ def _check_device(device: Any) -> str:
     )
 
 
-def _apply_overrides(launch: LaunchInfo, rank: int | None, world_size: int | None,
-                     master_addr: str | None, master_port: int | None) -> LaunchInfo:
+def _apply_overrides(
+    launch: LaunchInfo,
+    rank: int | None,
+    world_size: int | None,
+    master_addr: str | None,
+    master_port: int | None,
+) -> LaunchInfo:
     changes: dict[str, Any] = {}
     for name, value in (("rank", rank), ("world_size", world_size), ("master_port", master_port)):
         if value is not None:
@@ -310,23 +359,34 @@ def _apply_overrides(launch: LaunchInfo, rank: int | None, world_size: int | Non
         )
     updated = launch.replace(**changes)
     if launch.method == "single_node" and "world_size" in changes:
-        updated = updated.replace("derived: init arguments on one node",
-                                  local_rank=updated.rank, local_world_size=updated.world_size)
+        updated = updated.replace(
+            "derived: init arguments on one node",
+            local_rank=updated.rank,
+            local_world_size=updated.world_size,
+        )
     return updated
 
 
 def _export_env(launch: LaunchInfo) -> dict[str, str]:
-    values = (launch.rank, launch.world_size, launch.local_rank, launch.local_world_size,
-              launch.master_addr, launch.master_port)
+    values = (
+        launch.rank,
+        launch.world_size,
+        launch.local_rank,
+        launch.local_world_size,
+        launch.master_addr,
+        launch.master_port,
+    )
     exported = {}
-    for key, value in zip(EXPORTED_VARIABLES, values):
+    for key, value in zip(EXPORTED_VARIABLES, values, strict=True):
         if value is not None and key not in os.environ:
             os.environ[key] = exported[key] = str(value)
     return exported
 
 
 def _check_same(ctx: state.Context, requested: dict[str, Any]) -> None:
-    differs = {k: (v, ctx.requested.get(k)) for k, v in requested.items() if ctx.requested.get(k) != v}
+    differs = {
+        k: (v, ctx.requested.get(k)) for k, v in requested.items() if ctx.requested.get(k) != v
+    }
     if differs:
         detail = ", ".join(f"{k}={new!r} (running: {old!r})" for k, (new, old) in differs.items())
         raise AlreadyInitializedError(

@@ -110,7 +110,7 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
         return None
     parts = [bytearray(width) for _ in range(comm.world_size)]
     comm.gather(payload, parts, dst)
-    return [unpack(memoryview(part)[:size]) for part, size in zip(parts, sizes)]
+    return [unpack(memoryview(part)[:size]) for part, size in zip(parts, sizes, strict=True)]
 
 
 def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int) -> Any:
@@ -160,7 +160,9 @@ def reduce_numbers(values: list[Any], op: ReduceOp) -> int | float:
         if op is ReduceOp.BXOR:
             return bool(functools.reduce(operator.xor, values))
         return any(values) if op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BOR) else all(values)
-    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and any(isinstance(v, float) for v in values):
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and any(
+        isinstance(v, float) for v in values
+    ):
         raise InvalidArgumentError(
             f"ReduceOp.{op.name} needs ints or bools, got {values!r}. HINT: convert the values "
             "with int(), or use SUM, PRODUCT, MIN, MAX or AVG."

@@ -29,6 +29,7 @@ from distcomm.specs import BackendSpec, EnvironmentSpec
 __all__ = [
     "ENTRY_POINT_GROUP",
     "FIRST_PARTY_BACKENDS",
+    "FIRST_PARTY_PRIORITIES",
     "PluginRecord",
     "Registry",
     "get_registry",
@@ -46,6 +47,8 @@ FIRST_PARTY_BACKENDS: dict[str, str] = {
     "mpi": "distcomm-mpi",
     "linklink": "distcomm-linklink",
 }
+#: Their places in the automatic order (DESIGN section 4), shown even when not installed.
+FIRST_PARTY_PRIORITIES: dict[str, int] = {"nccl": 300, "mpi": 200, "gloo": 100, "linklink": 0}
 _CORE_PLUGINS = ("distcomm.fakelink", "distcomm.environment.builtin")
 
 
@@ -92,7 +95,7 @@ class Registry:
         self._backends: dict[str, BackendSpec] = {}
         self._environments: dict[str, EnvironmentSpec] = {}
         self._owners: dict[tuple[str, str], str] = {}
-        self.conflicts: dict[str, str] = {}
+        self.conflicts: dict[tuple[str, str], str] = {}
         self.plugins: list[PluginRecord] = []
         self.notes: list[str] = []
         self._current: PluginRecord | None = None
@@ -117,13 +120,17 @@ class Registry:
         distribution = record.distribution if record else "<unknown>"
         owner = self._owners.get((kind, name))
         if owner is not None:
+            remedy = (
+                f"remove {record.name!r} from DISTCOMM_PLUGINS"
+                if record is not None and distribution == "DISTCOMM_PLUGINS"
+                else f"uninstall one of them (pip uninstall {distribution}), or block one with "
+                "DISTCOMM_DISABLE_PLUGINS"
+            )
             message = (
-                f"{kind} {name!r} is registered by both {owner} and {distribution}. "
-                f"HINT: uninstall one of them (pip uninstall {distribution}), or block one "
-                "with DISTCOMM_DISABLE_PLUGINS."
+                f"{kind} {name!r} is registered by both {owner} and {distribution}. HINT: {remedy}."
             )
             if owner != CORE_DISTRIBUTION:
-                self.conflicts[name] = message
+                self.conflicts[(kind, name)] = message
             raise PluginConflictError(message)
         table[name] = spec
         self._owners[(kind, name)] = distribution
@@ -209,14 +216,16 @@ class Registry:
             )
         if entry_points is None:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        blocked = _split_names(environ.get("DISTCOMM_DISABLE_PLUGINS", ""))
+        blocked = set(_split_names(environ.get("DISTCOMM_DISABLE_PLUGINS", "")))
         for name in sorted(blocked & {"fakelink", *_CORE_PLUGINS}):
             registry.notes.append(f"DISTCOMM_DISABLE_PLUGINS: {name!r} is part of core and stays")
         for ep in entry_points:
             registry._load_entry_point(ep, blocked)
-        for module_name in sorted(_split_names(environ.get("DISTCOMM_PLUGINS", ""))):
+        for module_name in _split_names(environ.get("DISTCOMM_PLUGINS", "")):
             registry._load_module(module_name)
-        logger.debug("plugins: %s", ", ".join(f"{p.name} ({p.distribution})" for p in registry.plugins))
+        logger.debug(
+            "plugins: %s", ", ".join(f"{p.name} ({p.distribution})" for p in registry.plugins)
+        )
         return registry
 
     def _load_entry_point(self, ep: importlib.metadata.EntryPoint, blocked: set[str]) -> None:
@@ -243,8 +252,9 @@ class Registry:
         self.register(plugin, module_name, distribution)
 
 
-def _split_names(value: str) -> set[str]:
-    return {part.strip() for part in value.split(",") if part.strip()}
+def _split_names(value: str) -> list[str]:
+    """The comma-separated names in ``value``, in order, without blanks or repeats."""
+    return list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
-from distcomm.registry import FIRST_PARTY_BACKENDS, Registry, install_hint
+from distcomm.registry import FIRST_PARTY_BACKENDS, FIRST_PARTY_PRIORITIES, Registry, install_hint
 from distcomm.specs import BackendSpec
 
 __all__ = ["Candidate", "Selection", "select_backend"]
@@ -31,6 +31,7 @@ class Candidate:
     reason: str
     selected: bool = False
     priority: int = 0
+    description: str = ""
 
 
 @dataclasses.dataclass
@@ -68,7 +69,9 @@ def select_backend(
             return _fail(candidates, trace, _not_found(name, specs, by_name))
         if not choice.available:
             error = BackendUnavailableError(
-                f"backend {name!r} cannot run here: {choice.reason}", backend=name, reason=choice.reason
+                f"backend {name!r} cannot run here: {choice.reason}",
+                backend=name,
+                reason=choice.reason,
             )
             return _fail(candidates, trace, error)
         return _chosen(choice, specs, candidates, trace, "was requested")
@@ -80,20 +83,37 @@ def select_backend(
             return _fail(candidates, trace, _not_found(adopted, specs, by_name))
         return _chosen(choice, specs, candidates, trace, "adopts the existing torch process group")
     if launch.method == "single_node" and launch.world_size == 1:
-        return _chosen(by_name["fakelink"], specs, candidates, trace,
-                       "because a world of 1 with no launcher runs in-process")
-    ranked = sorted((c for c in candidates if c.name in specs and c.priority > 0),
-                    key=lambda c: (-c.priority, c.name))
+        return _chosen(
+            by_name["fakelink"],
+            specs,
+            candidates,
+            trace,
+            "because a world of 1 with no launcher runs in-process",
+        )
+    ranked = sorted(
+        (c for c in candidates if c.name in specs and c.priority > 0),
+        key=lambda c: (-c.priority, c.name),
+    )
     for choice in ranked:
         if choice.available:
-            return _chosen(choice, specs, candidates, trace, f"is the highest-priority available backend (priority {choice.priority})")
+            return _chosen(
+                choice,
+                specs,
+                candidates,
+                trace,
+                f"is the highest-priority available backend (priority {choice.priority})",
+            )
     reasons = "; ".join(f"{c.name}: {c.reason}" for c in candidates if not c.selected)
-    return _fail(candidates, trace, BackendNotFoundError(
-        f"no backend can run a world of {launch.world_size} launched by {launch.method!r}: "
-        f"{reasons}. HINT: install one ({install_hint('distcomm-torch')} or "
-        f"{install_hint('distcomm-mpi')}), or name one "
-        "with init(backend=...) / DISTCOMM_BACKEND."
-    ))
+    return _fail(
+        candidates,
+        trace,
+        BackendNotFoundError(
+            f"no backend can run a world of {launch.world_size} launched by {launch.method!r}: "
+            f"{reasons}. HINT: install one ({install_hint('distcomm-torch')} or "
+            f"{install_hint('distcomm-mpi')}), or name one "
+            "with init(backend=...) / DISTCOMM_BACKEND."
+        ),
+    )
 
 
 def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
@@ -102,14 +122,23 @@ def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
     blocked = {p.distribution for p in registry.plugins if p.blocked}
     for name, spec in sorted(registry.backends.items()):
         distribution = registry.distribution_of(name) or "?"
-        if name in registry.conflicts:
-            available, reason = False, registry.conflicts[name]
+        if ("backend", name) in registry.conflicts:
+            available, reason = False, registry.conflicts[("backend", name)]
         else:
             try:
                 available, reason = spec.is_available(launch)
             except Exception as exc:
                 available, reason = False, f"is_available() raised {type(exc).__name__}: {exc}"
-        out.append(Candidate(name, distribution, bool(available), reason, priority=spec.priority))
+        out.append(
+            Candidate(
+                name,
+                distribution,
+                bool(available),
+                reason,
+                priority=spec.priority,
+                description=spec.description,
+            )
+        )
     for name, distribution in FIRST_PARTY_BACKENDS.items():
         if name in registry.backends:
             continue
@@ -119,34 +148,55 @@ def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
             reason = f"{distribution} is blocked by DISTCOMM_DISABLE_PLUGINS"
         else:
             reason = f"not installed ({install_hint(distribution)})"
-        out.append(Candidate(name, distribution, False, reason))
+        out.append(
+            Candidate(name, distribution, False, reason, priority=FIRST_PARTY_PRIORITIES[name])
+        )
     return out
 
 
-def _chosen(choice: Candidate, specs: dict[str, BackendSpec], candidates: list[Candidate],
-            trace: list[str], why: str) -> Selection:
+def _chosen(
+    choice: Candidate,
+    specs: dict[str, BackendSpec],
+    candidates: list[Candidate],
+    trace: list[str],
+    why: str,
+) -> Selection:
     choice.selected = True
     trace.append(f"{choice.name}: selected: {why}")
     for c in candidates:
         if c.selected:
             continue
         if c.available:
-            trace.append(f"{c.name}: available, not chosen (priority {c.priority}; {choice.name} {why})")
+            trace.append(
+                f"{c.name}: available, not chosen (priority {c.priority}; {choice.name} {why})"
+            )
         else:
             trace.append(f"{c.name}: not available: {c.reason}")
     return Selection(choice.name, specs[choice.name], candidates, trace)
 
 
 def _fail(candidates: list[Candidate], trace: list[str], error: Exception) -> Selection:
-    trace.extend(f"{c.name}: {'available' if c.available else 'not available: ' + c.reason}" for c in candidates)
+    trace.extend(
+        f"{c.name}: {'available' if c.available else 'not available: ' + c.reason}"
+        for c in candidates
+    )
     trace.append(f"no backend selected: {error}")
     return Selection(None, None, candidates, trace, error)
 
 
-def _not_found(name: str, specs: Mapping[str, BackendSpec], by_name: dict[str, Candidate]) -> BackendNotFoundError:
+def _not_found(
+    name: str, specs: Mapping[str, BackendSpec], by_name: dict[str, Candidate]
+) -> BackendNotFoundError:
     available = ", ".join(sorted(specs)) or "none"
     hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
     guess = hint.split("'")[1] if hint else name
+    if name in FIRST_PARTY_BACKENDS and name not in specs:
+        dist = FIRST_PARTY_BACKENDS[name]
+        why = by_name[name].reason if name in by_name else "not installed"
+        return BackendNotFoundError(
+            f"backend {name!r} is provided by {dist}: {why}; available: {available}. "
+            f"HINT: {install_hint(dist)}"
+        )
     missing = sorted({d for b, d in FIRST_PARTY_BACKENDS.items() if b not in specs})
     not_installed = "; ".join(
         f"{', '.join(sorted(b for b, d in FIRST_PARTY_BACKENDS.items() if d == dist))} ({dist})"
@@ -158,11 +208,15 @@ def _not_found(name: str, specs: Mapping[str, BackendSpec], by_name: dict[str, C
     if guess in FIRST_PARTY_BACKENDS and guess not in specs:
         dist = FIRST_PARTY_BACKENDS[guess]
         lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"
-        parts.append(f"{lead} is provided by {dist}, which is not installed ({install_hint(dist)}).")
+        parts.append(
+            f"{lead} is provided by {dist}, which is not installed ({install_hint(dist)})."
+        )
     elif hint:
         parts.append(f"HINT: {hint}")
     else:
-        parts.append("HINT: run `distcomm info` to see every backend and why it is (not) available.")
+        parts.append(
+            "HINT: run `distcomm info` to see every backend and why it is (not) available."
+        )
     return BackendNotFoundError(" ".join(parts))
 
 

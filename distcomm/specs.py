@@ -14,14 +14,37 @@ __all__ = ["ALL_DTYPES", "ALL_OPS", "BackendSpec", "Capabilities", "EnvironmentS
 
 #: Every dtype name distcomm accepts, on every backend (some engines bridge through wider types).
 ALL_DTYPES = frozenset(
-    {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}
+    {
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+    }
 )
 #: Every collective a Communicator offers.
 ALL_OPS = frozenset(
     {
-        "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-        "reduce_scatter_tensor", "gather", "scatter", "all_to_all_single", "send", "recv",
-        "barrier", "objects", "new_group", "split",
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "gather",
+        "scatter",
+        "all_to_all_single",
+        "send",
+        "recv",
+        "barrier",
+        "objects",
+        "new_group",
+        "split",
     }
 )
 

@@ -30,7 +30,8 @@ class ChainedWork:
 
     BaseCommunicator uses it to copy results back into the caller's tensor (staged, bridged or
     non-contiguous inputs) and to finish emulated ops such as AVG. Results are in the caller's
-    tensor once :meth:`wait` returns.
+    tensor once :meth:`wait` returns or :meth:`is_completed` returns True; call either from the
+    thread that owns the communicator.
     """
 
     def __init__(self, inner: Work, finish: Callable[[], None]) -> None:
@@ -50,7 +51,13 @@ class ChainedWork:
         return True
 
     def is_completed(self) -> bool:
-        return self._inner.is_completed()
+        """True once the result is in the caller's tensor (finishing it here if need be)."""
+        if self._finish is None:
+            return True
+        if not self._inner.is_completed():
+            return False
+        self.wait()
+        return True
 
     def __repr__(self) -> str:
         return f"<ChainedWork of {self._inner!r}>"

@@ -33,8 +33,10 @@ def train_step() -> str:
         distcomm.all_reduce(count, group=evens)
         in_evens = f", even group rank {evens.rank} of {int(count[0])}"
 
-    return (f"rank {rank} of {world}: mean grad {grad[0]:.2f}, lr {config['lr']}, "
-            f"losses {losses}{in_evens}")
+    return (
+        f"rank {rank} of {world}: mean grad {grad[0]:.2f}, lr {config['lr']}, "
+        f"losses {losses}{in_evens}"
+    )
 
 
 def main() -> None:

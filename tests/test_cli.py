@@ -129,7 +129,11 @@ def test_info_requires_no_other_argument() -> None:
 def test_python_dash_m_distcomm_info_explain() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "distcomm", "info", "--explain"],
-        capture_output=True, text=True, env=dict(os.environ), timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "fakelink" in result.stdout and "why:" in result.stdout

@@ -24,13 +24,21 @@ print(json.dumps({
 
 def test_import_is_light_and_side_effect_free() -> None:
     result = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=dict(os.environ),
-        timeout=60, check=False,
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report == {"heavy": [], "registry_created": False, "initialised": False,
-                      "environ_changed": []}
+    assert report == {
+        "heavy": [],
+        "registry_created": False,
+        "initialised": False,
+        "environ_changed": [],
+    }
 
 
 def test_every_name_in_all_exists() -> None:

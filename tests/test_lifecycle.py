@@ -136,8 +136,13 @@ def test_export_env_false_exports_nothing() -> None:
 def test_getters_before_init_answer_from_the_detected_launch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    launch = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-              "GROUP_RANK": "1"}
+    launch = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+    }
     for name, value in launch.items():
         monkeypatch.setenv(name, value)
     assert distcomm.get_rank() == 3
@@ -389,3 +394,41 @@ def test_dist_mode_finalizes_when_the_function_raises() -> None:
     with pytest.raises(KeyError, match="oops"):
         fail()
     assert not distcomm.is_initialized()
+
+
+# -- review follow-ups -------------------------------------------------------------------------
+def test_init_method_variable_applies_before_init_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("DISTCOMM_INIT_METHOD", "single_node")
+    assert (distcomm.get_rank(), distcomm.get_world_size()) == (0, 1)
+    assert distcomm.all_reduce(5) == 5, "a world of 1 by the chosen method: an identity"
+    distcomm.init()
+    assert (distcomm.get_rank(), distcomm.get_world_size()) == (0, 1)
+
+
+def test_single_node_honours_master_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    launch = distcomm.detect_environment()
+    assert (launch.master_addr, launch.master_port) == ("10.1.2.3", 29511)
+    assert (launch.sources["master_addr"], launch.sources["master_port"]) == (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )
+
+
+def test_fakelink_rejects_unknown_options() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"takes no options, got \['bogus'\]"):
+        distcomm.init(bogus=1)
+    assert not distcomm.is_initialized()
+
+
+@pytest.mark.usefixtures("only_core_backends")
+def test_missing_first_party_backend_says_what_to_install() -> None:
+    with pytest.raises(BackendNotFoundError) as info:
+        distcomm.init(backend="gloo")
+    message = str(info.value)
+    assert "backend 'gloo' is provided by distcomm-torch" in message
+    assert "HINT: pip install ./backends/distcomm-torch" in message
+    assert "available: fakelink" in message

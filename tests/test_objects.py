@@ -24,7 +24,15 @@ def round_trip(obj: Any) -> tuple[Any, bytearray]:
 @pytest.mark.parametrize(
     "obj",
     [
-        None, 0, -(2**70), 3.5, "text ✓", b"", b"\x00bytes\xff", [], {},
+        None,
+        0,
+        -(2**70),
+        3.5,
+        "text ✓",
+        b"",
+        b"\x00bytes\xff",
+        [],
+        {},
         {"a": [1, (2, 3.0)], "b": {"c": {None, True}}, 7: b"x"},
         [[[]], ((),), {"deep": [{"er": [1]}]}],
     ],
@@ -76,7 +84,8 @@ def test_fortran_ordered_array_round_trips() -> None:
 
 
 @pytest.mark.parametrize(
-    "make", [lambda a: a[:, ::2], lambda a: a[::-1], lambda a: a[1:, 1:3].T],
+    "make",
+    [lambda a: a[:, ::2], lambda a: a[::-1], lambda a: a[1:, 1:3].T],
     ids=["strided", "reversed", "sliced-transposed"],
 )
 def test_non_contiguous_arrays_round_trip(make: Any) -> None:
@@ -88,8 +97,11 @@ def test_non_contiguous_arrays_round_trip(make: Any) -> None:
 
 
 def test_nested_containers_with_arrays() -> None:
-    obj = {"weights": [np.arange(4.0), np.zeros((2, 2), dtype=np.int32)],
-           "meta": ("step", 3, {"lr": 0.1}), "raw": b"\x01\x02"}
+    obj = {
+        "weights": [np.arange(4.0), np.zeros((2, 2), dtype=np.int32)],
+        "meta": ("step", 3, {"lr": 0.1}),
+        "raw": b"\x01\x02",
+    }
     result, payload = round_trip(obj)
     assert result["meta"] == obj["meta"] and result["raw"] == obj["raw"]
     for got, want in zip(result["weights"], obj["weights"], strict=True):

@@ -32,8 +32,12 @@ def test_names_in_any_case(member: ReduceOp) -> None:
 
 @pytest.mark.parametrize(
     ("alias", "member"),
-    [("prod", ReduceOp.PRODUCT), ("PROD", ReduceOp.PRODUCT), ("mean", ReduceOp.AVG),
-     ("Mean", ReduceOp.AVG)],
+    [
+        ("prod", ReduceOp.PRODUCT),
+        ("PROD", ReduceOp.PRODUCT),
+        ("mean", ReduceOp.AVG),
+        ("Mean", ReduceOp.AVG),
+    ],
 )
 def test_aliases(alias: str, member: ReduceOp) -> None:
     assert ReduceOp.coerce(alias) is member

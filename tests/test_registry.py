@@ -26,7 +26,9 @@ def distcomm_register_backends(registry):
 """
 
 
-def make_distribution(root: Path, dist: str, modules: dict[str, str], entry_points: dict[str, str]) -> None:
+def make_distribution(
+    root: Path, dist: str, modules: dict[str, str], entry_points: dict[str, str]
+) -> None:
     """Write a fake installed distribution (a .dist-info folder and its modules) under ``root``."""
     info = root / f"{dist.replace('-', '_')}-1.2.3.dist-info"
     info.mkdir(parents=True)
@@ -48,8 +50,11 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def load(site: Path, environ: dict[str, str] | None = None) -> Registry:
-    eps = [ep for ep in importlib.metadata.entry_points(group="distcomm") if ep.dist and
-           Path(str(ep.dist.locate_file(""))).resolve() == site.resolve()]
+    eps = [
+        ep
+        for ep in importlib.metadata.entry_points(group="distcomm")
+        if ep.dist and Path(str(ep.dist.locate_file(""))).resolve() == site.resolve()
+    ]
     return Registry.load(entry_points=eps, environ=environ or {})
 
 
@@ -62,8 +67,12 @@ def test_core_plugins_register_through_the_hooks() -> None:
 
 
 def test_fake_distribution_backend_is_found_with_its_distribution(site: Path) -> None:
-    make_distribution(site, "fake-good", {"fake_good": BACKEND_PLUGIN.format(name="good", priority=5)},
-                      {"good": "fake_good"})
+    make_distribution(
+        site,
+        "fake-good",
+        {"fake_good": BACKEND_PLUGIN.format(name="good", priority=5)},
+        {"good": "fake_good"},
+    )
     registry = load(site)
     assert "good" in registry.backends
     assert registry.distribution_of("good") == "fake-good"
@@ -72,10 +81,18 @@ def test_fake_distribution_backend_is_found_with_its_distribution(site: Path) ->
 
 
 def test_plugin_that_fails_to_import_is_reported_not_fatal(site: Path) -> None:
-    make_distribution(site, "fake-broken", {"fake_broken": "raise ImportError('needs libfoo')\n"},
-                      {"broken": "fake_broken"})
-    make_distribution(site, "fake-good", {"fake_good": BACKEND_PLUGIN.format(name="good", priority=5)},
-                      {"good": "fake_good"})
+    make_distribution(
+        site,
+        "fake-broken",
+        {"fake_broken": "raise ImportError('needs libfoo')\n"},
+        {"broken": "fake_broken"},
+    )
+    make_distribution(
+        site,
+        "fake-good",
+        {"fake_good": BACKEND_PLUGIN.format(name="good", priority=5)},
+        {"good": "fake_good"},
+    )
     registry = load(site)
     broken = next(p for p in registry.plugins if p.name == "broken")
     assert broken.distribution == "fake-broken"
@@ -122,7 +139,7 @@ def test_two_distributions_registering_one_name_conflict(site: Path) -> None:
     errors = [p.error for p in registry.plugins if p.error]
     assert len(errors) == 1
     assert "fake-one" in errors[0] and "fake-two" in errors[0]
-    assert "twin" in registry.conflicts
+    assert ("backend", "twin") in registry.conflicts
     from distcomm.selection import select_backend
 
     launch = distcomm.detect_environment(environ={})
@@ -132,19 +149,27 @@ def test_two_distributions_registering_one_name_conflict(site: Path) -> None:
 
 
 def test_plugin_may_not_take_a_core_name(site: Path) -> None:
-    make_distribution(site, "fake-thief", {"fake_thief": BACKEND_PLUGIN.format(name="fakelink", priority=5)},
-                      {"thief": "fake_thief"})
+    make_distribution(
+        site,
+        "fake-thief",
+        {"fake_thief": BACKEND_PLUGIN.format(name="fakelink", priority=5)},
+        {"thief": "fake_thief"},
+    )
     registry = load(site)
     assert registry.distribution_of("fakelink") == "distcomm"
-    assert "fakelink" not in registry.conflicts
+    assert ("backend", "fakelink") not in registry.conflicts
     error = registry.plugins[-1].error or ""
     assert error.startswith(PluginConflictError.__name__)
     assert "'fakelink' is registered by both distcomm and fake-thief" in error
 
 
 def test_disable_plugins_blocks_by_entry_point_name(site: Path) -> None:
-    make_distribution(site, "fake-good", {"fake_good": BACKEND_PLUGIN.format(name="good", priority=5)},
-                      {"good": "fake_good"})
+    make_distribution(
+        site,
+        "fake-good",
+        {"fake_good": BACKEND_PLUGIN.format(name="good", priority=5)},
+        {"good": "fake_good"},
+    )
     registry = load(site, {"DISTCOMM_DISABLE_PLUGINS": "good, fakelink"})
     assert "good" not in registry.backends
     assert next(p for p in registry.plugins if p.name == "good").blocked
@@ -154,8 +179,12 @@ def test_disable_plugins_blocks_by_entry_point_name(site: Path) -> None:
 
 
 def test_distcomm_plugins_registers_modules_without_entry_points(site: Path) -> None:
-    (site / "fake_loose.py").write_text(textwrap.dedent(BACKEND_PLUGIN.format(name="loose", priority=0)))
-    registry = Registry.load(entry_points=[], environ={"DISTCOMM_PLUGINS": "fake_loose,fake_missing"})
+    (site / "fake_loose.py").write_text(
+        textwrap.dedent(BACKEND_PLUGIN.format(name="loose", priority=0))
+    )
+    registry = Registry.load(
+        entry_points=[], environ={"DISTCOMM_PLUGINS": "fake_loose,fake_missing"}
+    )
     assert "loose" in registry.backends
     missing = next(p for p in registry.plugins if p.name == "fake_missing")
     assert "ModuleNotFoundError" in (missing.error or "")
@@ -168,7 +197,8 @@ def test_plugin_environment_takes_its_place_in_the_order(site: Path) -> None:
     def detect(environ):
         if "FAKE_RANK" not in environ:
             return None
-        return distcomm.LaunchInfo("fake", int(environ["FAKE_RANK"]), 2, 0, 1, int(environ["FAKE_RANK"]), 2)
+        rank = int(environ["FAKE_RANK"])
+        return distcomm.LaunchInfo("fake", rank, 2, 0, 1, rank, 2)
 
     @distcomm.hookimpl
     def distcomm_register_environments(registry):
@@ -188,6 +218,7 @@ def test_loading_is_lazy_and_import_is_side_effect_free() -> None:
 
 
 # -- the really installed example plugin (examples/plugin, installed by the test command) -----
+
 
 def example_plugin_installed() -> bool:
     try:
@@ -214,17 +245,30 @@ def test_installed_plugin_is_discovered() -> None:
 
 @needs_example
 def test_installed_plugin_shows_in_info_and_runs() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "DISTCOMM_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "DISTCOMM_"))
+    }
     env.update(JSM_NAMESPACE_RANK="0", JSM_NAMESPACE_SIZE="1", DISTCOMM_BACKEND="loopback")
-    out = subprocess.run([sys.executable, "-m", "distcomm", "info", "--json"], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "distcomm", "info", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     info = json.loads(out.stdout)
     assert info["selected"] == {"backend": "loopback", "method": "jsm"}
     assert {"name": "jsm", "distribution": "distcomm-example-plugin"}.items() <= next(
-        e for e in info["environments"] if e["name"] == "jsm").items()
-    code = ("import distcomm, numpy as np; c = distcomm.init(); a = np.arange(3.0); c.send(a, 0, tag=4); "
-            "b = np.zeros(3); print(c.backend, c.recv(b, 0, tag=4), b.tolist())")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        e for e in info["environments"] if e["name"] == "jsm"
+    ).items()
+    code = (
+        "import distcomm, numpy as np; c = distcomm.init(); a = np.arange(3.0); "
+        "c.send(a, 0, tag=4); "
+        "b = np.zeros(3); print(c.backend, c.recv(b, 0, tag=4), b.tolist())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["loopback", "0", "[0.0,", "1.0,", "2.0]"]
 
 
@@ -232,3 +276,12 @@ def test_installed_plugin_shows_in_info_and_runs() -> None:
 def test_installed_plugin_can_be_blocked() -> None:
     registry = Registry.load(environ={"DISTCOMM_DISABLE_PLUGINS": "example"})
     assert "loopback" not in registry.backends and "jsm" not in registry.environments
+
+
+@needs_example
+def test_installed_plugin_backend_passes_the_conformance_suite() -> None:
+    from distcomm.testing.conformance import CHECKS, run_all
+
+    comm = distcomm.init(backend="loopback")
+    assert comm.backend == "loopback"
+    assert run_all() == list(CHECKS)

@@ -19,15 +19,30 @@ from distcomm.specs import BackendSpec
 def env_launch(world_size: int = 2, rank: int = 0) -> LaunchInfo:
     """A torchrun-style launch of ``world_size`` ranks on one node."""
     return LaunchInfo(
-        method="env", rank=rank, world_size=world_size, local_rank=rank,
-        local_world_size=world_size, node_rank=0, num_nodes=1, master_addr="127.0.0.1",
-        master_port=29500, sources={"method": "test"},
+        method="env",
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        local_world_size=world_size,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        sources={"method": "test"},
     )
 
 
 def single_node_launch() -> LaunchInfo:
-    return LaunchInfo(method="single_node", rank=0, world_size=1, local_rank=0, local_world_size=1,
-                      node_rank=0, num_nodes=1, master_addr="127.0.0.1")
+    return LaunchInfo(
+        method="single_node",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+    )
 
 
 def unusable_factory(launch: LaunchInfo, **options: Any) -> Any:
@@ -224,8 +239,10 @@ def test_an_existing_torch_process_group_is_adopted() -> None:
     assert selection.error is None
     assert selection.backend == "gloo"
     assert selection.spec is gloo
-    assert any("torch default process group exists" in line and "'gloo'" in line
-               for line in selection.trace)
+    assert any(
+        "torch default process group exists" in line and "'gloo'" in line
+        for line in selection.trace
+    )
 
 
 @pytest.mark.usefixtures("torch_process_group")

@@ -2,7 +2,7 @@
 
 Pure: detection reads an environ mapping (``os.environ`` by default) and writes nothing; it
 imports no engine (torch, numpy, mpi4py). Built-in methods, by automatic precedence: ``env``
-(torchrun, ``distcomm run``), ``slurm`` (an srun task step), ``mpi`` (mpirun / mpiexec), then
+(torchrun), ``slurm`` (an srun task step), ``mpi`` (mpirun / mpiexec), then
 plugin environments, then ``single_node`` (no launcher: a world of 1). See DESIGN section 3.
 """
 

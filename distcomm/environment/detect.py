@@ -33,8 +33,9 @@ def detect_environment(
 
     Args:
         method: the launch method to use (``"env"``, ``"slurm"``, ``"mpi"``, ``"single_node"``
-            or a plugin's); None tries every registered method by descending priority (ties by
-            name) and takes the first that matches. ``single_node`` always matches, last.
+            or a plugin's); None means ``DISTCOMM_INIT_METHOD`` from ``environ`` if set, else
+            every registered method by descending priority (ties by name), the first that
+            matches. ``single_node`` always matches, last.
         environ: the environment to read; defaults to ``os.environ``. It is only read.
 
     Returns:
@@ -47,6 +48,8 @@ def detect_environment(
             process, or a launcher variable is present but malformed.
     """
     snapshot = _snapshot(environ)
+    if method is None:
+        method = snapshot.get("DISTCOMM_INIT_METHOD", "").strip() or None
     if method is not None:
         spec = _spec(method)
         info = spec.detect(snapshot)
@@ -121,7 +124,6 @@ def _spec(method: str) -> EnvironmentSpec:
         suggestion = did_you_mean(method.strip(), specs)
         hint = suggestion or f"use one of {', '.join(sorted(specs))}."
         raise InvalidArgumentError(
-            f"unknown launch method {method!r}; available: {', '.join(sorted(specs))}. "
-            f"HINT: {hint}"
+            f"unknown launch method {method!r}; available: {', '.join(sorted(specs))}. HINT: {hint}"
         )
     return spec

@@ -1,4 +1,4 @@
-"""The ``env`` launch method: RANK and WORLD_SIZE set by torchrun, ``distcomm run`` or by hand.
+"""The ``env`` launch method: RANK and WORLD_SIZE set by torchrun or by hand.
 
 Read: RANK, WORLD_SIZE (both required), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node's
 rank), GROUP_WORLD_SIZE (the number of nodes), MASTER_ADDR, MASTER_PORT, and the job id from
@@ -35,7 +35,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         missing = "WORLD_SIZE" if given == "RANK" else "RANK"
         raise EnvironmentDetectionError(
             f"{given}={environ[given]!r} is set but {missing} is not; the env method needs "
-            f"both. HINT: set {missing} as well (torchrun and 'distcomm run' set both), or "
+            f"both. HINT: set {missing} as well (torchrun sets both), or "
             f"unset {given}.",
             variable=missing,
             value=None,
@@ -61,7 +61,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
     port = read_int(environ, "MASTER_PORT")
     job_variable, job_id = _job_id(environ)
     sources.update(
-        method="RANK and WORLD_SIZE set (torchrun or distcomm run)",
+        method="RANK and WORLD_SIZE set (torchrun, or set by hand)",
         rank="RANK",
         world_size="WORLD_SIZE",
         master_port="MASTER_PORT" if port is not None else "default",

@@ -60,9 +60,7 @@ def expand_hostlist(value: str, variable: str = "SLURM_NODELIST") -> list[str]:
         parts = _parse_element(element, value, variable)
         count = math.prod(len(part) for part in parts)
         if len(hosts) + count > MAX_HOSTS:
-            raise _hostlist_error(
-                value, variable, f"expands to more than {MAX_HOSTS:,} hosts"
-            )
+            raise _hostlist_error(value, variable, f"expands to more than {MAX_HOSTS:,} hosts")
         hosts.extend("".join(combination) for combination in itertools.product(*parts))
     return hosts
 

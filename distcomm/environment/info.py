@@ -65,9 +65,7 @@ class LaunchInfo:
         return dataclasses.asdict(self)
 
 
-def read_int(
-    environ: Mapping[str, str], name: str, *, minimum: int = 0
-) -> int | None:
+def read_int(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> int | None:
     """Return ``environ[name]`` as an int, or None when unset.
 
     Raises:

@@ -44,21 +44,35 @@ class _Flavour:
 
 _FLAVOURS = (
     _Flavour(
-        "OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "OpenMPI",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
     ),
     _Flavour(
-        "MVAPICH", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
-        "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE",
+        "MVAPICH",
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
     ),
     _Flavour("MPICH/Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     # srun --mpi=pmix sets PMIX_RANK alone: without a size it is no MPI launch we can read.
     _Flavour(
-        "PMIx", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", size_required=False,
+        "PMIx",
+        "PMIX_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        size_required=False,
     ),
     _Flavour(
-        "PMIx", "PMIX_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+        "PMIx",
+        "PMIX_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
         size_required=False,
     ),
 )

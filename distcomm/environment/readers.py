@@ -50,9 +50,7 @@ def read_text(environ: Mapping[str, str], name: str) -> str | None:
     return raw.strip()
 
 
-def require_int(
-    environ: Mapping[str, str], name: str, *, context: str, minimum: int = 0
-) -> int:
+def require_int(environ: Mapping[str, str], name: str, *, context: str, minimum: int = 0) -> int:
     """Return ``environ[name]`` as an int; unlike ``read_int``, unset is an error too.
 
     Args:
@@ -142,7 +140,10 @@ def node_layout(
         environ, node_rank, rank // local_size, "rank // local_world_size", minimum=0
     )
     nodes, nodes_source = _read_or_derive(
-        environ, num_nodes, -(-world_size // local_size), "ceil(world_size / local_world_size)",
+        environ,
+        num_nodes,
+        -(-world_size // local_size),
+        "ceil(world_size / local_world_size)",
         minimum=1,
     )
     values = {

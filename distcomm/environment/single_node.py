@@ -1,5 +1,7 @@
 """The ``single_node`` launch method: no launcher, a world of one process at 127.0.0.1.
 
+MASTER_ADDR and MASTER_PORT are honoured when set (for ``init(rank=..., world_size=...)``).
+
 It is the fallback after every other method, so it always matches. Inside a Slurm batch script
 that asked for several tasks but started Python without ``srun``, it warns: that process is the
 only one, and the job's other tasks never run.
@@ -18,8 +20,14 @@ from distcomm.errors import DistcommWarning
 __all__ = ["detect"]
 
 _FIELDS = (
-    "rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes",
-    "master_addr", "master_port",
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "master_addr",
+    "master_port",
 )
 
 
@@ -36,6 +44,12 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo:
     if job_id is not None:
         _warn_without_srun(environ, job_id)
     sources = dict.fromkeys(_FIELDS, "default")
+    master_addr = read_text(environ, "MASTER_ADDR")
+    master_port = read_int(environ, "MASTER_PORT")
+    if master_addr is not None:
+        sources["master_addr"] = "MASTER_ADDR"
+    if master_port is not None:
+        sources["master_port"] = "MASTER_PORT"
     sources["job_id"] = "SLURM_JOB_ID" if job_id is not None else "default"
     sources["method"] = "no launcher detected: one process on this machine"
     return LaunchInfo(
@@ -46,8 +60,8 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo:
         local_world_size=1,
         node_rank=0,
         num_nodes=1,
-        master_addr="127.0.0.1",
-        master_port=None,
+        master_addr=master_addr or "127.0.0.1",
+        master_port=master_port,
         job_id=job_id,
         sources=sources,
     )

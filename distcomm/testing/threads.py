@@ -61,16 +61,27 @@ def run_threads(
 
     def body(rank: int) -> None:
         launch = LaunchInfo(
-            method="threads", rank=rank, world_size=world_size, local_rank=rank,
-            local_world_size=world_size, node_rank=0, num_nodes=1,
+            method="threads",
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank,
+            local_world_size=world_size,
+            node_rank=0,
+            num_nodes=1,
             sources={"method": "distcomm.testing.run_threads"},
         )
         # Operations time out a little after the run, so that a stuck run ends, deterministically,
         # with the run's DistTimeoutError (showing where every rank is), not one rank's.
-        comm = FakeLinkCommunicator(fabric, 0, rank=rank, world_size=world_size, launch=launch,
-                                    timeout=timeout + _GRACE)
-        requested = {"backend": "fakelink", "method": "threads", "rank": rank,
-                     "world_size": world_size, "timeout": float(timeout)}
+        comm = FakeLinkCommunicator(
+            fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=timeout + _GRACE
+        )
+        requested = {
+            "backend": "fakelink",
+            "method": "threads",
+            "rank": rank,
+            "world_size": world_size,
+            "timeout": float(timeout),
+        }
         ctx = state.Context(comm, launch, ["run_threads"], requested, thread_owned=True)
         state.thread_context(ctx)
         try:
@@ -87,8 +98,10 @@ def run_threads(
                 if all(finished) or failures:
                     done.set()
 
-    threads = [threading.Thread(target=body, args=(r,), name=f"distcomm-rank-{r}", daemon=True)
-               for r in range(world_size)]
+    threads = [
+        threading.Thread(target=body, args=(r,), name=f"distcomm-rank-{r}", daemon=True)
+        for r in range(world_size)
+    ]
     for thread in threads:
         thread.start()
     if not done.wait(timeout):
@@ -99,7 +112,8 @@ def run_threads(
             f"run_threads: ranks {unfinished} did not finish within {timeout:g} s.\n"
             f"{where}HINT: a rank is stuck where shown (a rank outside distcomm keeps the others "
             "waiting in their next collective), or it is merely slow: raise timeout=.",
-            op="run_threads", missing_ranks=unfinished,
+            op="run_threads",
+            missing_ranks=unfinished,
         )
     if failures:
         deadline = time.monotonic() + _GRACE
@@ -139,8 +153,9 @@ def _where(threads: list[threading.Thread]) -> str:
         if thread.is_alive() and frame is not None:
             stack = traceback.extract_stack(frame)
             entry = ([f for f in stack if not _internal(f.filename)] or stack)[-1]
-            lines.append(f"  {thread.name}: {entry.filename}:{entry.lineno} in {entry.name}: "
-                         f"{entry.line}\n")
+            lines.append(
+                f"  {thread.name}: {entry.filename}:{entry.lineno} in {entry.name}: {entry.line}\n"
+            )
     return "".join(lines)
 
 

@@ -80,113 +80,244 @@ def srun_task(
 
 
 TORCHRUN = {
-    "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4",
-    "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4",
-    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none",
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "3",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "0",
+    "GROUP_WORLD_SIZE": "1",
+    "ROLE_RANK": "3",
+    "ROLE_WORLD_SIZE": "4",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "none",
 }
 TORCHRUN_MULTINODE = {
-    "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-    "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "node01", "MASTER_PORT": "29400",
+    "RANK": "5",
+    "WORLD_SIZE": "8",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "1",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node01",
+    "MASTER_PORT": "29400",
     "TORCHELASTIC_RUN_ID": "job42",
 }
 BATCH_SCRIPT = {
-    "SLURM_JOB_ID": "9001", "SLURM_NTASKS": "4", "SLURM_NPROCS": "4", "SLURM_PROCID": "0",
-    "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_NODELIST": "n1",
+    "SLURM_JOB_ID": "9001",
+    "SLURM_NTASKS": "4",
+    "SLURM_NPROCS": "4",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NNODES": "1",
+    "SLURM_NODELIST": "n1",
     "SLURM_TASKS_PER_NODE": "4",
 }
 MPIRUN_IN_SBATCH = {
     **srun_task(0, 0, 0, 1, "host1", "1", 1, job_id="77"),
-    "SLURM_NTASKS": "2", "PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1",
+    "SLURM_NTASKS": "2",
+    "PMI_RANK": "1",
+    "PMI_SIZE": "2",
+    "MPI_LOCALRANKID": "1",
     "MPI_LOCALNRANKS": "2",
 }
 
 DETECTED = [
-    pytest.param(TORCHRUN, launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, None),
-                 id="torchrun"),
-    pytest.param(TORCHRUN_MULTINODE, launch("env", 5, 8, 1, 4, 1, 2, "node01", 29400, "job42"),
-                 id="torchrun-multinode"),
-    pytest.param({"RANK": "1", "WORLD_SIZE": "2"},
-                 launch("env", 1, 2, 1, 2, 0, 1, "127.0.0.1", None, None), id="env-minimal"),
-    pytest.param({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
-                 launch("env", 5, 8, 1, 4, 1, 2, None, None, None), id="env-local-size-only"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "1", "SLURM_JOB_ID": "55"},
-                 launch("env", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, "55"), id="env-slurm-job"),
-    pytest.param({**srun_task(1, 1, 0, 2, "n1", "2", 1, job_id="66"), **TORCHRUN_MULTINODE},
-                 launch("env", 5, 8, 1, 4, 1, 2, "node01", 29400, "job42"),
-                 id="torchrun-inside-srun"),
-    pytest.param({**srun_task(0, 0, 0, 1, "n1", "1", 1, job_id="66"), **TORCHRUN},
-                 launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, "66"),
-                 id="torchrun-inside-srun-no-run-id"),
-    pytest.param(srun_task(4, 0, 2, 6, "node[01-03]", "2(x3)", 3),
-                 launch("slurm", 4, 6, 0, 2, 2, 3, "node01", 16234, "1234"), id="srun-node01-03"),
-    pytest.param(srun_task(6, 0, 3, 7, "a,b[1-2],c", "2(x3),1", 4),
-                 launch("slurm", 6, 7, 0, 1, 3, 4, "a", 16234, "1234"), id="srun-a-b12-c-last"),
-    pytest.param(srun_task(3, 1, 1, 7, "a,b[1-2],c", "2(x3),1", 4, job_id="987654"),
-                 launch("slurm", 3, 7, 1, 2, 1, 4, "a", 22654, "987654"), id="srun-a-b12-c-mid"),
-    pytest.param(srun_task(1, 1, 0, 7, "a,b[1-2],c", "2(x3),1", 4),
-                 launch("slurm", 1, 7, 1, 2, 0, 4, "a", 16234, "1234"), id="srun-a-b12-c-first"),
-    pytest.param(srun_task(1, 0, 1, 2, "linux[1,2]", "1(x2)", 2),
-                 launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 16234, "1234"), id="srun-linux12"),
-    pytest.param(srun_task(3, 1, 1, 7, "nodeA,nodeB[001,003],nodeC", "2(x3),1", 4),
-                 launch("slurm", 3, 7, 1, 2, 1, 4, "nodeA", 16234, "1234"), id="srun-nodeB001"),
-    pytest.param(srun_task(5, 1, 1, 8, "gpu-[1-2]-ib", "4(x2)", 2),
-                 launch("slurm", 5, 8, 1, 4, 1, 2, "gpu-1-ib", 16234, "1234"), id="srun-gpu-ib"),
-    pytest.param(srun_task(2, 0, 2, 4, "x[1-2]y[3-4]", "1(x4)", 4),
-                 launch("slurm", 2, 4, 0, 1, 2, 4, "x1y3", 16234, "1234"), id="srun-xy"),
     pytest.param(
-        {"SLURM_STEP_ID": "3", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-         "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "linux[1,2]", "SLURM_TASKS_PER_NODE": "1(x2)",
-         "SLURM_JOB_ID": "10000"},
-        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 15000, "10000"), id="srun-old-variables"),
+        TORCHRUN, launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, None), id="torchrun"
+    ),
     pytest.param(
-        {"SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "4",
-         "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2"},
-        launch("slurm", 2, 4, 0, 2, 1, 2, None, None, None), id="srun-bare"),
-    pytest.param(srun_task(1, 1, 0, 2, "n1", "2", 1, PMI_RANK="1", PMI_SIZE="2"),
-                 launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234"), id="srun-mpi-pmi2"),
-    pytest.param(srun_task(1, 1, 0, 2, "n1", "2", 1, PMIX_RANK="1"),
-                 launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234"), id="srun-mpi-pmix"),
-    pytest.param(srun_task(1, 1, 0, 2, "n1", "2", 1, MASTER_ADDR="10.0.0.7", MASTER_PORT="2345"),
-                 launch("slurm", 1, 2, 1, 2, 0, 1, "10.0.0.7", 2345, "1234"),
-                 id="srun-master-override"),
-    pytest.param(MPIRUN_IN_SBATCH, launch("mpi", 1, 2, 1, 2, 0, 1, "host1", 15077, "77"),
-                 id="mpirun-in-sbatch"),
+        TORCHRUN_MULTINODE,
+        launch("env", 5, 8, 1, 4, 1, 2, "node01", 29400, "job42"),
+        id="torchrun-multinode",
+    ),
     pytest.param(
-        {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
-         "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-         "OMPI_MCA_ess_base_jobid": "3456", "PMIX_RANK": "2"},
-        launch("mpi", 2, 4, 0, 2, 1, 2, None, None, "3456"), id="openmpi"),
+        {"RANK": "1", "WORLD_SIZE": "2"},
+        launch("env", 1, 2, 1, 2, 0, 1, "127.0.0.1", None, None),
+        id="env-minimal",
+    ),
     pytest.param(
-        {"MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "3",
-         "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "3"},
-        launch("mpi", 1, 3, 1, 3, 0, 1, None, None, None), id="mvapich"),
+        {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+        launch("env", 5, 8, 1, 4, 1, 2, None, None, None),
+        id="env-local-size-only",
+    ),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "1", "SLURM_JOB_ID": "55"},
+        launch("env", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, "55"),
+        id="env-slurm-job",
+    ),
+    pytest.param(
+        {**srun_task(1, 1, 0, 2, "n1", "2", 1, job_id="66"), **TORCHRUN_MULTINODE},
+        launch("env", 5, 8, 1, 4, 1, 2, "node01", 29400, "job42"),
+        id="torchrun-inside-srun",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 1, "n1", "1", 1, job_id="66"), **TORCHRUN},
+        launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, "66"),
+        id="torchrun-inside-srun-no-run-id",
+    ),
+    pytest.param(
+        srun_task(4, 0, 2, 6, "node[01-03]", "2(x3)", 3),
+        launch("slurm", 4, 6, 0, 2, 2, 3, "node01", 16234, "1234"),
+        id="srun-node01-03",
+    ),
+    pytest.param(
+        srun_task(6, 0, 3, 7, "a,b[1-2],c", "2(x3),1", 4),
+        launch("slurm", 6, 7, 0, 1, 3, 4, "a", 16234, "1234"),
+        id="srun-a-b12-c-last",
+    ),
+    pytest.param(
+        srun_task(3, 1, 1, 7, "a,b[1-2],c", "2(x3),1", 4, job_id="987654"),
+        launch("slurm", 3, 7, 1, 2, 1, 4, "a", 22654, "987654"),
+        id="srun-a-b12-c-mid",
+    ),
+    pytest.param(
+        srun_task(1, 1, 0, 7, "a,b[1-2],c", "2(x3),1", 4),
+        launch("slurm", 1, 7, 1, 2, 0, 4, "a", 16234, "1234"),
+        id="srun-a-b12-c-first",
+    ),
+    pytest.param(
+        srun_task(1, 0, 1, 2, "linux[1,2]", "1(x2)", 2),
+        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 16234, "1234"),
+        id="srun-linux12",
+    ),
+    pytest.param(
+        srun_task(3, 1, 1, 7, "nodeA,nodeB[001,003],nodeC", "2(x3),1", 4),
+        launch("slurm", 3, 7, 1, 2, 1, 4, "nodeA", 16234, "1234"),
+        id="srun-nodeB001",
+    ),
+    pytest.param(
+        srun_task(5, 1, 1, 8, "gpu-[1-2]-ib", "4(x2)", 2),
+        launch("slurm", 5, 8, 1, 4, 1, 2, "gpu-1-ib", 16234, "1234"),
+        id="srun-gpu-ib",
+    ),
+    pytest.param(
+        srun_task(2, 0, 2, 4, "x[1-2]y[3-4]", "1(x4)", 4),
+        launch("slurm", 2, 4, 0, 1, 2, 4, "x1y3", 16234, "1234"),
+        id="srun-xy",
+    ),
+    pytest.param(
+        {
+            "SLURM_STEP_ID": "3",
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "1",
+            "SLURM_JOB_NODELIST": "linux[1,2]",
+            "SLURM_TASKS_PER_NODE": "1(x2)",
+            "SLURM_JOB_ID": "10000",
+        },
+        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 15000, "10000"),
+        id="srun-old-variables",
+    ),
+    pytest.param(
+        {
+            "SLURM_STEP_ID": "0",
+            "SLURM_PROCID": "2",
+            "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "1",
+            "SLURM_STEP_NUM_NODES": "2",
+        },
+        launch("slurm", 2, 4, 0, 2, 1, 2, None, None, None),
+        id="srun-bare",
+    ),
+    pytest.param(
+        srun_task(1, 1, 0, 2, "n1", "2", 1, PMI_RANK="1", PMI_SIZE="2"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234"),
+        id="srun-mpi-pmi2",
+    ),
+    pytest.param(
+        srun_task(1, 1, 0, 2, "n1", "2", 1, PMIX_RANK="1"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234"),
+        id="srun-mpi-pmix",
+    ),
+    pytest.param(
+        srun_task(1, 1, 0, 2, "n1", "2", 1, MASTER_ADDR="10.0.0.7", MASTER_PORT="2345"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "10.0.0.7", 2345, "1234"),
+        id="srun-master-override",
+    ),
+    pytest.param(
+        MPIRUN_IN_SBATCH,
+        launch("mpi", 1, 2, 1, 2, 0, 1, "host1", 15077, "77"),
+        id="mpirun-in-sbatch",
+    ),
+    pytest.param(
+        {
+            "OMPI_COMM_WORLD_RANK": "2",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_MCA_ess_base_jobid": "3456",
+            "PMIX_RANK": "2",
+        },
+        launch("mpi", 2, 4, 0, 2, 1, 2, None, None, "3456"),
+        id="openmpi",
+    ),
+    pytest.param(
+        {
+            "MV2_COMM_WORLD_RANK": "1",
+            "MV2_COMM_WORLD_SIZE": "3",
+            "MV2_COMM_WORLD_LOCAL_RANK": "1",
+            "MV2_COMM_WORLD_LOCAL_SIZE": "3",
+        },
+        launch("mpi", 1, 3, 1, 3, 0, 1, None, None, None),
+        id="mvapich",
+    ),
     pytest.param(
         {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
-        launch("mpi", 3, 4, 1, 2, 1, 2, None, None, None), id="mpich-hydra"),
-    pytest.param({"PMI_RANK": "3", "PMI_SIZE": "4"},
-                 launch("mpi", 3, 4, 3, 4, 0, 1, None, None, None), id="mpich-no-local"),
-    pytest.param({"PMIX_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"},
-                 launch("mpi", 2, 3, 2, 3, 0, 1, None, None, None), id="pmix-ompi-size"),
-    pytest.param({"PMIX_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1"},
-                 launch("mpi", 1, 2, 0, 1, 1, 2, None, None, None), id="pmix-pmi-size"),
+        launch("mpi", 3, 4, 1, 2, 1, 2, None, None, None),
+        id="mpich-hydra",
+    ),
     pytest.param(
-        {"PMI_RANK": "0", "PMI_SIZE": "2", "MASTER_ADDR": "head", "MASTER_PORT": "4000",
-         "SLURM_JOB_ID": "12", "SLURM_NODELIST": "n[3-4]"},
-        launch("mpi", 0, 2, 0, 2, 0, 1, "head", 4000, "12"), id="mpi-master-override"),
-    pytest.param({"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_JOB_ID": "12",
-                  "SLURM_NODELIST": "n[3-4]"},
-                 launch("mpi", 0, 2, 0, 2, 0, 1, "n3", 15012, "12"), id="mpi-slurm-defaults"),
-    pytest.param({"PMIX_RANK": "0"},
-                 launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, None),
-                 id="pmix-alone"),
-    pytest.param({}, launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, None),
-                 id="empty"),
-    pytest.param({"SLURM_JOB_ID": "8", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"},
-                 launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, "8"),
-                 id="batch-one-task"),
-    pytest.param({**BATCH_SCRIPT, "SLURM_NTASKS": "1", "SLURM_STEP_ID": "extern"},
-                 launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, "9001"),
-                 id="extern-step"),
+        {"PMI_RANK": "3", "PMI_SIZE": "4"},
+        launch("mpi", 3, 4, 3, 4, 0, 1, None, None, None),
+        id="mpich-no-local",
+    ),
+    pytest.param(
+        {"PMIX_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"},
+        launch("mpi", 2, 3, 2, 3, 0, 1, None, None, None),
+        id="pmix-ompi-size",
+    ),
+    pytest.param(
+        {"PMIX_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1"},
+        launch("mpi", 1, 2, 0, 1, 1, 2, None, None, None),
+        id="pmix-pmi-size",
+    ),
+    pytest.param(
+        {
+            "PMI_RANK": "0",
+            "PMI_SIZE": "2",
+            "MASTER_ADDR": "head",
+            "MASTER_PORT": "4000",
+            "SLURM_JOB_ID": "12",
+            "SLURM_NODELIST": "n[3-4]",
+        },
+        launch("mpi", 0, 2, 0, 2, 0, 1, "head", 4000, "12"),
+        id="mpi-master-override",
+    ),
+    pytest.param(
+        {"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_JOB_ID": "12", "SLURM_NODELIST": "n[3-4]"},
+        launch("mpi", 0, 2, 0, 2, 0, 1, "n3", 15012, "12"),
+        id="mpi-slurm-defaults",
+    ),
+    pytest.param(
+        {"PMIX_RANK": "0"},
+        launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, None),
+        id="pmix-alone",
+    ),
+    pytest.param({}, launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, None), id="empty"),
+    pytest.param(
+        {"SLURM_JOB_ID": "8", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"},
+        launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, "8"),
+        id="batch-one-task",
+    ),
+    pytest.param(
+        {**BATCH_SCRIPT, "SLURM_NTASKS": "1", "SLURM_STEP_ID": "extern"},
+        launch("single_node", 0, 1, 0, 1, 0, 1, "127.0.0.1", None, "9001"),
+        id="extern-step",
+    ),
 ]
 
 
@@ -226,8 +357,9 @@ def test_mpirun_in_sbatch_is_mpi_because_the_sizes_differ() -> None:
 
 
 def test_srun_pmi2_reason_names_the_agreeing_size() -> None:
-    info = detect_environment(environ=srun_task(0, 0, 0, 2, "n1", "2", 1, PMI_SIZE="2",
-                                                PMI_RANK="0"))
+    info = detect_environment(
+        environ=srun_task(0, 0, 0, 2, "n1", "2", 1, PMI_SIZE="2", PMI_RANK="0")
+    )
     assert "PMI_SIZE=2 equals the step's task count" in info.sources["method"]
 
 
@@ -270,8 +402,11 @@ def test_explicit_method_that_does_not_match(
 
 @pytest.mark.parametrize(
     ("method", "suggestion"),
-    [("slurn", "did you mean 'slurm'?"), ("singlenode", "did you mean 'single_node'?"),
-     ("torch", "use one of env, mpi, single_node, slurm")],
+    [
+        ("slurn", "did you mean 'slurm'?"),
+        ("singlenode", "did you mean 'single_node'?"),
+        ("torch", "use one of env, mpi, single_node, slurm"),
+    ],
 )
 @pytest.mark.usefixtures("core_registry")
 def test_unknown_method(method: str, suggestion: str) -> None:
@@ -292,48 +427,116 @@ ERRORS = [
     pytest.param({"RANK": "4", "WORLD_SIZE": "4"}, "RANK", "rank=4", id="rank-too-big"),
     pytest.param({"RANK": "0"}, "WORLD_SIZE", "RANK='0'", id="rank-without-world"),
     pytest.param({"WORLD_SIZE": "2"}, "RANK", "WORLD_SIZE='2'", id="world-without-rank"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK", "'-1'",
-                 id="negative-local-rank"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
-                 "LOCAL_RANK", "local_rank=2", id="local-rank-too-big"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"}, "MASTER_PORT",
-                 "'http'", id="bad-port"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT",
-                 "70000", id="port-out-of-range"),
-    pytest.param({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": " "}, "MASTER_ADDR", "' '",
-                 id="empty-master-addr"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": "node[1-"},
-                 "SLURM_STEP_NODELIST", "'node[1-'", id="hostlist-unclosed"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": "node[3-1]"},
-                 "SLURM_STEP_NODELIST", "'node[3-1]'", id="hostlist-backwards"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": "node[a-b]"},
-                 "SLURM_STEP_NODELIST", "'node[a-b]'", id="hostlist-letters"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": ","},
-                 "SLURM_STEP_NODELIST", "','", id="hostlist-comma"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": ""},
-                 "SLURM_STEP_NODELIST", "''", id="hostlist-empty"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_TASKS_PER_NODE": "2(x)"},
-                 "SLURM_STEP_TASKS_PER_NODE", "'2(x)'", id="tasks-per-node-no-count"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_TASKS_PER_NODE": "x3"},
-                 "SLURM_STEP_TASKS_PER_NODE", "'x3'", id="tasks-per-node-letters"),
-    pytest.param(srun_task(0, 0, 0, 6, "n[1-3]", "2(x2)", 3), "SLURM_STEP_TASKS_PER_NODE",
-                 "'2(x2)'", id="tasks-per-node-length"),
-    pytest.param(srun_task(0, 0, 2, 4, "n[1-2]", "2(x2)", 2), "SLURM_NODEID", "'2'",
-                 id="node-id-too-big"),
-    pytest.param(srun_task(4, 0, 0, 4, "n1", "4", 1), "SLURM_PROCID", "rank=4",
-                 id="procid-too-big"),
-    pytest.param({**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NUM_TASKS": "two"},
-                 "SLURM_STEP_NUM_TASKS", "'two'", id="bad-step-tasks"),
-    pytest.param({k: v for k, v in srun_task(0, 0, 0, 2, "n1", "2", 1).items()
-                  if k != "SLURM_LOCALID"}, "SLURM_LOCALID", "is unset", id="no-localid"),
-    pytest.param({"SLURM_STEP_ID": "", "SLURM_PROCID": "0"}, "SLURM_STEP_ID", "''",
-                 id="empty-step-id"),
-    pytest.param({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE",
-                 "OMPI_COMM_WORLD_RANK='0'", id="ompi-rank-without-size"),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"},
+        "LOCAL_RANK",
+        "'-1'",
+        id="negative-local-rank",
+    ),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+        "LOCAL_RANK",
+        "local_rank=2",
+        id="local-rank-too-big",
+    ),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"},
+        "MASTER_PORT",
+        "'http'",
+        id="bad-port",
+    ),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"},
+        "MASTER_PORT",
+        "70000",
+        id="port-out-of-range",
+    ),
+    pytest.param(
+        {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": " "},
+        "MASTER_ADDR",
+        "' '",
+        id="empty-master-addr",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": "node[1-"},
+        "SLURM_STEP_NODELIST",
+        "'node[1-'",
+        id="hostlist-unclosed",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": "node[3-1]"},
+        "SLURM_STEP_NODELIST",
+        "'node[3-1]'",
+        id="hostlist-backwards",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": "node[a-b]"},
+        "SLURM_STEP_NODELIST",
+        "'node[a-b]'",
+        id="hostlist-letters",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": ","},
+        "SLURM_STEP_NODELIST",
+        "','",
+        id="hostlist-comma",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NODELIST": ""},
+        "SLURM_STEP_NODELIST",
+        "''",
+        id="hostlist-empty",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_TASKS_PER_NODE": "2(x)"},
+        "SLURM_STEP_TASKS_PER_NODE",
+        "'2(x)'",
+        id="tasks-per-node-no-count",
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_TASKS_PER_NODE": "x3"},
+        "SLURM_STEP_TASKS_PER_NODE",
+        "'x3'",
+        id="tasks-per-node-letters",
+    ),
+    pytest.param(
+        srun_task(0, 0, 0, 6, "n[1-3]", "2(x2)", 3),
+        "SLURM_STEP_TASKS_PER_NODE",
+        "'2(x2)'",
+        id="tasks-per-node-length",
+    ),
+    pytest.param(
+        srun_task(0, 0, 2, 4, "n[1-2]", "2(x2)", 2), "SLURM_NODEID", "'2'", id="node-id-too-big"
+    ),
+    pytest.param(
+        srun_task(4, 0, 0, 4, "n1", "4", 1), "SLURM_PROCID", "rank=4", id="procid-too-big"
+    ),
+    pytest.param(
+        {**srun_task(0, 0, 0, 2, "n1", "2", 1), "SLURM_STEP_NUM_TASKS": "two"},
+        "SLURM_STEP_NUM_TASKS",
+        "'two'",
+        id="bad-step-tasks",
+    ),
+    pytest.param(
+        {k: v for k, v in srun_task(0, 0, 0, 2, "n1", "2", 1).items() if k != "SLURM_LOCALID"},
+        "SLURM_LOCALID",
+        "is unset",
+        id="no-localid",
+    ),
+    pytest.param(
+        {"SLURM_STEP_ID": "", "SLURM_PROCID": "0"}, "SLURM_STEP_ID", "''", id="empty-step-id"
+    ),
+    pytest.param(
+        {"OMPI_COMM_WORLD_RANK": "0"},
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK='0'",
+        id="ompi-rank-without-size",
+    ),
     pytest.param({"PMI_RANK": "0", "PMI_SIZE": "two"}, "PMI_SIZE", "'two'", id="bad-pmi-size"),
     pytest.param({"PMI_RANK": "2", "PMI_SIZE": "2"}, "PMI_RANK", "rank=2", id="pmi-rank-too-big"),
-    pytest.param({**BATCH_SCRIPT, "SLURM_NTASKS": "many"}, "SLURM_NTASKS", "'many'",
-                 id="batch-bad-ntasks"),
+    pytest.param(
+        {**BATCH_SCRIPT, "SLURM_NTASKS": "many"}, "SLURM_NTASKS", "'many'", id="batch-bad-ntasks"
+    ),
 ]
 
 
@@ -350,16 +553,21 @@ def test_malformed_environment(environ: dict[str, str], variable: str, shown: st
 
 # -- explain_detection ------------------------------------------------------------------------
 
+
 def test_explain_stops_at_the_first_detected() -> None:
     lines = explain_detection(srun_task(0, 0, 0, 2, "n1", "2", 1))
-    assert lines == ["env: not detected", "slurm: detected (srun task step "
-                     "(SLURM_STEP_ID='0', SLURM_PROCID set))"]
+    assert lines == [
+        "env: not detected",
+        "slurm: detected (srun task step (SLURM_STEP_ID='0', SLURM_PROCID set))",
+    ]
 
 
 def test_explain_reports_an_error_and_stops() -> None:
     lines = explain_detection({"RANK": "0", "WORLD_SIZE": "abc"})
-    assert lines == ["env: error: WORLD_SIZE='abc' is not an integer. HINT: unset it or give "
-                     "it an integer value."]
+    assert lines == [
+        "env: error: WORLD_SIZE='abc' is not an integer. HINT: unset it or give "
+        "it an integer value."
+    ]
 
 
 def test_explain_ends_with_the_fallback() -> None:
@@ -369,6 +577,7 @@ def test_explain_ends_with_the_fallback() -> None:
 
 
 # -- registration and purity ------------------------------------------------------------------
+
 
 def test_builtin_environments_register_in_precedence_order() -> None:
     registry = Registry()

@@ -1,4 +1,4 @@
-"""An example distcomm plugin: a launch environment (IBM LSF ``jsrun``) and a backend (``loopback``).
+"""An example distcomm plugin: a launch environment (IBM ``jsrun``) and a backend (``loopback``).
 
 The module is the plugin: distcomm finds it through the ``distcomm`` entry point in
 pyproject.toml and calls its two hooks once. It imports nothing heavy.
@@ -10,7 +10,6 @@ from collections.abc import Mapping
 
 import distcomm
 from distcomm.environment.info import read_int
-
 from distcomm_example_plugin.loopback import LoopbackCommunicator, create, is_available
 
 
@@ -24,7 +23,8 @@ def detect_jsrun(environ: Mapping[str, str]) -> distcomm.LaunchInfo | None:
     local_size = read_int(environ, "JSM_NAMESPACE_LOCAL_SIZE", minimum=1)
     local_rank = rank if local_rank is None else local_rank
     local_size = size if local_size is None else local_size
-    hosts = [h for h in environ.get("LSB_MCPU_HOSTS", "").split()[::2] if h != "batch"]
+    # "launch-host n host1 n host2 n ...": the first compute host, skipping LSF's batch/launch nodes
+    hosts = [h for h in environ.get("LSB_MCPU_HOSTS", "").split()[::2] if not h.startswith("batch")]
     return distcomm.LaunchInfo(
         method="jsm",
         rank=rank,
@@ -43,8 +43,10 @@ def detect_jsrun(environ: Mapping[str, str]) -> distcomm.LaunchInfo | None:
             "local_rank": "JSM_NAMESPACE_LOCAL_RANK",
             "local_world_size": "JSM_NAMESPACE_LOCAL_SIZE",
             "node_rank": "derived: rank // local_world_size",
-            "num_nodes": "derived: world_size / local_world_size",
-            "master_addr": "MASTER_ADDR" if environ.get("MASTER_ADDR") else "derived: LSB_MCPU_HOSTS",
+            "num_nodes": "derived: ceil(world_size / local_world_size)",
+            "master_addr": "MASTER_ADDR"
+            if environ.get("MASTER_ADDR")
+            else "derived: LSB_MCPU_HOSTS",
             "master_port": "MASTER_PORT",
             "job_id": "LSB_JOBID",
         },

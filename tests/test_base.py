@@ -1,0 +1,113 @@
+"""BaseCommunicator's contract with backend authors, beyond what the conformance suite runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import distcomm
+from distcomm.environment import LaunchInfo
+from distcomm.fakelink import Fabric, FakeLinkCommunicator
+from distcomm.specs import Capabilities
+from distcomm.testing import run_threads
+from distcomm.work import ChainedWork, CompletedWork
+
+LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
+
+
+def test_a_backend_must_move_bytes() -> None:
+    with pytest.raises(TypeError, match="must include 'uint8'"):
+
+        class NoBytes(distcomm.BaseCommunicator):
+            capabilities = Capabilities(dtypes=frozenset({"float32"}))
+
+
+def test_missing_primitive_names_backend_and_primitive() -> None:
+    class Half(distcomm.BaseCommunicator):
+        backend_name = "half"
+
+    comm = Half(rank=0, world_size=2, launch=LAUNCH)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"backend 'half' \(.*Half\) does not implement the primitive _all_reduce\(\)",
+    ):
+        comm.all_reduce(np.ones(2))
+
+
+def test_plain_tensor_reaches_the_primitive_without_a_copy() -> None:
+    seen: list[Any] = []
+
+    class Recorder(distcomm.BaseCommunicator):
+        backend_name = "recorder"
+
+        def _all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:
+            seen.append(tensor)
+
+    comm = Recorder(rank=0, world_size=2, launch=LAUNCH)
+    plain = np.ones(4, dtype=np.float32)
+    comm.all_reduce(plain)
+    strided = np.ones(8, dtype=np.float32)[::2]
+    comm.all_reduce(strided)
+    assert seen[0] is plain
+    assert seen[1] is not strided and seen[1].flags.c_contiguous
+
+
+def test_chained_work_is_complete_only_with_the_result_in_place() -> None:
+    class Pending:
+        done = False
+
+        def wait(self, timeout: float | None = None) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return self.done
+
+    finished: list[bool] = []
+    inner = Pending()
+    work = ChainedWork(inner, lambda: finished.append(True))
+    assert not work.is_completed() and not finished
+    inner.done = True
+    assert work.is_completed() and finished == [True]
+    assert work.wait() and finished == [True], "the finish step runs once"
+    assert ChainedWork(CompletedWork(), lambda: None).is_completed()
+
+
+def test_async_non_contiguous_result_is_there_when_is_completed_says_so() -> None:
+    def body() -> list[float]:
+        data = np.zeros(8, dtype=np.float32)
+        view = data[::2]
+        view[:] = distcomm.get_rank() + 1
+        work = distcomm.all_reduce(view, async_op=True)
+        while not work.is_completed():
+            pass
+        return data[::2].tolist()
+
+    assert run_threads(body, 2) == [[3.0] * 4, [3.0] * 4]
+
+
+def test_wait_timeout_message_names_the_waited_time() -> None:
+    def body() -> str:
+        comm = distcomm.get_communicator()
+        if comm.rank == 1:
+            distcomm.barrier()
+            return ""
+        buffer = np.zeros(1)
+        work = comm.irecv(buffer, src=1, tag=9)
+        with pytest.raises(distcomm.DistTimeoutError) as info:
+            work.wait(timeout=0.05)
+        distcomm.barrier()
+        return str(info.value)
+
+    message = run_threads(body, 2)[0]
+    assert "within 0.05 s" in message
+
+
+def test_finalized_communicator_refuses_work() -> None:
+    comm = FakeLinkCommunicator(
+        Fabric(1), 0, rank=0, world_size=1, launch=LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
+    )
+    comm.finalize()
+    with pytest.raises(distcomm.DistcommError, match="can no longer be used: finalized"):
+        comm.all_reduce(np.ones(1))
