@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm import objects
-from distcomm.arrays import Adapter, adapter_for, check_op_dtype, normalise_bool_op
+from distcomm.arrays import Adapter, adapter_for, cached_adapter, check_op_dtype, normalise_bool_op
 from distcomm.checks import ArgumentChecks
 from distcomm.errors import DistcommError, DistcommWarning, InvalidArgumentError
 from distcomm.primitives import Primitives
@@ -129,9 +129,10 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         A plain int or float is reduced and the result returned (exactly, through objects).
         """
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
-        if isinstance(tensor, (int, float)):
+        adapter = cached_adapter(tensor)
+        if adapter is None and isinstance(tensor, (int, float)):
             return self._all_reduce_number(tensor, op)
-        adapter, dtype = self._begin(tensor, "tensor")
+        adapter, dtype = self._begin(tensor, "tensor", adapter)
         if op in _TYPED_OPS:
             check_op_dtype(op, dtype)
         if self._world_size == 1:
@@ -446,10 +447,11 @@ class BaseCommunicator(ArgumentChecks, Primitives):
                 "HINT: create a new one with distcomm.init() after distcomm.finalize()."
             )
 
-    def _begin(self, x: Any, what: str) -> tuple[Adapter, str]:
+    def _begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
         if self.unusable is not None:
             self._check_usable()
-        adapter = adapter_for(x, what)
+        if adapter is None:
+            adapter = adapter_for(x, what)
         self.seq += 1
         return adapter, adapter.dtype(x)
 

@@ -10,23 +10,32 @@ if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
     from distcomm.protocol import Communicator
 
-__all__ = ["ALL_DTYPES", "ALL_OPS", "BackendSpec", "Capabilities", "EnvironmentSpec"]
+__all__ = [
+    "ALL_DTYPES",
+    "ALL_OPS",
+    "DTYPE_NAMES",
+    "FLOAT_DTYPES",
+    "BackendSpec",
+    "Capabilities",
+    "EnvironmentSpec",
+]
 
-#: Every dtype name distcomm accepts, on every backend (some engines bridge through wider types).
-ALL_DTYPES = frozenset(
-    {
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-    }
+#: Every dtype name distcomm accepts, on every backend (some engines bridge through wider types),
+#: narrowest first.
+DTYPE_NAMES: tuple[str, ...] = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
 )
+ALL_DTYPES = frozenset(DTYPE_NAMES)
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 #: Every collective a Communicator offers.
 ALL_OPS = frozenset(
     {

@@ -17,6 +17,7 @@ from typing import Any
 
 import distcomm
 from distcomm.protocol import Communicator, ReduceOp
+from distcomm.specs import DTYPE_NAMES, FLOAT_DTYPES
 
 __all__ = [
     "FLOATS",
@@ -37,20 +38,8 @@ __all__ = [
     "values_of",
 ]
 
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+FLOATS = FLOAT_DTYPES
 SIGNED = frozenset({"int8", "int16", "int32", "int64"}) | FLOATS
-_DTYPES = (
-    "bool",
-    "uint8",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-)
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
@@ -83,7 +72,7 @@ def cases(dtypes: Callable[[str], bool] | None = None) -> Iterator[tuple[str, st
     bfloat16 exists in torch only.
     """
     for lib in libraries():
-        for dtype in _DTYPES:
+        for dtype in DTYPE_NAMES:
             if (lib == "torch" or dtype != "bfloat16") and (dtypes is None or dtypes(dtype)):
                 yield lib, dtype
 
