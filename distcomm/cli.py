@@ -3,12 +3,16 @@
 ``distcomm info [--explain] [--json]`` shows the detected launch, the backend distcomm would choose
 and why, every backend with its availability, and every plugin with its load error, without
 initialising anything.
+
+``distcomm run -n N [--backend B] [--grace SECONDS] [--] script.py args`` (or ``-m module args``)
+starts N ranks on this node; the process management lives in :mod:`distcomm.launch`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -129,8 +133,13 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
                 out.write(f"    {field:<17} {source}\n")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``distcomm`` command; returns the exit status."""
+#: ``distcomm run`` options that take a value (``--opt=value`` and ``-n4`` carry their own).
+_RUN_VALUE_OPTIONS = ("-n", "--nprocs", "--backend", "--grace")
+_RUN_USAGE = """distcomm run -n N [--backend B] [--grace SECONDS] [--] script.py [args ...]
+       distcomm run -n N [--backend B] [--grace SECONDS] -m module [args ...]"""
+
+
+def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="distcomm", description="distcomm: one communication layer, many engines."
     )
@@ -140,7 +149,89 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--explain", action="store_true", help="also say why each backend was (not) chosen"
     )
     info_parser.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
-    args = parser.parse_args(argv)
+    run_parser = commands.add_parser(
+        "run",
+        help="run a script as N ranks on this node",
+        usage=_RUN_USAGE,
+        description="Start N ranks of a script (or module) on this node, with RANK, WORLD_SIZE, "
+        "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Output lines are "
+        "prefixed [rank N]; the first rank to fail stops the others. Multi-node jobs: use srun, "
+        "mpirun or torchrun.",
+        epilog="The command: script.py and its arguments, or -m module and its arguments, as "
+        "python takes them; everything after it goes to the ranks. See docs/cli.md.",
+        allow_abbrev=False,
+    )
+    run_parser.add_argument(
+        "-n", "--nprocs", type=int, required=True, metavar="N", help="the number of ranks"
+    )
+    run_parser.add_argument("--backend", metavar="B", help="set DISTCOMM_BACKEND=B in the ranks")
+    run_parser.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)",
+    )
+    return parser, run_parser
+
+
+def _split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``run``'s arguments into its own options and the command (from the script on)."""
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--" or not arg.startswith("-") or arg.startswith("-m"):
+            break
+        index += 2 if arg in _RUN_VALUE_OPTIONS else 1
+    return list(argv[:index]), list(argv[index:])
+
+
+def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    from distcomm.errors import DistcommError
+    from distcomm.launch import check_backend, run
+
+    options, command = _split_run_argv(argv)
+    args = run_parser.parse_args(options)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if command[:1] and command[0].startswith("-m"):
+        module = command[0][2:] or (command[1] if len(command) > 1 else "")
+        if not module:
+            run_parser.error("-m needs a module name. HINT: e.g. distcomm run -n 2 -m pkg.train")
+        command = ["-m", module, *command[1 if command[0] != "-m" else 2 :]]
+    if args.nprocs < 1:
+        run_parser.error(f"-n {args.nprocs} must be at least 1. HINT: e.g. -n 2 for two ranks.")
+    if not args.grace >= 0:
+        run_parser.error(f"--grace {args.grace} must be >= 0 seconds. HINT: the default is 5.")
+    if not command:
+        run_parser.error(
+            "nothing to run; valid: a script (distcomm run -n 2 train.py) or a module (-m pkg.mod)."
+            " HINT: put the script after the options."
+        )
+    if command[0] != "-m" and not os.path.isfile(command[0]):
+        run_parser.error(
+            f"script {command[0]!r} not found (in {os.getcwd()!r}). HINT: check the path, or use "
+            "-m module for a module."
+        )
+    backend = None
+    if args.backend is not None:
+        try:
+            backend = check_backend(args.backend)
+        except DistcommError as exc:
+            run_parser.error(str(exc))
+    return run([sys.executable, *command], args.nprocs, backend=backend, grace=args.grace)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``distcomm`` command; returns the exit status.
+
+    Usage errors exit through argparse (``SystemExit(2)``); ``run`` returns the job's status.
+    """
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser, run_parser = _build_parser()
+    if args_list[:1] == ["run"]:
+        return _run(run_parser, args_list[1:])
+    args = parser.parse_args(args_list)
     from distcomm.errors import DistcommError
 
     try:

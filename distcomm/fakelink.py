@@ -244,6 +244,8 @@ class FakeLinkCommunicator(BaseCommunicator):
         return self.fabric
 
     def timeout_error(self, op: str, seq: int | None, limit: float) -> DistTimeoutError:
+        """Mark this communicator unusable, as a real engine's would be, and return the error."""
+        self.unusable = f"{op} (operation #{seq}) timed out after {limit:g} s"
         missing = self.fabric.missing(self.uid, seq, self.world_size) if seq is not None else None
         waiting = f"; ranks not yet joined: {missing}" if missing else ""
         return DistTimeoutError(

@@ -87,17 +87,16 @@ def test_async_non_contiguous_result_is_there_when_is_completed_says_so() -> Non
     assert run_threads(body, 2) == [[3.0] * 4, [3.0] * 4]
 
 
-def test_wait_timeout_message_names_the_waited_time() -> None:
+def test_timed_out_wait_names_the_time_and_retires_the_communicator() -> None:
     def body() -> str:
         comm = distcomm.get_communicator()
         if comm.rank == 1:
-            distcomm.barrier()
             return ""
-        buffer = np.zeros(1)
-        work = comm.irecv(buffer, src=1, tag=9)
+        work = comm.irecv(np.zeros(1), src=1, tag=9)
         with pytest.raises(distcomm.DistTimeoutError) as info:
             work.wait(timeout=0.05)
-        distcomm.barrier()
+        with pytest.raises(distcomm.DistcommError, match="can no longer be used: recv"):
+            comm.barrier()
         return str(info.value)
 
     message = run_threads(body, 2)[0]

@@ -1,9 +1,11 @@
-"""Testing tools: thread-ranks (:func:`run_threads`) and the backend conformance suite.
+"""Testing tools: thread-ranks (:func:`run_threads`), process-ranks (:func:`spawn`) and the
+backend conformance suite.
 
 ``distcomm.testing.conformance`` holds the checks every backend must pass, written once and run
 inside already-running ranks (threads here; processes or mpirun ranks for other backends).
 """
 
+from distcomm.testing.spawn import spawn
 from distcomm.testing.threads import run_threads
 
-__all__ = ["run_threads"]
+__all__ = ["run_threads", "spawn"]

@@ -1,0 +1,194 @@
+"""Creating (or adopting) torch's default process group from a LaunchInfo, and its communicator.
+
+Rendezvous: a world of 1 needs no network (a HashStore); otherwise rank 0 serves a TCPStore at
+the launch's master address and port. Under an MPI launcher, which gives no master address,
+rank 0's address and a free port reach the others over MPI (mpi4py) at init.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
+from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
+
+__all__ = ["create"]
+
+
+def create(
+    name: str,
+    launch: LaunchInfo,
+    *,
+    timeout: float = 1800.0,
+    device: str | None = None,
+    **options: Any,
+) -> TorchCommunicator:
+    """Factory of ``gloo`` and ``nccl``: the default communicator for ``launch``.
+
+    Raises:
+        BackendUnavailableError: the rendezvous is impossible (no master address or port), or a
+            torch default process group exists with another backend.
+        InvalidArgumentError: unknown options, or a device the backend cannot use.
+    """
+    if options:
+        raise InvalidArgumentError(
+            f"backend {name!r} takes no options, got {sorted(options)!r}. HINT: remove them "
+            "from init(); the rendezvous comes from the launch (MASTER_ADDR, MASTER_PORT)."
+        )
+    if not dist.is_available():
+        raise BackendUnavailableError(
+            f"{name}: this torch build has no torch.distributed", backend=name
+        )
+    adopting = dist.is_initialized()
+    if adopting:
+        launch = _adopt(name, launch)
+    cuda_device = _cuda_device(name, launch, device)
+    if not adopting:
+        _init_default_group(name, launch, timeout)
+    kwargs: dict[str, Any] = dict(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        launch=launch,
+        timeout=timeout,
+        name="world",
+    )
+    if name == "gloo":
+        return GlooCommunicator(None, owns_group=not adopting, **kwargs)
+    side_pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    side = GlooCommunicator(side_pg, owns_group=True, **{**kwargs, "name": "objects of world"})
+    comm = NcclCommunicator(None, side=side, owns_group=not adopting, **kwargs)
+    comm.device = cuda_device
+    return comm
+
+
+def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
+    if name != "nccl":
+        if device not in (None, "cpu"):
+            raise InvalidArgumentError(
+                f"backend 'gloo' moves CPU tensors; device={device!r} is not for it. HINT: omit "
+                "device (CUDA tensors are staged through host memory), or use backend='nccl'."
+            )
+        return None
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise BackendUnavailableError(
+            "nccl: no CUDA device is visible. HINT: check CUDA_VISIBLE_DEVICES, or use gloo.",
+            backend="nccl",
+            reason="no CUDA device",
+        )
+    if device in (None, "cuda"):
+        index = launch.local_rank % count
+    elif device == "cpu":
+        raise InvalidArgumentError(
+            "backend 'nccl' needs a CUDA device, not device='cpu'. HINT: use gloo."
+        )
+    else:
+        index = int(str(device).split(":")[1])
+    if not 0 <= index < count:
+        raise InvalidArgumentError(f"device={device!r}: only {count} CUDA device(s) are visible")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
+    current = str(dist.get_backend()).lower()
+    if name not in current:
+        raise BackendUnavailableError(
+            f"a torch default process group with backend {current!r} already exists, so "
+            f"distcomm cannot create a {name!r} one. "
+            f"HINT: init(backend={current.split(':')[-1]!r}) "
+            "to adopt it, or torch.distributed.destroy_process_group() first.",
+            backend=name,
+            reason="another torch default process group exists",
+        )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if (rank, world) == (launch.rank, launch.world_size):
+        return launch
+    return launch.replace(
+        "the existing torch default process group",
+        rank=rank,
+        world_size=world,
+        local_rank=rank if world != launch.world_size else launch.local_rank,
+        local_world_size=world if world != launch.world_size else launch.local_world_size,
+        node_rank=0 if world != launch.world_size else launch.node_rank,
+        num_nodes=1 if world != launch.world_size else launch.num_nodes,
+    )
+
+
+def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> None:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store: Any
+    if launch.world_size == 1:
+        store = dist.HashStore()  # type: ignore[attr-defined]  # re-exported from torch._C
+    else:
+        addr, port = launch.master_addr, launch.master_port
+        if launch.method == "mpi" and (addr is None or port is None):
+            addr, port = _master_over_mpi(launch)
+        if addr is None or port is None:
+            missing = "MASTER_ADDR" if addr is None else "MASTER_PORT"
+            raise BackendUnavailableError(
+                f"{name}: a world of {launch.world_size} ({launch.method} launch) needs a "
+                f"rendezvous address, but {missing} is unknown. HINT: export MASTER_ADDR and "
+                "MASTER_PORT (rank 0's host and a free port), or pass init(master_addr=..., "
+                "master_port=...).",
+                backend=name,
+                reason=f"{missing} unknown",
+            )
+        try:
+            store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+                addr,
+                port,
+                launch.world_size,
+                launch.rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+        except (RuntimeError, OSError) as exc:
+            role = "serve" if launch.rank == 0 else "reach"
+            raise BackendUnavailableError(
+                f"{name}: rank {launch.rank} could not {role} the rendezvous at {addr}:{port}: "
+                f"{exc}. HINT: check that MASTER_ADDR is rank 0's host and MASTER_PORT a free "
+                "port there; every rank must use the same values.",
+                backend=name,
+                reason=str(exc),
+            ) from exc
+    dist.init_process_group(
+        name, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout
+    )
+
+
+def _master_over_mpi(launch: LaunchInfo) -> tuple[str, int]:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "an MPI launcher gives no master address, and mpi4py (needed to agree on one) is "
+            "not installed. HINT: pip install mpi4py, or export MASTER_ADDR and MASTER_PORT.",
+            reason="mpi4py missing",
+        ) from exc
+    world = MPI.COMM_WORLD
+    if world.Get_size() != launch.world_size:
+        raise BackendUnavailableError(
+            f"MPI's COMM_WORLD has {world.Get_size()} ranks but the launch says "
+            f"{launch.world_size}. HINT: start every rank with the same mpirun.",
+            reason="MPI world size mismatch",
+        )
+    found: tuple[str, int] | None = None
+    if world.Get_rank() == 0:
+        one_node = launch.num_nodes == 1 and launch.local_world_size == launch.world_size
+        host = "127.0.0.1" if one_node else socket.gethostbyname(socket.gethostname())
+        found = (host, _free_port(host))
+    result: tuple[str, int] = world.bcast(found, root=0)
+    return result
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
