@@ -75,7 +75,8 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self.unusable: str | None = None
         self._warned_staging = False
         self._native_dtypes = self.capabilities.dtypes
-        self._native_avg = "AVG" in self.capabilities.reduce_ops
+        self._native_ops = self.capabilities.reduce_ops
+        self._native_avg = "AVG" in self._native_ops
         self._direct_dtypes = self._native_dtypes - {"bool"}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -140,11 +141,15 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         if (
             dtype in self._direct_dtypes
             and adapter.is_plain(tensor, self.devices)
-            and (self._native_avg or op is not ReduceOp.AVG)
+            and op.name in self._native_ops
         ):
             return self._complete(self._all_reduce(tensor, op, async_op), async_op)
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
-        work = self._all_reduce(staged.engine, engine_op, async_op)
+        if engine_op.name in self._native_ops:
+            work = self._all_reduce(staged.engine, engine_op, async_op)
+        else:
+            self._reduce_by_gathering(staged.engine, engine_op)
+            work = None
         return self._finish(work, async_op, staged, divide)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
@@ -170,7 +175,11 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         if self._world_size == 1:
             return _DONE if async_op else None
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
-        work = self._reduce(staged.engine, dst, engine_op, async_op)
+        if engine_op.name in self._native_ops:
+            work = self._reduce(staged.engine, dst, engine_op, async_op)
+        else:
+            self._reduce_by_gathering(staged.engine, engine_op)
+            work = None
         if self._rank != dst:
             staged.copied, divide = False, None
         return self._finish(work, async_op, staged, divide)
@@ -230,7 +239,15 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)
         staged_out = self._stage(adapter, output, dtype, "output")
         divide = self._world_size if op is ReduceOp.AVG and not self._native_avg else None
-        work = self._reduce_scatter(staged_out.engine, staged_in.engine, engine_op, async_op)
+        if engine_op.name in self._native_ops:
+            work = self._reduce_scatter(staged_out.engine, staged_in.engine, engine_op, async_op)
+        else:
+            scratch = adapter.clone(staged_in.engine)
+            self._reduce_by_gathering(scratch, engine_op)
+            numel = adapter.numel(output)
+            chunk = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
+            adapter.copy_(staged_out.engine, chunk)
+            work = None
         return self._finish(work, async_op, staged_out, divide)
 
     def gather(
@@ -466,6 +483,18 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             warn_staging=self._warn_staging,
             what=what,
         )
+
+    def _reduce_by_gathering(self, engine: Any, op: ReduceOp) -> None:
+        """Reduce with an op the engine lacks: all-gather every rank's data, combine locally."""
+        adapter = adapter_for(engine)
+        numel = adapter.numel(engine)
+        gathered = adapter.empty(engine, numel * self._world_size)
+        self._complete(self._all_gather_into(gathered, engine, False), False)
+        flat = adapter.flat(gathered)
+        result = adapter.clone(flat[0:numel])
+        for r in range(1, self._world_size):
+            adapter.combine_(result, flat[r * numel : (r + 1) * numel], op)
+        adapter.copy_(engine, result)
 
     def _stage_reduction(
         self, adapter: Adapter, x: Any, dtype: str, op: ReduceOp

@@ -43,3 +43,28 @@ def test_overhead_benchmark_runs() -> None:
     assert rows[0].split()[:2] == ["array", "side"]
     assert {row.split()[0] for row in rows[1:]} == {"numpy", "torch"}
     assert len(rows) == 7
+
+
+def distcomm_run(*args: str) -> str:
+    return run("-m", "distcomm", "run", *args)
+
+
+def test_hello_under_distcomm_run() -> None:
+    out = distcomm_run("-n", "4", "examples/hello.py").splitlines()
+    assert out == [
+        "[rank 0] 4 ranks on gloo (env launch): sum of ranks 6 (expected 6)",
+        "[rank 0] hello from rank-0, rank-1, rank-2, rank-3",
+    ]
+
+
+def test_ddp_example_trains() -> None:
+    out = distcomm_run("-n", "2", "examples/ddp_train.py", "--steps", "200").splitlines()
+    summary = out[-1]
+    assert summary.startswith("[rank 0] done: loss ") and summary.endswith("on 2 ranks")
+    first, last = (float(v) for v in summary.split("loss ")[1].split(" over")[0].split(" -> "))
+    assert last < first / 20, summary
+
+
+def test_torch_allreduce_benchmark_runs() -> None:
+    out = distcomm_run("-n", "2", "benchmarks/torch_allreduce.py", "--rounds", "1").splitlines()
+    assert [line.split()[2] for line in out[2:]] == ["8", "64"]

@@ -30,7 +30,7 @@ DEFAULTED_PRIMITIVES = (
 )
 MINIMAL_CAPABILITIES = Capabilities(
     dtypes=frozenset({"uint8", "int32", "int64", "float32", "float64"}),
-    reduce_ops=frozenset({"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"}),
+    reduce_ops=frozenset({"SUM", "MIN", "MAX"}),  # PRODUCT and bitwise ops: by gathering
     any_source=False,
 )
 
