@@ -205,30 +205,37 @@ class TorchCommunicator(BaseCommunicator):
             )
         if self._group is None or self._global_ranks == tuple(range(dist.get_world_size())):
             # torch wants every process of the default group to create every group, in order.
-            made = [self._new_group(ranks, local=False) for ranks in world]
+            made = [self._new_groups(ranks, local=False) for ranks in world]
             mine = None if index is None else made[index]
         else:  # a group of a sub-group: only its members may take part
-            mine = None if index is None else self._new_group(world[index], local=True)
+            mine = None if index is None else self._new_groups(world[index], local=True)
         if index is None or mine is None:
             return NON_MEMBER
-        pg, side = mine
+        pg, side_pg = mine
+        members: dict[str, Any] = {
+            "rank": groups[index].index(self._rank),
+            "world_size": len(groups[index]),
+            "launch": self.launch,
+            "global_ranks": world[index],
+            "timeout": self.timeout,
+        }
+        side = None
+        if side_pg is not None:
+            side = GlooCommunicator(
+                side_pg, owns_group=True, name=f"objects of group {list(world[index])}", **members
+            )
         return type(self)(
-            pg,
-            side=side,
-            owns_group=True,
-            rank=groups[index].index(self._rank),
-            world_size=len(groups[index]),
-            launch=self.launch,
-            global_ranks=world[index],
-            timeout=self.timeout,
-            name=f"group {list(world[index])}",
+            pg, side=side, owns_group=True, name=f"group {list(world[index])}", **members
         )
 
-    def _new_group(
-        self, ranks: tuple[int, ...], local: bool
-    ) -> tuple[Any, TorchCommunicator | None]:
-        timeout = datetime.timedelta(seconds=self.timeout)
-        pg = dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=local, **_ORDER)
+    def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
+        """torch groups for ``ranks``: the engine's, and a Gloo one for objects where needed."""
+        pg = dist.new_group(
+            list(ranks),
+            timeout=datetime.timedelta(seconds=self.timeout),
+            use_local_synchronization=local,
+            **_ORDER,
+        )
         return pg, None
 
     def _finalize(self) -> None:
@@ -257,23 +264,10 @@ class NcclCommunicator(TorchCommunicator):
         assert self._side is not None
         return self._side
 
-    def _new_group(
-        self, ranks: tuple[int, ...], local: bool
-    ) -> tuple[Any, TorchCommunicator | None]:
+    def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
         timeout = datetime.timedelta(seconds=self.timeout)
         pg = dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=local, **_ORDER)
         side_pg = dist.new_group(
             list(ranks), timeout=timeout, backend="gloo", use_local_synchronization=local, **_ORDER
         )
-        rank = list(ranks).index(dist.get_rank()) if dist.get_rank() in ranks else 0
-        side = GlooCommunicator(
-            side_pg,
-            owns_group=True,
-            rank=rank,
-            world_size=len(ranks),
-            launch=self.launch,
-            global_ranks=ranks,
-            timeout=self.timeout,
-            name=f"objects of group {list(ranks)}",
-        )
-        return pg, side
+        return pg, side_pg
