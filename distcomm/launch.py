@@ -289,7 +289,11 @@ class _Job:
     def _write(self, out: TextIO, text: str) -> None:
         with self.write_lock:
             try:
-                out.write(text)
+                try:
+                    out.write(text)
+                except UnicodeEncodeError:  # e.g. an ASCII terminal: escape what it cannot show
+                    encoding = getattr(out, "encoding", None) or "ascii"
+                    out.write(text.encode(encoding, "backslashreplace").decode(encoding))
                 out.flush()
             except (OSError, ValueError):  # a closed or broken stream: the ranks still run
                 pass

@@ -226,7 +226,7 @@ def _timed_out(
         if all(texts.values()) and texts == previous:
             break
     where = "".join(
-        f"  rank {rank}:\n{_indent(text or '(no stack: fn had not started)')}"
+        f"  rank {rank}:\n{_indent(_trim(text) or '(no stack: fn had not started)')}"
         for rank, text in texts.items()
     )
     return DistTimeoutError(
@@ -244,6 +244,28 @@ def _read(path: str) -> str:
             return file.read()
     except OSError:
         return ""
+
+
+def _trim(dump: str) -> str:
+    """Keep, of each thread in a faulthandler dump, the frames outside the process's plumbing.
+
+    Frames in multiprocessing, threading and this module are dropped, and so are threads left
+    with no frame (this module's parent watcher).
+    """
+    threads = []
+    for block in dump.strip().split("\n\n"):
+        header, *frames = block.strip().splitlines()
+        kept = [f"  {frame.strip()}" for frame in frames if not _plumbing(frame)]
+        if kept:
+            threads.append("\n".join([header, *kept]))
+    return "\n".join(threads)
+
+
+def _plumbing(frame: str) -> bool:
+    path = frame.strip().partition('File "')[2].partition('"')[0]
+    return path in (__file__, threading.__file__, "<string>") or os.path.dirname(
+        path
+    ) == os.path.dirname(multiprocessing.__file__)
 
 
 def _indent(text: str) -> str:
@@ -292,6 +314,7 @@ def _rank_main(
 
 
 def _run_rank(conn: Connection, payload: bytes, backend: str, op_timeout: float) -> None:
+    """Init, run fn, finalize; send ``(True, result)`` or, at once, ``(False, traceback)``."""
     try:
         fn, args = pickle.loads(payload)
         init(backend=backend, timeout=op_timeout)
