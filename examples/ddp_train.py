@@ -26,12 +26,8 @@ def batch(generator: torch.Generator, size: int = 64) -> tuple[torch.Tensor, tor
     return x, x @ TRUE_WEIGHTS.T + TRUE_BIAS + noise
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="tiny DDP training over distcomm")
-    parser.add_argument("--steps", type=int, default=300)
-    args = parser.parse_args()
-
-    distcomm.init(backend="gloo")  # DDP needs a torch process group: ask for a torch backend
+def train(steps: int) -> tuple[float, float]:
+    """Train for ``steps``; return the first and last loss averaged over ranks."""
     rank = distcomm.get_rank()
     torch.manual_seed(0)  # identical initial weights on every rank (DDP also broadcasts them)
     model = torch.nn.parallel.DistributedDataParallel(
@@ -39,20 +35,29 @@ def main() -> None:
     )
     optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(1000 + rank)
-
     first = last = 0.0
-    for step in range(args.steps):
+    for step in range(steps):
         x, y = batch(generator)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimiser.zero_grad()
         loss.backward()  # DDP all-reduces the gradients here
         optimiser.step()
-        mean_loss = distcomm.all_reduce(loss.item(), op="mean")
-        first = mean_loss if step == 0 else first
-        last = mean_loss
+        last = distcomm.all_reduce(loss.item(), op="mean")
+        first = last if step == 0 else first
         if distcomm.is_main_process() and step % 50 == 0:
-            print(f"step {step:4d}  loss {mean_loss:.4f}")
+            print(f"step {step:4d}  loss {last:.4f}")
+    return first, last
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="tiny DDP training over distcomm")
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+
+    distcomm.init(backend="gloo")  # DDP needs a torch process group: ask for a torch backend
+    # The DDP model lives inside train(): it is gone before finalize() destroys the group it
+    # uses (a DDP module that outlives its Gloo group can abort the process at exit).
+    first, last = train(args.steps)
     if distcomm.is_main_process():
         print(
             f"done: loss {first:.4f} -> {last:.4f} over {args.steps} steps "

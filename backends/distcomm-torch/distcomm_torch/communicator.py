@@ -8,6 +8,7 @@ code path serves the default group and sub-groups alike.
 from __future__ import annotations
 
 import datetime
+import gc
 import inspect
 from typing import Any, ClassVar
 
@@ -242,6 +243,9 @@ class TorchCommunicator(BaseCommunicator):
         if self._side is not None:
             self._side.finalize()
         if self._owns_group and dist.is_initialized():
+            # Collect unreachable DDP modules and autograd graphs still holding the group: a
+            # Gloo group that outlives destroy_process_group() can abort the process at exit.
+            gc.collect()
             dist.destroy_process_group(self._group)  # None: the default group and every group
 
 
