@@ -49,7 +49,7 @@ def create(
         launch = _adopt(name, launch)
     cuda_device = _cuda_device(name, launch, device)
     if not adopting:
-        _init_default_group(name, launch, timeout)
+        launch = _init_default_group(name, launch, timeout)
     kwargs: dict[str, Any] = dict(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -120,7 +120,8 @@ def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
     )
 
 
-def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> None:
+def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> LaunchInfo:
+    """Create torch's default group; return ``launch`` with the rendezvous it used."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store: Any
     if launch.world_size == 1:
@@ -129,6 +130,9 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> None
         addr, port = launch.master_addr, launch.master_port
         if launch.method == "mpi" and (addr is None or port is None):
             addr, port = _master_over_mpi(launch)
+            launch = launch.replace(
+                "derived: rank 0's, over MPI", master_addr=addr, master_port=port
+            )
         if addr is None or port is None:
             missing = "MASTER_ADDR" if addr is None else "MASTER_PORT"
             raise BackendUnavailableError(
@@ -160,6 +164,7 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> None
     dist.init_process_group(
         name, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout
     )
+    return launch
 
 
 def _master_over_mpi(launch: LaunchInfo) -> tuple[str, int]:
