@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["BaseCommunicator"]
 
 _DONE = CompletedWork()
-_TYPED_OPS = frozenset({ReduceOp.AVG, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
+# Tuples, not sets: `in` finds enum members by identity, without Enum's Python-level __hash__.
+_TYPED_OPS = (ReduceOp.AVG, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
 class BaseCommunicator(ArgumentChecks, Primitives):
@@ -75,8 +76,8 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self.unusable: str | None = None
         self._warned_staging = False
         self._native_dtypes = self.capabilities.dtypes
-        self._native_ops = self.capabilities.reduce_ops
-        self._native_avg = "AVG" in self._native_ops
+        self._native_ops = tuple(op for op in ReduceOp if op.name in self.capabilities.reduce_ops)
+        self._native_avg = ReduceOp.AVG in self._native_ops
         self._direct_dtypes = self._native_dtypes - {"bool"}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -141,11 +142,11 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         if (
             dtype in self._direct_dtypes
             and adapter.is_plain(tensor, self.devices)
-            and op.name in self._native_ops
+            and op in self._native_ops
         ):
             return self._complete(self._all_reduce(tensor, op, async_op), async_op)
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
-        if engine_op.name in self._native_ops:
+        if engine_op in self._native_ops:
             work = self._all_reduce(staged.engine, engine_op, async_op)
         else:
             self._reduce_by_gathering(staged.engine, engine_op)
@@ -175,7 +176,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         if self._world_size == 1:
             return _DONE if async_op else None
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
-        if engine_op.name in self._native_ops:
+        if engine_op in self._native_ops:
             work = self._reduce(staged.engine, dst, engine_op, async_op)
         else:
             self._reduce_by_gathering(staged.engine, engine_op)
@@ -239,7 +240,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)
         staged_out = self._stage(adapter, output, dtype, "output")
         divide = self._world_size if op is ReduceOp.AVG and not self._native_avg else None
-        if engine_op.name in self._native_ops:
+        if engine_op in self._native_ops:
             work = self._reduce_scatter(staged_out.engine, staged_in.engine, engine_op, async_op)
         else:
             scratch = adapter.clone(staged_in.engine)
