@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
+from distcomm.launch import free_port
 from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
 
 __all__ = ["create"]
@@ -187,13 +188,6 @@ def _master_over_mpi(launch: LaunchInfo) -> tuple[str, int]:
     if world.Get_rank() == 0:
         one_node = launch.num_nodes == 1 and launch.local_world_size == launch.world_size
         host = "127.0.0.1" if one_node else socket.gethostbyname(socket.gethostname())
-        found = (host, _free_port(host))
+        found = (host, free_port(host))
     result: tuple[str, int] = world.bcast(found, root=0)
     return result
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
