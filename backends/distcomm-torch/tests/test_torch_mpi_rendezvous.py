@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 SCRIPT = """
-import distcomm, numpy as np, torch.distributed as dist
+import sys, distcomm, numpy as np, torch.distributed as dist
 comm = distcomm.init(backend="gloo")
 total = np.array([comm.rank + 1.0])
 distcomm.all_reduce(total)
-print(comm.launch.method, comm.rank, comm.world_size, total[0], dist.get_backend(),
-      comm.launch.master_addr, flush=True)
+with open(f"{sys.argv[1]}/rank-{comm.rank}.txt", "w") as out:
+    out.write(f"{comm.launch.method} {comm.rank} {comm.world_size} {total[0]} "
+              f"{dist.get_backend()} {comm.launch.master_addr}")
 distcomm.finalize()
 """
 
@@ -35,7 +36,7 @@ def test_gloo_rendezvous_over_mpi(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(SCRIPT))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
     done = subprocess.run(
-        [mpirun(), "-n", "3", sys.executable, str(script)],
+        [mpirun(), "-n", "3", sys.executable, str(script), str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -43,5 +44,5 @@ def test_gloo_rendezvous_over_mpi(tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr
-    lines = sorted(done.stdout.split("\n")[:-1])
-    assert lines == [f"mpi {r} 3 6.0 gloo 127.0.0.1" for r in range(3)], done.stdout
+    lines = [(tmp_path / f"rank-{r}.txt").read_text() for r in range(3)]
+    assert lines == [f"mpi {r} 3 6.0 gloo 127.0.0.1" for r in range(3)]
