@@ -168,3 +168,47 @@ def test_ddp_trains_over_the_distcomm_group() -> None:
     runs = spawn(ddp_steps, 2, 60, backend="gloo", timeout=100)
     assert runs[0] == runs[1], "the averaged loss is the same on every rank"
     assert runs[0][-1] < runs[0][0] / 10
+
+
+# -- nccl's device choice, with CUDA mocked (CI has no GPU; the logic still runs) ------------------
+@pytest.fixture
+def gpus(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Pretend 2 CUDA devices are visible; record set_device calls. A mock: CI has no GPU."""
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "device", "expected"),
+    [
+        (0, None, 0),
+        (1, None, 1),
+        (3, None, 1),
+        (2, "cuda", 0),
+        (0, "cuda:1", 1),
+    ],
+)
+def test_nccl_device_follows_local_rank(
+    gpus: list[int], local_rank: int, device: str | None, expected: int
+) -> None:
+    from distcomm_torch.factory import _cuda_device
+
+    launch = distcomm.LaunchInfo("env", local_rank, 4, local_rank, 4, 0, 1)
+    assert _cuda_device("nccl", launch, device) == torch.device("cuda", expected)
+    assert gpus == [expected]
+
+
+def test_nccl_device_errors(gpus: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    from distcomm_torch.factory import _cuda_device
+
+    launch = distcomm.LaunchInfo("env", 0, 1, 0, 1, 0, 1)
+    with pytest.raises(distcomm.InvalidArgumentError, match="only 2 CUDA device"):
+        _cuda_device("nccl", launch, "cuda:5")
+    with pytest.raises(distcomm.InvalidArgumentError, match="needs a CUDA device"):
+        _cuda_device("nccl", launch, "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(distcomm.BackendUnavailableError, match="no CUDA device is visible"):
+        _cuda_device("nccl", launch, None)
+    assert gpus == []
