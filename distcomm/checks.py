@@ -37,8 +37,7 @@ class ArgumentChecks:
                 "a world rank with comm.global_ranks.index(world_rank)."
             )
 
-    @staticmethod
-    def _check_tag(tag: Any) -> None:
+    def _check_tag(self, tag: Any) -> None:
         if not _is_int(tag) or not 0 <= tag < INTERNAL_TAG:
             raise InvalidArgumentError(
                 f"tag={tag!r} must be an int in [0, {INTERNAL_TAG}) (larger tags are distcomm's)"

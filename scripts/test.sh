@@ -8,7 +8,7 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
-    -e '.[test]' -e ./backends/distcomm-torch ./examples/plugin
+    -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi ./examples/plugin
 
 status=0
 .venv/bin/python -m pytest "$@" || status=$?

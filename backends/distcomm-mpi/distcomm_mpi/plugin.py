@@ -1,0 +1,53 @@
+"""The entry point: registers ``mpi`` with distcomm. Imports no mpi4py."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
+from distcomm.registry import Registry
+
+__all__ = ["MPI_CAPABILITIES", "distcomm_register_backends", "is_available"]
+
+#: MPI has no bool, float16 or bfloat16 type: distcomm bridges them through wider ones.
+MPI_CAPABILITIES = Capabilities(
+    dtypes=frozenset({"uint8", "int8", "int16", "int32", "int64", "float32", "float64"}),
+    reduce_ops=frozenset({"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"}),
+)
+
+
+def is_available(launch: LaunchInfo) -> tuple[bool, str]:
+    """mpi needs mpi4py, and an MPI launcher (or a world of 1, MPI's singleton)."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return False, "mpi4py is not installed (pip install mpi4py mpich)"
+    if launch.method == "mpi":
+        return True, f"MPI launcher detected ({launch.sources.get('method', 'mpi')})"
+    if launch.method == "single_node" and launch.world_size == 1:
+        return True, "a plain process: a world of 1 (MPI singleton)"
+    return False, (
+        f"the job was launched by {launch.method!r}, not by an MPI launcher. "
+        "HINT: start it with mpirun/mpiexec (or srun --mpi=pmi2)"
+    )
+
+
+def _create(launch: LaunchInfo, **options: Any) -> Any:
+    from distcomm_mpi.communicator import create
+
+    return create(launch, **options)
+
+
+@hookimpl
+def distcomm_register_backends(registry: Registry) -> None:
+    """Register mpi (priority 200: chosen under an MPI launcher)."""
+    registry.add_backend(
+        BackendSpec(
+            name="mpi",
+            factory=_create,
+            is_available=is_available,
+            priority=200,
+            devices=frozenset({"cpu"}),
+            capabilities=MPI_CAPABILITIES,
+            description="mpi4py: zero-copy CPU buffers under any MPI launcher",
+        )
+    )

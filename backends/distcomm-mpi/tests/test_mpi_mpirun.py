@@ -1,0 +1,85 @@
+"""The mpi backend under a real mpirun (MPICH from PyPI): the conformance suite and selection.
+
+Each job is one ``mpirun -n N python ...`` whose ranks run every conformance check and write what
+they saw to a file; the test reads the files. (``mpirun -n 4 pytest --with-mpi`` and its
+fail-fast plugin arrive with the rest of the MPI work.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from distcomm.testing.conformance import CHECKS
+
+RANK_SCRIPT = """
+import json, sys
+import distcomm
+from distcomm.testing.conformance import run_all
+
+comm = distcomm.init()
+report = {"backend": comm.backend, "method": comm.launch.method, "rank": comm.rank,
+          "world": comm.world_size, "checks": run_all()}
+distcomm.finalize()
+with open(f"{sys.argv[1]}/rank-{report['rank']}.json", "w") as out:
+    json.dump(report, out)
+"""
+
+
+def mpirun() -> str:
+    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    if found is None:
+        pytest.skip("mpirun is not installed (pip install mpich)")
+    return found
+
+
+def run_job(tmp_path: Path, nprocs: int, *command: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
+    return subprocess.run(
+        [mpirun(), "-n", str(nprocs), *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_mpi_passes_every_check_under_mpirun(tmp_path: Path, nprocs: int) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(RANK_SCRIPT))
+    done = run_job(tmp_path, nprocs, sys.executable, str(script), str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(nprocs):
+        report = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert report == {
+            "backend": "mpi",
+            "method": "mpi",
+            "rank": rank,
+            "world": nprocs,
+            "checks": list(CHECKS),
+        }
+
+
+@pytest.mark.timeout(120)
+def test_info_under_mpirun_shows_mpi(tmp_path: Path) -> None:
+    # Each rank writes its own file: two JSON documents on one stdout could interleave.
+    command = f'"{sys.executable}" -m distcomm info --json > "{tmp_path}/info-$PMI_RANK.json"'
+    done = run_job(tmp_path, 2, "sh", "-c", command)
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        report = json.loads((tmp_path / f"info-{rank}.json").read_text())
+        assert report["selected"] == {"backend": "mpi", "method": "mpi"}
+        assert (report["launch"]["rank"], report["launch"]["world_size"]) == (rank, 2)
+        mpi = next(b for b in report["backends"] if b["name"] == "mpi")
+        assert mpi["available"] and mpi["distribution"] == "distcomm-mpi"
