@@ -38,6 +38,8 @@ _OPS = {
     ReduceOp.BOR: MPI.BOR,
     ReduceOp.BXOR: MPI.BXOR,
 }
+#: numpy type codes of the dtypes MPI reduces natively (the shortcut of ``all_reduce``).
+_DIRECT = frozenset(np.dtype(name).char for name in MPI_CAPABILITIES.dtypes)
 #: Seconds between two tests of a request in ``MpiWork.wait(timeout)``.
 _POLL = 0.0005
 
@@ -106,6 +108,7 @@ class MpiCommunicator(BaseCommunicator):
         self._comm = comm
         self._owns = owns
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
+        self._allreduce = comm.Allreduce
 
     @property
     def native(self) -> Any:
@@ -130,6 +133,22 @@ class MpiCommunicator(BaseCommunicator):
             raise InvalidArgumentError(
                 f"tag={tag!r} is above this MPI's largest tag (MPI_TAG_UB={self._tag_ub})"
             )
+
+    def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False) -> Any:
+        """As BaseCommunicator's, with a shortcut for the commonest call: a blocking SUM of a
+        contiguous numpy array of a native dtype goes straight to ``Allreduce`` (no wrapper)."""
+        if (
+            tensor.__class__ is np.ndarray
+            and op is ReduceOp.SUM
+            and not async_op
+            and self.unusable is None
+            and tensor.dtype.char in _DIRECT
+            and tensor.flags.c_contiguous
+        ):
+            self.seq += 1
+            self._allreduce(MPI.IN_PLACE, tensor, MPI.SUM)
+            return None
+        return super().all_reduce(tensor, op, async_op)
 
     def _async(self, request: Any, op: str, async_op: bool) -> Work | None:
         work = MpiWork(request, self, op)
