@@ -19,7 +19,9 @@ import pytest
 import distcomm
 from distcomm.registry import Registry, set_registry
 
-ALLOWED_SKIPS = ("needs CUDA", "needs world size")
+pytest_plugins = ("pytester",)  # for testing distcomm's own pytest plugin
+
+ALLOWED_SKIPS = ("needs CUDA", "needs world size", "Test requires")  # the last: pytest-mpi min_size
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -52,8 +54,17 @@ LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "MPI_LOCAL", "D
 
 
 @pytest.fixture(autouse=True)
-def plain_machine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Remove every launcher and DISTCOMM_* variable, and finalize distcomm after the test."""
+def plain_machine(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Remove every launcher and DISTCOMM_* variable, and finalize distcomm after the test.
+
+    Tests marked ``mpi`` run inside a real MPI job (``mpirun ... pytest --with-mpi``): their
+    launcher variables are the point, and their world lives across tests, so they are left alone.
+    """
+    if request.node.get_closest_marker("mpi") is not None:
+        yield
+        return
     for name in list(os.environ):
         if name in LAUNCHER_VARIABLES or name.startswith(LAUNCHER_PREFIXES):
             monkeypatch.delenv(name)

@@ -10,10 +10,29 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
     -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi ./examples/plugin
 
+# pytest exits 5 when it collected no test: a failure here.
+check() {
+    local status=$1 what=$2
+    if [ "$status" -eq 5 ]; then
+        echo "scripts/test.sh: $what collected no tests; that is a failure" >&2
+        exit 1
+    fi
+    [ "$status" -eq 0 ] || exit "$status"
+}
+
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
-if [ "$status" -eq 5 ]; then
-    echo "scripts/test.sh: pytest collected no tests; that is a failure" >&2
-    exit 1
+check "$status" "pytest"
+
+# The MPI suite inside real MPI jobs (MPICH from PyPI): every rank runs every test, and
+# distcomm's pytest plugin aborts the job as soon as one rank fails. Skipped when the caller
+# chose its own pytest arguments.
+if [ "$#" -eq 0 ]; then
+    for n in 1 2 4; do
+        echo "scripts/test.sh: mpirun -n $n python -m pytest --with-mpi backends/distcomm-mpi/mpi_tests"
+        status=0
+        .venv/bin/mpirun -n "$n" .venv/bin/python -m pytest --with-mpi -q -p no:cacheprovider \
+            --timeout=300 --timeout-method=thread backends/distcomm-mpi/mpi_tests || status=$?
+        check "$status" "mpirun -n $n pytest"
+    done
 fi
-exit "$status"
