@@ -45,3 +45,20 @@ def test_reinit_after_finalize(world: Communicator) -> None:
     again = distcomm.init(backend="mpi")
     assert again.world_size == world.world_size and again is not world
     assert distcomm.all_reduce(1) == world.world_size
+
+
+@pytest.mark.mpi(min_size=2)
+def test_objects_larger_than_2_gib(world: Communicator) -> None:
+    """A broadcast object of more than 2 GiB (MPI counts are 32-bit ints without MPI-4's large
+    counts). On 2 ranks only: it needs about 6 GiB of memory per rank."""
+    import numpy as np
+
+    if world.world_size != 2:
+        pytest.skip(f"needs world size 2 (memory), not {world.world_size}")
+    n = (2**31 + 2**20) // 8
+    obj = {"big": np.arange(n, dtype=np.float64), "tag": "x"} if world.rank == 0 else None
+    got = distcomm.broadcast_object(obj, src=0)
+    big = got["big"]
+    assert got["tag"] == "x" and big.nbytes > 2**31
+    assert big[0] == 0 and big[-1] == n - 1 and big[n // 3] == n // 3
+    assert float(big[:: 2**16].sum()) == float(np.arange(n, dtype=np.float64)[:: 2**16].sum())
