@@ -49,15 +49,22 @@ def test_a_failing_rank_ends_the_job_with_its_report(tmp_path: Path) -> None:
         "no:cacheprovider",
         "test_failing.py",
     ]
-    done = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        stdin=subprocess.DEVNULL,
-    )  # a deadlock would hit this
+    before = set(Path("/dev/shm").glob("mpich_shm_*"))
+    try:
+        done = subprocess.run(
+            command,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            stdin=subprocess.DEVNULL,
+        )  # a deadlock would hit this
+    finally:
+        # MPI_Abort ends the ranks before MPICH can unlink its shared-memory segment: remove
+        # what this deliberately aborted job left, so the suite leaves nothing behind.
+        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
+            segment.unlink(missing_ok=True)
     assert done.returncode != 0
     assert (
         "[rank 1] distcomm: rank 1 of 3 failed test_failing.py::test_rank_one_disagrees (call)"
