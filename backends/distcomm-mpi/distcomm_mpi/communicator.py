@@ -26,6 +26,7 @@ from distcomm import (
 )
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.plugin import MPI_CAPABILITIES
+from distcomm_mpi.watchdog import watch
 
 __all__ = ["MpiCommunicator", "MpiWork", "create"]
 
@@ -81,7 +82,10 @@ class MpiWork:
         if self._done:
             return True
         if timeout is None:
+            comm = self._comm
+            comm.blocked_op, comm.blocked_seq = self._op, self._seq or comm.seq
             self._request.Wait(self._status)
+            comm.blocked_seq = 0
         else:
             deadline = time.monotonic() + timeout
             while not self._request.Test(self._status):
@@ -109,6 +113,10 @@ class MpiCommunicator(BaseCommunicator):
         self._owns = owns
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
         self._allreduce = comm.Allreduce
+        #: The blocking operation in progress, for the watchdog (0: none).
+        self.blocked_seq = 0
+        self.blocked_op = ""
+        watch(self)
 
     @property
     def native(self) -> Any:
@@ -146,7 +154,9 @@ class MpiCommunicator(BaseCommunicator):
             and tensor.flags.c_contiguous
         ):
             self.seq += 1
+            self.blocked_op, self.blocked_seq = "all_reduce", self.seq
             self._allreduce(MPI.IN_PLACE, tensor, MPI.SUM)
+            self.blocked_seq = 0
             return None
         return super().all_reduce(tensor, op, async_op)
 
@@ -160,7 +170,9 @@ class MpiCommunicator(BaseCommunicator):
     # -- primitives ---------------------------------------------------------------------------
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         if not async_op:
+            self.blocked_op, self.blocked_seq = "all_reduce", self.seq
             self._comm.Allreduce(MPI.IN_PLACE, buf(tensor), _OPS[op])
+            self.blocked_seq = 0
             return None
         return self._async(
             self._comm.Iallreduce(MPI.IN_PLACE, buf(tensor), _OPS[op]), "all_reduce", True
@@ -168,7 +180,9 @@ class MpiCommunicator(BaseCommunicator):
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         if not async_op:
+            self.blocked_op, self.blocked_seq = "broadcast", self.seq
             self._comm.Bcast(buf(tensor), src)
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Ibcast(buf(tensor), src), "broadcast", True)
 
@@ -176,7 +190,9 @@ class MpiCommunicator(BaseCommunicator):
         send = MPI.IN_PLACE if self._rank == dst else buf(tensor)
         recv = buf(tensor) if self._rank == dst else None
         if not async_op:
+            self.blocked_op, self.blocked_seq = "reduce", self.seq
             self._comm.Reduce(send, recv, _OPS[op], dst)
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Ireduce(send, recv, _OPS[op], dst), "reduce", True)
 
@@ -184,14 +200,18 @@ class MpiCommunicator(BaseCommunicator):
         recv = buf(output)
         send = in_place(buf(tensor), recv, self._rank)
         if not async_op:
+            self.blocked_op, self.blocked_seq = "all_gather", self.seq
             self._comm.Allgather(send, recv)
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Iallgather(send, recv), "all_gather", True)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         args = (buf(input), buf(output), _OPS[op])
         if not async_op:
+            self.blocked_op, self.blocked_seq = "reduce_scatter", self.seq
             self._comm.Reduce_scatter_block(*args)
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Ireduce_scatter_block(*args), "reduce_scatter", True)
 
@@ -199,26 +219,34 @@ class MpiCommunicator(BaseCommunicator):
         recv = buf(output) if output is not None else None
         send = buf(tensor) if recv is None else in_place(buf(tensor), recv, self._rank)
         if not async_op:
+            self.blocked_op, self.blocked_seq = "gather", self.seq
             self._comm.Gather(send, recv, dst)
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Igather(send, recv, dst), "gather", True)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         send = buf(full) if full is not None else None
         if not async_op:
+            self.blocked_op, self.blocked_seq = "scatter", self.seq
             self._comm.Scatter(send, buf(output), src)
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Iscatter(send, buf(output), src), "scatter", True)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         if not async_op:
+            self.blocked_op, self.blocked_seq = "all_to_all_single", self.seq
             self._comm.Alltoall(buf(input), buf(output))
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Ialltoall(buf(input), buf(output)), "all_to_all_single", True)
 
     def _barrier(self, async_op: bool) -> Work | None:
         if not async_op:
+            self.blocked_op, self.blocked_seq = "barrier", self.seq
             self._comm.Barrier()
+            self.blocked_seq = 0
             return None
         return self._async(self._comm.Ibarrier(), "barrier", True)
 

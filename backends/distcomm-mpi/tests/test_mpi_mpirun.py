@@ -83,3 +83,27 @@ def test_info_under_mpirun_shows_mpi(tmp_path: Path) -> None:
         assert (report["launch"]["rank"], report["launch"]["world_size"]) == (rank, 2)
         mpi = next(b for b in report["backends"] if b["name"] == "mpi")
         assert mpi["available"] and mpi["distribution"] == "distcomm-mpi"
+
+
+STUCK = """
+import time, distcomm
+comm = distcomm.init(backend="mpi", timeout=2)
+if comm.rank == 1:
+    time.sleep(60)  # skips the barrier: rank 0 would wait forever
+distcomm.barrier()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path) -> None:
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(STUCK))
+    before = set(Path("/dev/shm").glob("mpich_shm_*"))
+    try:
+        done = run_job(tmp_path, 2, sys.executable, str(script))  # 240 s limit: a hang fails
+    finally:  # MPI_Abort leaves MPICH's segment behind: remove what this job made
+        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
+            segment.unlink(missing_ok=True)
+    assert done.returncode != 0
+    assert "distcomm: rank 0 of mpi 'world' (2 ranks): barrier (operation #" in done.stderr
+    assert "aborts the job (MPI_Abort)" in done.stderr
