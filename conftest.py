@@ -83,3 +83,29 @@ def core_registry() -> Iterator[Registry]:
         yield registry
     finally:
         set_registry(previous)
+
+
+@pytest.fixture
+def mpirun() -> str:
+    """The path of ``mpirun`` (the venv's MPICH first); skipped where there is none."""
+    import shutil
+    import sys
+
+    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    if found is None:
+        pytest.skip("mpirun is not installed (pip install mpich)")
+    return found
+
+
+@pytest.fixture
+def aborted_mpich_job() -> Iterator[None]:
+    """For tests that end an MPI job with MPI_Abort on purpose: the ranks die before MPICH
+    unlinks its shared-memory segment, so remove the ``/dev/shm/mpich_shm_*`` they created."""
+    from pathlib import Path
+
+    before = set(Path("/dev/shm").glob("mpich_shm_*"))
+    try:
+        yield
+    finally:
+        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
+            segment.unlink(missing_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,19 +24,13 @@ def test_rank_one_disagrees():
 """
 
 
-def mpirun() -> str:
-    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-    if found is None:
-        pytest.skip("mpirun is not installed (pip install mpich)")
-    return found
-
-
 @pytest.mark.timeout(120)
-def test_a_failing_rank_ends_the_job_with_its_report(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_a_failing_rank_ends_the_job_with_its_report(tmp_path: Path, mpirun: str) -> None:
     (tmp_path / "test_failing.py").write_text(textwrap.dedent(FAILING))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "PYTEST_"))}
     command = [
-        mpirun(),
+        mpirun,
         "-n",
         "3",
         sys.executable,
@@ -49,22 +42,15 @@ def test_a_failing_rank_ends_the_job_with_its_report(tmp_path: Path) -> None:
         "no:cacheprovider",
         "test_failing.py",
     ]
-    before = set(Path("/dev/shm").glob("mpich_shm_*"))
-    try:
-        done = subprocess.run(
-            command,
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=90,
-            stdin=subprocess.DEVNULL,
-        )  # a deadlock would hit this
-    finally:
-        # MPI_Abort ends the ranks before MPICH can unlink its shared-memory segment: remove
-        # what this deliberately aborted job left, so the suite leaves nothing behind.
-        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
-            segment.unlink(missing_ok=True)
+    done = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        stdin=subprocess.DEVNULL,
+    )  # a deadlock would hit this
     assert done.returncode != 0
     assert (
         "[rank 1] distcomm: rank 1 of 3 failed test_failing.py::test_rank_one_disagrees (call)"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,17 +32,12 @@ with open(f"{sys.argv[1]}/rank-{report['rank']}.json", "w") as out:
 """
 
 
-def mpirun() -> str:
-    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-    if found is None:
-        pytest.skip("mpirun is not installed (pip install mpich)")
-    return found
-
-
-def run_job(tmp_path: Path, nprocs: int, *command: str) -> subprocess.CompletedProcess[str]:
+def run_job(
+    mpirun: str, tmp_path: Path, nprocs: int, *command: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
     return subprocess.run(
-        [mpirun(), "-n", str(nprocs), *command],
+        [mpirun, "-n", str(nprocs), *command],
         env=env,
         capture_output=True,
         text=True,
@@ -55,10 +49,10 @@ def run_job(tmp_path: Path, nprocs: int, *command: str) -> subprocess.CompletedP
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs", [1, 2, 4])
-def test_mpi_passes_every_check_under_mpirun(tmp_path: Path, nprocs: int) -> None:
+def test_mpi_passes_every_check_under_mpirun(tmp_path: Path, nprocs: int, mpirun: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(textwrap.dedent(RANK_SCRIPT))
-    done = run_job(tmp_path, nprocs, sys.executable, str(script), str(tmp_path))
+    done = run_job(mpirun, tmp_path, nprocs, sys.executable, str(script), str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(nprocs):
         report = json.loads((tmp_path / f"rank-{rank}.json").read_text())
@@ -72,10 +66,10 @@ def test_mpi_passes_every_check_under_mpirun(tmp_path: Path, nprocs: int) -> Non
 
 
 @pytest.mark.timeout(120)
-def test_info_under_mpirun_shows_mpi(tmp_path: Path) -> None:
+def test_info_under_mpirun_shows_mpi(tmp_path: Path, mpirun: str) -> None:
     # Each rank writes its own file: two JSON documents on one stdout could interleave.
     command = f'"{sys.executable}" -m distcomm info --json > "{tmp_path}/info-$PMI_RANK.json"'
-    done = run_job(tmp_path, 2, "sh", "-c", command)
+    done = run_job(mpirun, tmp_path, 2, "sh", "-c", command)
     assert done.returncode == 0, done.stderr
     for rank in range(2):
         report = json.loads((tmp_path / f"info-{rank}.json").read_text())
@@ -95,15 +89,11 @@ distcomm.barrier()
 
 
 @pytest.mark.timeout(120)
-def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path, mpirun: str) -> None:
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent(STUCK))
-    before = set(Path("/dev/shm").glob("mpich_shm_*"))
-    try:
-        done = run_job(tmp_path, 2, sys.executable, str(script))  # 240 s limit: a hang fails
-    finally:  # MPI_Abort leaves MPICH's segment behind: remove what this job made
-        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
-            segment.unlink(missing_ok=True)
+    done = run_job(mpirun, tmp_path, 2, sys.executable, str(script))  # 240 s limit: a hang fails
     assert done.returncode != 0
     assert "distcomm: rank 0 of mpi 'world' (2 ranks): barrier (operation #" in done.stderr
     assert "aborts the job (MPI_Abort)" in done.stderr

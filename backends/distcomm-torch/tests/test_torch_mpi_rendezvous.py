@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,20 +22,13 @@ distcomm.finalize()
 """
 
 
-def mpirun() -> str:
-    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-    if found is None:
-        pytest.skip("mpirun is not installed (pip install mpich)")
-    return found
-
-
 @pytest.mark.timeout(120)
-def test_gloo_rendezvous_over_mpi(tmp_path: Path) -> None:
+def test_gloo_rendezvous_over_mpi(tmp_path: Path, mpirun: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
     done = subprocess.run(
-        [mpirun(), "-n", "3", sys.executable, str(script), str(tmp_path)],
+        [mpirun, "-n", "3", sys.executable, str(script), str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
