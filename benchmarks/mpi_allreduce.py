@@ -12,26 +12,17 @@ with the min-max over rounds, and the median (min-max) of the per-round ratio di
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+from timing import cell, interleaved, ratio
 
 import distcomm
 
 SIZES = {"8 B": 2, "64 MiB": 16 * 1024 * 1024}  # float32 elements
 CALLS = {"8 B": 20000, "64 MiB": 5}
-
-
-def per_call(fn: Callable[[], object], calls: int, comm: Any) -> float:
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
 
 
 def main() -> None:
@@ -59,26 +50,14 @@ def main() -> None:
                 "distcomm": lambda x=x: distcomm.all_reduce(x),
                 "raw": lambda v=view: raw.Allreduce(MPI.IN_PLACE, v, MPI.SUM),
             }
-            for fn in sides.values():
-                per_call(fn, max(1, CALLS[label] // 10), raw)
-            times: dict[str, list[float]] = {name: [] for name in sides}
-            for _ in range(args.rounds):
-                for name, fn in sides.items():
-                    times[name].append(per_call(fn, CALLS[label], raw))
+            times = interleaved(sides, CALLS[label], args.rounds, sync=raw.Barrier)
             if dc.rank == 0:
-                ratios = [d / r for d, r in zip(times["distcomm"], times["raw"], strict=True)]
-                ratio = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+                cells = [cell(times["distcomm"], 2), cell(times["raw"], 2)]
                 print(
-                    f"{kind:<6} {label:<7} {_cell(times['distcomm']):>24} "
-                    f"{_cell(times['raw']):>24} {ratio:>20}"
+                    f"{kind:<6} {label:<7} {cells[0]:>24} {cells[1]:>24} "
+                    f"{ratio(times['distcomm'], times['raw']):>20}"
                 )
     distcomm.finalize()
-
-
-def _cell(values: list[float]) -> str:
-    scale, unit = (1e6, "us") if statistics.median(values) < 1e-2 else (1e3, "ms")
-    low, mid, high = min(values) * scale, statistics.median(values) * scale, max(values) * scale
-    return f"{mid:.2f} ({low:.2f}-{high:.2f}) {unit}"
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from timing import interleaved
 
 import distcomm
 from distcomm.environment import LaunchInfo
@@ -32,13 +32,6 @@ class NullCommunicator(distcomm.BaseCommunicator):
 
     def _all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:
         return None
-
-
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> None:
@@ -64,12 +57,10 @@ def main() -> None:
             "comm.all_reduce": lambda x=x: comm.all_reduce(x),
             "distcomm.all_reduce": lambda x=x: distcomm.all_reduce(x, group=comm),
         }
-        for fn in sides.values():  # warm-up
-            per_call_us(fn, args.calls // 10)
-        samples: dict[str, list[float]] = {name: [] for name in sides}
-        for _ in range(args.rounds):
-            for name, fn in sides.items():
-                samples[name].append(per_call_us(fn, args.calls))
+        samples = {
+            name: [t * 1e6 for t in values]
+            for name, values in interleaved(sides, args.calls, args.rounds).items()
+        }
         floor = statistics.median(samples["primitive (floor)"])
         for name, values in samples.items():
             median = statistics.median(values)
