@@ -225,6 +225,11 @@ class NumpyAdapter(Adapter):
             name = str(dtype.name)
             if name not in ALL_DTYPES:
                 raise _bad_dtype(dtype)
+            if not dtype.isnative:
+                raise InvalidArgumentError(
+                    f"dtype {dtype.str!r} is {name} in non-native byte order, which no engine "
+                    "moves. HINT: convert it first: x.astype(x.dtype.newbyteorder('='))."
+                )
             self.names[dtype] = name
         return name
 

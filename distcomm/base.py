@@ -52,7 +52,10 @@ class BaseCommunicator(ArgumentChecks, Primitives):
 
     backend_name: ClassVar[str] = "base"
     capabilities: ClassVar[Capabilities] = Capabilities()
-    devices: ClassVar[frozenset[str]] = frozenset({"cpu"})
+    #: The devices whose memory the engine moves (an instance may widen it, e.g. CUDA-aware MPI).
+    devices: frozenset[str] = frozenset({"cpu"})
+    #: Why the engine moves no GPU memory, for the one staging warning (e.g. what MPI said).
+    cpu_only_reason: str = ""
 
     def __init__(
         self,
@@ -561,8 +564,9 @@ class BaseCommunicator(ArgumentChecks, Primitives):
     def _warn_staging(self, device: str) -> None:
         if not self._warned_staging:
             self._warned_staging = True
+            why = f" ({self.cpu_only_reason})" if self.cpu_only_reason else ""
             warnings.warn(
-                f"backend {self.backend_name!r} moves CPU memory only: {device} tensors are "
+                f"backend {self.backend_name!r} moves CPU memory only{why}: {device} tensors are "
                 "copied through host memory (slower). HINT: use a GPU backend such as nccl.",
                 DistcommWarning,
                 stacklevel=4,

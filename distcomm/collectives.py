@@ -84,6 +84,10 @@ def all_reduce(
     tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Any:
     """Reduce ``tensor`` in place on every rank (a number: return the result)."""
+    if group is None:  # the hottest call of all: resolve_group inlined
+        ctx = state.current() if state.thread_ranks else state._process
+        if ctx is not None:
+            return ctx.comm.all_reduce(tensor, op, async_op)
     return resolve_group(group).all_reduce(tensor, op, async_op)
 
 

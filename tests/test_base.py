@@ -110,3 +110,13 @@ def test_finalized_communicator_refuses_work() -> None:
     comm.finalize()
     with pytest.raises(distcomm.DistcommError, match="can no longer be used: finalized"):
         comm.all_reduce(np.ones(1))
+
+
+def test_non_native_byte_order_is_refused_with_the_fix() -> None:
+    def rank() -> None:
+        swapped = np.arange(3, dtype=">f4" if np.little_endian else "<f4")
+        with pytest.raises(distcomm.InvalidArgumentError, match="non-native byte order") as info:
+            distcomm.all_reduce(swapped)
+        assert "astype(x.dtype.newbyteorder('='))" in str(info.value)
+
+    run_threads(rank, 2)

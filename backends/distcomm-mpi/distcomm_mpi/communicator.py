@@ -8,6 +8,7 @@ frees the communicators distcomm created.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, ClassVar
 
@@ -24,7 +25,9 @@ from distcomm import (
     LaunchInfo,
     ReduceOp,
 )
+from distcomm.devices import select_cuda_device
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.watchdog import watch
 
@@ -39,8 +42,35 @@ _OPS = {
     ReduceOp.BOR: MPI.BOR,
     ReduceOp.BXOR: MPI.BXOR,
 }
-#: numpy type codes of the dtypes MPI reduces natively (the shortcut of ``all_reduce``).
-_DIRECT = frozenset(np.dtype(name).char for name in MPI_CAPABILITIES.dtypes)
+#: numpy dtypes MPI reduces natively (the shortcut of ``all_reduce``).
+_DIRECT = frozenset(np.dtype(name) for name in MPI_CAPABILITIES.dtypes)
+# The shortcut's constants, bound once (an attribute lookup per call is measurable there).
+_SUM, _MPI_SUM, _IN_PLACE, _ndarray = ReduceOp.SUM, MPI.SUM, MPI.IN_PLACE, np.ndarray
+_fromaddress = MPI.buffer.fromaddress
+
+
+class _TorchTypes:
+    """torch.Tensor and the MPI datatypes of its native dtypes, bound when torch is first seen
+    (this module imports no torch: numpy-only programs never load it)."""
+
+    def __init__(self) -> None:
+        self.tensor: type = _TorchTypes  # a class no argument has, until torch is seen
+        self.types: dict[Any, Any] = {}
+
+    def bind(self, cls: type) -> bool:
+        """Whether ``cls`` is torch.Tensor; remembers it the first time."""
+        torch = sys.modules.get("torch")
+        if torch is None or cls is not torch.Tensor:
+            return False
+        self.types = {
+            getattr(torch, name): MPI.Datatype.fromcode(np.dtype(name).char)
+            for name in MPI_CAPABILITIES.dtypes
+        }
+        self.tensor = cls
+        return True
+
+
+_torch = _TorchTypes()
 #: Seconds between two tests of a request in ``MpiWork.wait(timeout)``.
 _POLL = 0.0005
 
@@ -49,17 +79,32 @@ def buf(x: Any) -> Any:
     """``x`` as something MPI reads and writes in place (no copy)."""
     if isinstance(x, (np.ndarray, bytearray, memoryview)):
         return x
-    return x.detach().numpy()  # a CPU torch tensor: a view of its memory
+    if x.is_cpu:
+        return x.detach().numpy()  # a view of the tensor's memory
+    # A CUDA tensor, which reaches here only on a CUDA-aware MPI: mpi4py hands MPI its device
+    # pointer (DLPack). MPI knows nothing of torch's streams, so the kernels writing it must end.
+    import torch
+
+    torch.cuda.current_stream(x.device).synchronize()
+    return x.detach()
+
+
+def _span(x: Any) -> tuple[int, int]:
+    """(address, size in bytes) of something :func:`buf` returned."""
+    if isinstance(x, (bytearray, memoryview)):
+        x = np.frombuffer(x, np.uint8)
+    if isinstance(x, np.ndarray):
+        return (int(x.ctypes.data) if x.size else 0), x.nbytes
+    return int(x.data_ptr()), int(x.nbytes)  # a CUDA tensor
 
 
 def in_place(send: Any, recv: Any, slot: int) -> Any:
     """``MPI.IN_PLACE`` when ``send`` is exactly chunk ``slot`` of ``recv`` (MPI forbids
     aliased buffers; torch allows in-place gathers), else ``send``."""
-    s, r = np.asarray(send), np.asarray(recv)
-    if not s.nbytes or not np.shares_memory(s, r):
-        return send
-    start = r.__array_interface__["data"][0] + slot * s.nbytes
-    return MPI.IN_PLACE if s.__array_interface__["data"][0] == start else send
+    address, size = _span(send)
+    if size and address == _span(recv)[0] + slot * size:
+        return MPI.IN_PLACE
+    return send
 
 
 class MpiWork:
@@ -107,10 +152,18 @@ class MpiCommunicator(BaseCommunicator):
     capabilities: ClassVar[Capabilities] = MPI_CAPABILITIES
     devices = frozenset({"cpu"})
 
-    def __init__(self, comm: Any, *, owns: bool, **kwargs: Any) -> None:
+    def __init__(
+        self, comm: Any, *, owns: bool, cuda_aware: tuple[bool, str], **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._comm = comm
         self._owns = owns
+        #: (whether MPI moves CUDA memory itself, who said so); see :mod:`distcomm_mpi.cuda`.
+        self.cuda_aware = cuda_aware
+        if cuda_aware[0]:
+            self.devices = frozenset({"cpu", "cuda"})
+        else:
+            self.cpu_only_reason = f"this MPI is not CUDA-aware: {cuda_aware[1]}"
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
         self._allreduce = comm.Allreduce
         #: The blocking operation in progress, for the watchdog (0: none).
@@ -142,22 +195,31 @@ class MpiCommunicator(BaseCommunicator):
                 f"tag={tag!r} is above this MPI's largest tag (MPI_TAG_UB={self._tag_ub})"
             )
 
-    def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False) -> Any:
+    def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
         """As BaseCommunicator's, with a shortcut for the commonest call: a blocking SUM of a
-        contiguous numpy array of a native dtype goes straight to ``Allreduce`` (no wrapper)."""
-        if (
-            tensor.__class__ is np.ndarray
-            and op is ReduceOp.SUM
-            and not async_op
-            and self.unusable is None
-            and tensor.dtype.char in _DIRECT
-            and tensor.flags.c_contiguous
-        ):
-            self.seq += 1
-            self.blocked_op, self.blocked_seq = "all_reduce", self.seq
-            self._allreduce(MPI.IN_PLACE, tensor, MPI.SUM)
-            self.blocked_seq = 0
-            return None
+        contiguous CPU array of a native dtype (numpy array or torch tensor) goes straight to
+        ``Allreduce`` with no wrapper; a tensor as a buffer at its address, not ``.numpy()``."""
+        if op is _SUM and not async_op and self.unusable is None:
+            cls = tensor.__class__
+            b: Any = None
+            if cls is _ndarray:
+                if tensor.dtype in _DIRECT:
+                    b = tensor  # mpi4py raises BufferError for a non-contiguous array
+            elif cls is _torch.tensor or _torch.bind(cls):
+                mpi_type = _torch.types.get(tensor.dtype)
+                if mpi_type is not None and tensor.is_cpu and tensor.is_contiguous():
+                    b = [_fromaddress(tensor.data_ptr(), tensor.nbytes), mpi_type]
+            if b is not None:
+                self.blocked_op = "all_reduce"
+                self.blocked_seq = self.seq = self.seq + 1
+                try:
+                    self._allreduce(_IN_PLACE, b, _MPI_SUM)
+                except BufferError:
+                    self.seq -= 1  # not contiguous: nothing was sent; the general path copies
+                else:
+                    return None
+                finally:
+                    self.blocked_seq = 0
         return super().all_reduce(tensor, op, async_op)
 
     def _async(self, request: Any, op: str, async_op: bool) -> Work | None:
@@ -267,6 +329,7 @@ class MpiCommunicator(BaseCommunicator):
         return MpiCommunicator(
             new,
             owns=True,
+            cuda_aware=self.cuda_aware,
             rank=new.Get_rank(),
             world_size=new.Get_size(),
             launch=self.launch,
@@ -281,20 +344,41 @@ class MpiCommunicator(BaseCommunicator):
 
 
 def create(
-    launch: LaunchInfo, *, timeout: float = 1800.0, device: str | None = None, **options: Any
+    launch: LaunchInfo,
+    *,
+    timeout: float = 1800.0,
+    device: str | None = None,
+    cuda_aware: bool | None = None,
+    **options: Any,
 ) -> MpiCommunicator:
     """Factory of ``mpi``: a duplicate of COMM_WORLD (so distcomm's traffic is its own).
+
+    Args:
+        cuda_aware: whether the MPI library moves CUDA memory itself; None (the default) asks
+            the library (:func:`distcomm_mpi.cuda.query_cuda_support`). Otherwise CUDA tensors
+            are staged through host memory, with one warning.
+        device: None or "cpu"; "cuda" / "cuda:N" (made the current CUDA device) on a
+            CUDA-aware MPI only.
 
     Raises:
         BackendUnavailableError: COMM_WORLD's size differs from the launch's world size (a
             process started without the launcher is a singleton, not one of N ranks).
-        InvalidArgumentError: options, or a device other than the CPU.
+        InvalidArgumentError: unknown options, or a CUDA device on an MPI that is not CUDA-aware.
     """
-    if options or device not in (None, "cpu"):
+    if options or cuda_aware not in (None, True, False):
         raise InvalidArgumentError(
-            f"backend 'mpi' takes no options and moves CPU memory, got device={device!r}, "
-            f"options {sorted(options)!r}. HINT: CUDA tensors are staged through host memory."
+            f"backend 'mpi' takes one option, cuda_aware (True, False or None to ask the "
+            f"library), got cuda_aware={cuda_aware!r}, other options {sorted(options)!r}."
         )
+    aware = query_cuda_support() if cuda_aware is None else (cuda_aware, "init(cuda_aware=...)")
+    if device not in (None, "cpu"):
+        if not aware[0]:
+            raise InvalidArgumentError(
+                f"backend 'mpi' was given device={device!r}, but this MPI is not CUDA-aware "
+                f"({aware[1]}). HINT: omit device (CUDA tensors are then staged through host "
+                "memory), use nccl for GPUs, or pass cuda_aware=True if the library is."
+            )
+        select_cuda_device("mpi", launch, device, "omit device to move CPU memory.")
     world = MPI.COMM_WORLD
     if world.Get_size() != launch.world_size:
         raise BackendUnavailableError(
@@ -307,6 +391,7 @@ def create(
     return MpiCommunicator(
         world.Dup(),
         owns=True,
+        cuda_aware=aware,
         rank=world.Get_rank(),
         world_size=world.Get_size(),
         launch=launch,

@@ -1,14 +1,12 @@
 """The conformance suite as pytest tests inside a real MPI job.
 
 Run by the test command as ``mpirun -n N python -m pytest --with-mpi`` on this folder (N = 1, 2,
-4): every rank runs every test; one ``distcomm.init()`` serves the whole module. A rank that
-fails a test ends the job at once (distcomm's pytest plugin) instead of leaving the others
-waiting in a collective.
+4): every rank runs every test; one ``distcomm.init()`` serves the whole module (conftest.py). A
+rank that fails a test ends the job at once (distcomm's pytest plugin) instead of leaving the
+others waiting in a collective.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,13 +15,6 @@ from distcomm.protocol import Communicator
 from distcomm.testing.conformance import CHECKS, run_check
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(scope="module")
-def world() -> Iterator[Communicator]:
-    comm = distcomm.init()  # automatic selection: mpi under mpirun
-    yield comm
-    distcomm.finalize()
 
 
 def test_mpirun_selects_mpi(world: Communicator) -> None:

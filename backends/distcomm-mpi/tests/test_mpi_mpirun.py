@@ -1,8 +1,8 @@
 """The mpi backend under a real mpirun (MPICH from PyPI): the conformance suite and selection.
 
 Each job is one ``mpirun -n N python ...`` whose ranks run every conformance check and write what
-they saw to a file; the test reads the files. (``mpirun -n 4 pytest --with-mpi`` and its
-fail-fast plugin arrive with the rest of the MPI work.)
+they saw to a file; the test reads the files. The same checks also run as pytest tests inside
+``mpirun -n N pytest --with-mpi`` (``mpi_tests/``), which the test command runs at N = 1, 2, 4.
 """
 
 from __future__ import annotations
@@ -77,6 +77,36 @@ def test_info_under_mpirun_shows_mpi(tmp_path: Path, mpirun: str) -> None:
         assert (report["launch"]["rank"], report["launch"]["world_size"]) == (rank, 2)
         mpi = next(b for b in report["backends"] if b["name"] == "mpi")
         assert mpi["available"] and mpi["distribution"] == "distcomm-mpi"
+
+
+DETECT = """
+import json, sys
+import distcomm
+from distcomm.registry import get_registry
+from distcomm.selection import select_backend
+
+launch = distcomm.detect_environment()
+selection = select_backend(get_registry(), launch)
+loaded = "mpi4py" in sys.modules
+comm = distcomm.init()
+with open(f"{sys.argv[1]}/detect-{launch.rank}.json", "w") as out:
+    json.dump([launch.method, launch.world_size, selection.backend, loaded,
+               "mpi4py.MPI" in sys.modules, comm.backend], out)
+distcomm.finalize()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_detection_under_mpirun_imports_no_mpi4py(tmp_path: Path, mpirun: str) -> None:
+    """Detecting the launch, loading every plugin and choosing mpi leave mpi4py unimported;
+    ``init()`` is what starts MPI."""
+    script = tmp_path / "detect.py"
+    script.write_text(textwrap.dedent(DETECT))
+    done = run_job(mpirun, tmp_path, 2, sys.executable, str(script), str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"detect-{rank}.json").read_text())
+        assert seen == ["mpi", 2, "mpi", False, True, "mpi"]
 
 
 STUCK = """

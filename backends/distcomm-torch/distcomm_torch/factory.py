@@ -11,10 +11,10 @@ import datetime
 import socket
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
+from distcomm.devices import select_cuda_device
 from distcomm.launch import free_port
 from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
 
@@ -68,32 +68,14 @@ def create(
 
 
 def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
-    if name != "nccl":
-        if device not in (None, "cpu"):
-            raise InvalidArgumentError(
-                f"backend 'gloo' moves CPU tensors; device={device!r} is not for it. HINT: omit "
-                "device (CUDA tensors are staged through host memory), or use backend='nccl'."
-            )
-        return None
-    count = torch.cuda.device_count()
-    if count == 0:
-        raise BackendUnavailableError(
-            "nccl: no CUDA device is visible. HINT: check CUDA_VISIBLE_DEVICES, or use gloo.",
-            backend="nccl",
-            reason="no CUDA device",
-        )
-    if device in (None, "cuda"):
-        index = launch.local_rank % count
-    elif device == "cpu":
+    if name == "nccl":
+        return select_cuda_device(name, launch, device, "use backend='gloo' for CPU tensors.")
+    if device not in (None, "cpu"):
         raise InvalidArgumentError(
-            "backend 'nccl' needs a CUDA device, not device='cpu'. HINT: use gloo."
+            f"backend 'gloo' moves CPU tensors; device={device!r} is not for it. HINT: omit "
+            "device (CUDA tensors are staged through host memory), or use backend='nccl'."
         )
-    else:
-        index = int(str(device).split(":")[1])
-    if not 0 <= index < count:
-        raise InvalidArgumentError(f"device={device!r}: only {count} CUDA device(s) are visible")
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+    return None
 
 
 def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:

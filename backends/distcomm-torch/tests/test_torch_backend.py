@@ -206,7 +206,7 @@ def test_nccl_device_errors(gpus: list[int], monkeypatch: pytest.MonkeyPatch) ->
     launch = distcomm.LaunchInfo("env", 0, 1, 0, 1, 0, 1)
     with pytest.raises(distcomm.InvalidArgumentError, match="only 2 CUDA device"):
         _cuda_device("nccl", launch, "cuda:5")
-    with pytest.raises(distcomm.InvalidArgumentError, match="needs a CUDA device"):
+    with pytest.raises(distcomm.InvalidArgumentError, match="device='cpu' for CUDA work"):
         _cuda_device("nccl", launch, "cpu")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(distcomm.BackendUnavailableError, match="no CUDA device is visible"):
