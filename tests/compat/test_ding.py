@@ -1,0 +1,166 @@
+"""distcomm.compat.ding: DI-engine's linklink_dist_helper, at world 1 and on several ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import distcomm
+from distcomm.compat import ding
+from distcomm.testing import run_threads, spawn
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_not_initialised_is_rank_0_of_1() -> None:
+    assert (ding.get_rank(), ding.get_world_size()) == (0, 1)
+
+
+def test_world_of_one() -> None:
+    data = np.array([3.0, 5.0])
+    ding.allreduce(data)  # the mean of one rank: unchanged
+    ding.broadcast(data, 0)  # a no-op, where DI-engine raised under FakeLink
+    work = ding.allreduce_async(data, "max")
+    ding.synchronize()
+    assert work.is_completed() and data.tolist() == [3.0, 5.0]
+    assert ding.get_group(1).world_size == 1
+
+
+def test_unknown_op_names_itself() -> None:
+    with pytest.raises(ding.UnsupportedOpError, match="'min' is not supported") as info:
+        ding.allreduce(np.ones(1), "min")
+    assert isinstance(info.value, ValueError) and isinstance(info.value, KeyError)
+    assert "valid: 'sum'" in str(info.value)
+    with pytest.raises(KeyError):
+        ding.allreduce_async(np.ones(1), op="SUM")
+
+
+def test_dist_init_context_and_mode() -> None:
+    assert ding.dist_init("slurm") == (0, 1)  # no CUDA here: no device, no division by zero
+    assert distcomm.is_initialized()
+    ding.dist_finalize()
+    assert not distcomm.is_initialized()
+    with ding.DistContext():
+        assert distcomm.is_initialized()
+    assert not distcomm.is_initialized()
+
+    @ding.dist_mode
+    def work(x: int) -> int:
+        assert distcomm.is_initialized()
+        return x * 2
+
+    assert work(21) == 42 and not distcomm.is_initialized()
+
+    @ding.dist_mode
+    def fails() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fails()
+    assert not distcomm.is_initialized()  # finalized although it raised
+
+
+def test_unequal_split_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="6 ranks do not split into 4 equal groups"):
+        ding.simple_group_split(6, 0, 4)
+    with pytest.raises(ValueError, match="does not split into groups of 3"):
+        ding.get_group(3)  # a world of 1
+
+
+def ranks(world: int) -> dict[str, Any]:
+    rank = ding.get_rank()
+    seen: dict[str, Any] = {"rank": rank, "world": ding.get_world_size()}
+    grad = np.full(3, float(rank))
+    ding.allreduce(grad)  # 'sum' leaves the mean
+    seen["mean"] = grad.tolist()
+    top = np.array([float(rank)])
+    ding.allreduce(top, "max")
+    seen["max"] = top.item()
+    pending = [np.full(2, float(rank) * k) for k in (1, 2)]
+    for p in pending:
+        ding.allreduce_async(p)
+    ding.synchronize()
+    seen["async_means"] = [p.tolist() for p in pending]
+    value = np.full(2, float(rank))
+    ding.broadcast(value, world - 1)
+    seen["bcast"] = value.tolist()
+    group = ding.get_group(2)
+    seen["group"] = (group.world_size, group.rank, list(group.global_ranks))
+    ones = np.ones(1)
+    distcomm.all_reduce(ones, group=group)
+    seen["group_sum"] = ones.item()
+    again = np.ones(1)
+    from distcomm.compat import linklink
+
+    linklink.allreduce(again, group_idx=group)  # usable as linklink's group_idx too
+    seen["as_group_idx"] = again.item()
+    return seen
+
+
+def check(results: list[dict[str, Any]], world: int) -> None:
+    mean = sum(range(world)) / world
+    for rank, seen in enumerate(results):
+        assert (seen["rank"], seen["world"]) == (rank, world)
+        assert seen["mean"] == [mean] * 3
+        assert seen["max"] == world - 1
+        assert seen["async_means"] == [[mean] * 2, [2 * mean] * 2]
+        assert seen["bcast"] == [float(world - 1)] * 2
+        first = rank - rank % 2
+        assert seen["group"] == (2, rank % 2, [first, first + 1])
+        assert seen["group_sum"] == 2 and seen["as_group_idx"] == 2
+
+
+def test_helpers_on_thread_ranks() -> None:
+    check(run_threads(ranks, 4, 4), 4)
+
+
+@pytest.mark.timeout(200)
+def test_helpers_on_gloo_processes() -> None:
+    check(spawn(ranks, 4, 4, backend="gloo"), 4)
+
+
+MPI_RANK = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import distcomm, test_ding
+
+comm = distcomm.init()
+seen = test_ding.ranks(comm.world_size)
+seen["backend"] = comm.backend
+distcomm.finalize()
+with open(f"{sys.argv[2]}/rank-{seen['rank']}.json", "w") as out:
+    json.dump(seen, out)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_helpers_on_mpi(mpirun: str, tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(MPI_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
+    done = subprocess.run(
+        [mpirun, "-n", "4", sys.executable, str(script), str(HERE), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert {seen.pop("backend") for seen in results} == {"mpi"}
+    for seen in results:
+        seen["group"] = tuple(seen["group"])
+    check(results, 4)
+
+
+def test_sum_of_integers_cannot_hold_the_mean() -> None:
+    with pytest.raises(distcomm.InvalidArgumentError, match="dtype 'int64'"):
+        ding.allreduce(np.ones(2, dtype=np.int64))
