@@ -321,6 +321,21 @@ class BytesAdapter(Adapter):
         memoryview(dst).cast("B")[:] = view.cast("B")
 
 
+def as_torch(x: Any) -> Any:
+    """``x`` as a torch tensor sharing its memory (numpy arrays, byte buffers, tensors), for
+    engines that take torch tensors only. Imports torch (call it where torch is in use)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (bytearray, memoryview)):
+        view = memoryview(x).cast("B")
+        if not view.nbytes:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(view, dtype=torch.uint8)
+    return torch.from_numpy(x)
+
+
 def _as_bytes_view(src: Any) -> Any:
     if type(src).__module__.startswith("torch"):
         src = src.detach().cpu().numpy()

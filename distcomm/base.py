@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from distcomm import objects
 from distcomm.arrays import Adapter, adapter_for, cached_adapter, check_op_dtype, normalise_bool_op
 from distcomm.checks import ArgumentChecks
-from distcomm.errors import DistcommError, DistcommWarning, InvalidArgumentError
+from distcomm.errors import (
+    DistcommError,
+    DistcommWarning,
+    InvalidArgumentError,
+    NotSupportedError,
+)
 from distcomm.primitives import Primitives
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 from distcomm.specs import Capabilities
@@ -348,6 +353,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(dst, "dst")
         self._check_tag(tag)
+        self._check_p2p("isend")
         staged = self._stage(adapter, tensor, dtype)
         return self._isend(staged.engine, dst, tag)
 
@@ -362,6 +368,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
                 "HINT: pass the sender's rank as src."
             )
         self._check_tag(tag)
+        self._check_p2p("irecv")
         staged = self._stage(adapter, tensor, dtype)
         work = self._irecv(staged.engine, src, tag)
         return ChainedWork(work, staged.write_back) if staged.copied else work
@@ -560,6 +567,13 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             work.wait()
         after()
         return None
+
+    def _check_p2p(self, op: str) -> None:
+        if not self.capabilities.p2p:
+            raise NotSupportedError(
+                f"{op}: backend {self.backend_name!r} has no point-to-point messages. HINT: use "
+                "collectives (broadcast, all_gather, ...), or a backend with them (gloo, mpi)."
+            )
 
     def _warn_staging(self, device: str) -> None:
         if not self._warned_staging:

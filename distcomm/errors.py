@@ -67,6 +67,11 @@ class PluginConflictError(DistcommError):
     """Two plugins registered the same backend or environment name."""
 
 
+class NotSupportedError(DistcommError, NotImplementedError):
+    """The backend's engine cannot do this at all (its capabilities say so), e.g. point-to-point
+    messages on linklink."""
+
+
 class DistTimeoutError(DistcommError, TimeoutError):
     """An operation did not complete within its timeout.
 

@@ -69,6 +69,9 @@ class Capabilities:
         async_ops: whether ``async_op=True`` overlaps with the caller (else it completes eagerly).
         timeouts: whether a blocked operation ends with DistTimeoutError.
         any_source: whether ``recv(src=None)`` is supported.
+        p2p: whether point-to-point messages (send, recv, isend, irecv) exist at all.
+        subgroup_split: whether a sub-communicator can itself be split (``new_group(...,
+            group=g)``, ``g.split``); engines whose groups are made by the whole world cannot.
     """
 
     ops: frozenset[str] = ALL_OPS
@@ -79,6 +82,8 @@ class Capabilities:
     async_ops: bool = True
     timeouts: bool = True
     any_source: bool = True
+    p2p: bool = True
+    subgroup_split: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
-    -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi ./examples/plugin
+    -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi \
+    -e ./backends/distcomm-linklink ./examples/plugin
 
 # pytest exits 5 when it collected no test: a failure here.
 check() {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,19 @@ def test_legacy_script_runs_unchanged_on_mpi(mpirun: str, nprocs: int) -> None:
         assert f"rank {rank} of {nprocs}: linklink script ok on mpi" in done.stdout
 
 
-def test_install_makes_import_linklink_resolve_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("linklink", "spring", "spring.linklink"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+@pytest.fixture
+def clean_modules() -> Iterator[None]:
+    """No linklink in sys.modules before, and none left after (install() puts one there)."""
+    names = ("linklink", "spring", "spring.linklink")
+    saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+    yield
+    for name in names:
+        sys.modules.pop(name, None)
+    sys.modules.update(saved)
+
+
+@pytest.mark.usefixtures("clean_modules")
+def test_install_makes_import_linklink_resolve_here() -> None:
     assert linklink.install() is linklink
     import linklink as link  # type: ignore[import-not-found]
 

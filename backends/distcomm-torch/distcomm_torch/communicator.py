@@ -23,6 +23,7 @@ from distcomm import (
     InvalidArgumentError,
     ReduceOp,
 )
+from distcomm.arrays import as_torch
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_torch.plugin import GLOO, NCCL
 
@@ -46,21 +47,10 @@ _all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_ten
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
-def as_torch(x: Any) -> torch.Tensor:
-    """``x`` as a torch tensor sharing its memory (numpy arrays, byte buffers, tensors)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (bytearray, memoryview)):
-        view = memoryview(x).cast("B")
-        if not view.nbytes:
-            return torch.empty(0, dtype=torch.uint8)
-        return torch.frombuffer(view, dtype=torch.uint8)
-    return torch.from_numpy(x)
-
-
 def flat(x: Any) -> torch.Tensor:
     """A 1-D view of a contiguous array (torch's gather/scatter family wants matching dims)."""
-    return as_torch(x).view(-1)
+    view: torch.Tensor = as_torch(x).view(-1)
+    return view
 
 
 class TorchWork:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import distcomm
-from distcomm.errors import DistcommError, InvalidArgumentError
+from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.testing.conformance.registry import check
 from distcomm.testing.conformance.support import cases, comm, expect, expect_values, make, raises
 
@@ -49,7 +49,7 @@ def _exercise(group: Any, members: list[int]) -> None:
             expect(
                 [p.tolist() for p in parts] == [[m] for m in members], f"gather in group {members}"
             )
-        if size > 1:
+        if size > 1 and group.capabilities.p2p:
             nxt, prev = (group.rank + 1) % size, (group.rank - 1) % size
             buf = make(lib, dtype, [-1])
             send = distcomm.isend(make(lib, dtype, [rank]), nxt, group=group, tag=3)
@@ -148,6 +148,12 @@ def nested_groups() -> None:
     """A group made from a group (new_group with group=, and split) maps to world ranks."""
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
     parity: Any = comm().split(rank % 2, key=world - rank)
+    if not comm().capabilities.subgroup_split:
+        exc = raises(NotSupportedError, distcomm.new_group, [0], group=parity)
+        expect("world" in str(exc), f"the refusal does not say to split the world: {exc}")
+        raises(NotSupportedError, parity.split, 0)
+        _world_still_works()
+        return
     outer = sorted((r for r in range(world) if r % 2 == rank % 2), reverse=True)
     chosen = list(range(1, len(outer))) or [0]
     inner: Any = distcomm.new_group(chosen, group=parity)
