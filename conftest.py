@@ -12,12 +12,18 @@ world of the wrong size; their reasons start with one of ``ALLOWED_SKIPS``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import distcomm
 from distcomm.registry import Registry, set_registry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # multirank.py, jobs.py
+from jobs import find_mpirun, job_environment
 
 pytest_plugins = ("pytester",)  # for testing distcomm's own pytest plugin
 
@@ -88,13 +94,7 @@ def core_registry() -> Iterator[Registry]:
 @pytest.fixture
 def mpirun() -> str:
     """The path of ``mpirun`` (the venv's MPICH first); skipped where there is none."""
-    import shutil
-    import sys
-
-    found = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
-    if found is None:
-        pytest.skip("mpirun is not installed (pip install mpich)")
-    return found
+    return _mpirun()
 
 
 @pytest.fixture
@@ -109,3 +109,50 @@ def aborted_mpich_job() -> Iterator[None]:
     finally:
         for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
             segment.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def scenario_worlds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str], dict[str, list[Any]]]:
+    """``get(backend)``: every registered scenario's per-rank results on ``backend`` ("threads",
+    "gloo" or "mpirun"), from one 4-rank world per backend, run at the first request.
+
+    The results also hold ``"leftover"``: distcomm files in /dev/shm that the run left behind.
+    """
+    import multirank
+
+    cache: dict[str, Any] = {}
+
+    def get(backend: str) -> dict[str, list[Any]]:
+        if backend not in cache:
+            workdir = str(tmp_path_factory.mktemp(f"scenarios-{backend}"))
+            before, shm = multirank.shm_files(), set(Path("/dev/shm").glob("mpich_shm_*"))
+            names = list(multirank.SCENARIOS)
+            try:
+                if backend == "threads":
+                    results = multirank.on_threads(names, workdir)
+                elif backend == "gloo":
+                    results = multirank.on_gloo(names, workdir)
+                else:
+                    results = multirank.on_mpi(names, workdir, _mpirun(), job_environment())
+                results["leftover"] = sorted(multirank.shm_files() - before)
+                cache[backend] = results
+            except BaseException as exc:
+                cache[backend] = exc
+            finally:
+                for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - shm:
+                    segment.unlink(missing_ok=True)  # left by a failed MPI job
+        found = cache[backend]
+        if isinstance(found, BaseException):
+            raise found
+        return found  # type: ignore[no-any-return]
+
+    return get
+
+
+def _mpirun() -> str:
+    found = find_mpirun()
+    if found is None:
+        pytest.skip("mpirun is not installed (pip install mpich)")
+    return found

@@ -1,7 +1,8 @@
 """distcomm: one communication layer for distributed PyTorch/NumPy programs.
 
 ``distcomm.init()`` picks the launch method and the backend (and says why: ``distcomm info
---explain``); collectives, object exchange and rank getters then work the same on every backend.
+--explain``); collectives, object exchange, rank getters and rank-zero helpers then work the
+same on every backend.
 Importing distcomm imports neither torch, numpy nor mpi4py, and loads no plugin.
 """
 
@@ -41,6 +42,7 @@ from distcomm.errors import (
     PluginConflictError,
     RankFailedError,
 )
+from distcomm.helpers import main_process_only, rank_prefixed_message, run_on_main, zero_first
 from distcomm.hookspecs import hookimpl, hookspec
 from distcomm.lifecycle import (
     DistContext,
@@ -119,12 +121,16 @@ __all__ = [
     "is_initialized",
     "is_local_main_process",
     "is_main_process",
+    "main_process_only",
     "isend",
     "new_group",
+    "rank_prefixed_message",
     "recv",
     "reduce",
     "reduce_scatter_tensor",
+    "run_on_main",
     "scatter",
     "scatter_object",
     "send",
+    "zero_first",
 ]

@@ -461,6 +461,21 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         index = None if color is None else colors.index(color)
         return self._split(groups, index)
 
+    def adopt(self, native: Any) -> Communicator | NonMember:
+        """A communicator over a group the engine's own API made (a torch ProcessGroup ...).
+
+        For code that mixes distcomm with groups made by the engine directly. Backends that
+        support it override this; the group stays its creator's (``finalize`` leaves it).
+        NON_MEMBER where this rank is not in the group.
+
+        Raises:
+            NotSupportedError: this backend cannot wrap engine groups.
+        """
+        raise NotSupportedError(
+            f"the {self.backend_name} backend cannot use {type(native).__name__!r} as a group. "
+            "HINT: make the group with distcomm.new_group(ranks) instead."
+        )
+
     def finalize(self) -> None:
         """Release the engine's resources for this communicator. Idempotent."""
         if self.unusable != "finalized":

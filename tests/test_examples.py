@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from jobs import find_mpirun, job_environment, run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTCOMM_")}
     done = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -68,3 +73,30 @@ def test_ddp_example_trains() -> None:
 def test_torch_allreduce_benchmark_runs() -> None:
     out = distcomm_run("-n", "2", "benchmarks/torch_allreduce.py", "--rounds", "1").splitlines()
     assert [line.split()[2] for line in out[2:]] == ["8", "64"]
+
+
+def test_workspace_benchmark_runs() -> None:
+    args = ("-n", "2", "benchmarks/workspace_gather.py", "--rounds", "1", "--mib", "1")
+    out = distcomm_run(*args).splitlines()
+    assert out[0] == "[rank 0] 2 ranks x 1 MiB to rank 0, torch " + out[0].split()[-1]
+    assert [line.split()[2] for line in out[1:]] == [
+        "get_tensors_parallel",
+        "torch.distributed.gather",
+        "ratio",
+    ]
+
+
+def test_rank_zero_example_alone_and_under_mpirun() -> None:
+    assert run("examples/rank_zero.py").splitlines() == [
+        "rank 0 merged 1 shards: sum 0",
+        "[rank: 0] 1 ranks, vocabulary of 3",
+    ]
+    mpirun = find_mpirun()
+    assert mpirun is not None, "mpirun is not installed (pip install mpich)"
+    done = run_job([mpirun, "-n", "4", sys.executable, "examples/rank_zero.py"], cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    # MPICH's launcher may join the ranks' lines in any order, even a line and its newline
+    expected = ["rank 0 merged 4 shards: sum 24"]
+    expected += [f"[rank: {r}] 4 ranks, vocabulary of 3" for r in range(4)]
+    assert all(done.stdout.count(line) == 1 for line in expected), done.stdout
+    assert len(done.stdout) == sum(len(line) + 1 for line in expected)

@@ -8,4 +8,9 @@ written against it runs by changing one import; the originals' known defects are
 - :mod:`distcomm.compat.linklink`: SenseTime's ``linklink`` API (``install()`` makes an
   unmodified ``import linklink`` get it).
 - :mod:`distcomm.compat.ding`: DI-engine's ``ding.utils.linklink_dist_helper``.
+- :mod:`distcomm.compat.axolotl`: axolotl's ``axolotl.utils.distributed``.
+- :mod:`distcomm.compat.speechbrain`: speechbrain's ``speechbrain.utils.distributed``.
+- :mod:`distcomm.compat.flame`: flame's ``flame.pytorch.distributed_training``.
+- :mod:`distcomm.compat.modelopt`: TensorRT Model Optimizer's
+  ``modelopt.torch.export.distribute``.
 """

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from jobs import run_job
 
 import distcomm
 from distcomm.compat import ding
@@ -128,7 +127,7 @@ def test_helpers_on_gloo_processes() -> None:
 
 MPI_RANK = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # test_ding, and jobs.py it imports
 import distcomm, test_ding
 
 comm = distcomm.init()
@@ -144,15 +143,7 @@ with open(f"{sys.argv[2]}/rank-{seen['rank']}.json", "w") as out:
 def test_helpers_on_mpi(mpirun: str, tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(MPI_RANK)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
-    done = subprocess.run(
-        [mpirun, "-n", "4", sys.executable, str(script), str(HERE), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_job([mpirun, "-n", "4", sys.executable, str(script), str(HERE), str(tmp_path)])
     assert done.returncode == 0, done.stdout + done.stderr
     results = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(4)]
     assert {seen.pop("backend") for seen in results} == {"mpi"}

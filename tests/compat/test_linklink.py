@@ -6,7 +6,6 @@ on mpi under ``mpirun``; the finer behaviour is checked on thread-ranks (fakelin
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from jobs import run_job
 
 import distcomm
 from distcomm.compat import linklink
@@ -25,16 +25,7 @@ LEGACY = "examples/linklink_legacy.py"
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
-    return subprocess.run(
-        command,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_job(command, cwd=ROOT)
 
 
 @pytest.mark.timeout(200)

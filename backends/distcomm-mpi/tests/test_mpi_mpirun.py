@@ -8,12 +8,12 @@ they saw to a file; the test reads the files. The same checks also run as pytest
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import jobs
 import pytest
 
 from distcomm.testing.conformance import CHECKS
@@ -35,16 +35,7 @@ with open(f"{sys.argv[1]}/rank-{report['rank']}.json", "w") as out:
 def run_job(
     mpirun: str, tmp_path: Path, nprocs: int, *command: str
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
-    return subprocess.run(
-        [mpirun, "-n", str(nprocs), *command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        stdin=subprocess.DEVNULL,
-        cwd=tmp_path,
-    )
+    return jobs.run_job([mpirun, "-n", str(nprocs), *command], timeout=240, cwd=tmp_path)
 
 
 @pytest.mark.timeout(300)

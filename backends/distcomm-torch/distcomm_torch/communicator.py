@@ -109,11 +109,50 @@ class TorchCommunicator(BaseCommunicator):
         self._side = side
         self._owns_group = owns_group
         self.device: torch.device | None = None
+        self._adopted: dict[int, tuple[Any, Communicator]] = {}
 
     @property
     def native(self) -> Any:
         """The torch ProcessGroup (for DDP's ``process_group=``, FSDP, ...)."""
         return dist.group.WORLD if self._group is None else self._group
+
+    def adopt(self, native: Any) -> Communicator | NonMember:
+        """A communicator over ``native``, a torch ProcessGroup made with torch.distributed.
+
+        Made once per group and kept; the group stays its creator's. Every member calls it
+        the first time for a group (a GPU backend makes a Gloo group for objects then).
+        """
+        if native is None or native is dist.group.WORLD or native is self._group:
+            return self
+        if not isinstance(native, dist.ProcessGroup):
+            raise InvalidArgumentError(
+                f"group={native!r} is not a torch ProcessGroup or a distcomm communicator. "
+                "HINT: pass one made by distcomm.new_group() or torch.distributed.new_group()."
+            )
+        known = self._adopted.get(id(native))
+        if known is not None and known[0] is native:
+            return known[1]
+        ranks = tuple(dist.get_process_group_ranks(native))
+        me = dist.get_rank()
+        if me not in ranks:
+            return NON_MEMBER
+        members: dict[str, Any] = {
+            "rank": ranks.index(me),
+            "world_size": len(ranks),
+            "launch": self.launch,
+            "global_ranks": ranks,
+            "timeout": self.timeout,
+        }
+        side = None
+        if self._side is not None:
+            side_pg = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
+            side = GlooCommunicator(
+                side_pg, owns_group=True, name=f"objects of torch group {list(ranks)}", **members
+            )
+        comm = type(self)(native, side=side, name=f"torch group {list(ranks)}", **members)
+        comm.device = self.device
+        self._adopted[id(native)] = (native, comm)
+        return comm
 
     def timed_out(self, op: str, seq: int, limit: float) -> DistTimeoutError:
         """Mark this communicator unusable after a timeout and return the error to raise."""
@@ -230,6 +269,9 @@ class TorchCommunicator(BaseCommunicator):
         return pg, None
 
     def _finalize(self) -> None:
+        for _, adopted in self._adopted.values():
+            adopted.finalize()
+        self._adopted.clear()
         if self._side is not None:
             self._side.finalize()
         if self._owns_group and dist.is_initialized():

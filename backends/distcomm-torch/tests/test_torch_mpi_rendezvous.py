@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from jobs import run_job
 
 SCRIPT = """
 import sys, distcomm, numpy as np, torch.distributed as dist
@@ -26,15 +25,7 @@ distcomm.finalize()
 def test_gloo_rendezvous_over_mpi(tmp_path: Path, mpirun: str) -> None:
     script = tmp_path / "rank.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
-    done = subprocess.run(
-        [mpirun, "-n", "3", sys.executable, str(script), str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_job([mpirun, "-n", "3", sys.executable, str(script), str(tmp_path)], timeout=100)
     assert done.returncode == 0, done.stderr
     lines = [(tmp_path / f"rank-{r}.txt").read_text() for r in range(3)]
     assert lines == [f"mpi {r} 3 6.0 gloo 127.0.0.1" for r in range(3)]
