@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import itertools
 import mmap
 import os
@@ -478,10 +479,6 @@ def _allocate_object(meta: Any, nbytes: int) -> tuple[Any, memoryview]:
     return payload, memoryview(payload)
 
 
-def _unpickle(payload: bytearray) -> Any:
-    return objects.unpack(memoryview(payload))
-
-
 def _identity(value: Any) -> Any:
     return value
 
@@ -491,4 +488,9 @@ def _object_from_buffer(meta: Any, buffer: Any) -> Any:
 
 
 _TENSORS = _Codec(_encode_tensor, _allocate_tensor, _identity, _tensor_from_buffer)
-_OBJECTS = _Codec(_encode_object, _allocate_object, _unpickle, _object_from_buffer)
+_OBJECTS = _Codec(
+    _encode_object,
+    _allocate_object,
+    functools.partial(_object_from_buffer, None),
+    _object_from_buffer,
+)
