@@ -33,7 +33,7 @@ from typing import Any
 
 import distcomm
 from distcomm import helpers
-from distcomm.errors import RankFailedError
+from distcomm.errors import InvalidArgumentError, RankFailedError
 from distcomm.helpers import Failure
 from distcomm.protocol import Communicator
 
@@ -104,6 +104,12 @@ class zero_only:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._func is None:  # @zero_only(): the function to wrap
+            if len(args) != 1 or kwargs or not callable(args[0]):
+                raise InvalidArgumentError(
+                    f"zero_only() was called with {args!r} {kwargs!r}; it decorates one "
+                    "function. HINT: @zero_only or @zero_only() above a def, or "
+                    "`with zero_only() as main:`."
+                )
             return zero_only(args[0])
         return self._func(*args, **kwargs) if is_main_process() else None
 

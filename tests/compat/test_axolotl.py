@@ -59,6 +59,8 @@ def test_zero_only_as_a_decorator_runs_on_main_only() -> None:
 
     assert run_threads(body, 3) == [(5, "logged"), (None, None), (None, None)]
     assert calls == [0]
+    with pytest.raises(ValueError, match="it decorates one function"):
+        axolotl.zero_only()(5)
 
 
 # -- scenarios, on every backend ----------------------------------------------------------------
