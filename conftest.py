@@ -4,9 +4,10 @@ Every test starts from a plain machine (no launcher or DISTCOMM_* variable) and 
 finalised; ``core_registry`` hides installed plugins.
 
 With CI=true a skipped test is a failure: every engine and tool the suite needs (torch, numpy,
-the example plugin, and later mpi4py, mpirun, srun) is installed there, so a skip means a broken
-install, not a missing machine. Only skips for what CI cannot have are allowed: a GPU, or an MPI
-world of the wrong size; their reasons start with one of ``ALLOWED_SKIPS``.
+the example plugin, mpi4py, mpirun, and Slurm, which the tests install and start as root) is
+there, so a skip means a broken install, not a missing machine. Only skips for what CI cannot
+have are allowed: a GPU, an MPI world of the wrong size, or root (CI runs as root, so the Slurm
+and network-namespace tests run there); their reasons start with one of ``ALLOWED_SKIPS``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from jobs import find_mpirun, job_environment
 
 pytest_plugins = ("pytester",)  # for testing distcomm's own pytest plugin
 
-ALLOWED_SKIPS = ("needs CUDA", "needs world size", "Test requires")  # the last: pytest-mpi min_size
+#: "Test requires": pytest-mpi's min_size; "needs root": the Slurm and netns tests (CI is root).
+ALLOWED_SKIPS = ("needs CUDA", "needs world size", "Test requires", "needs root")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -17,6 +17,11 @@ class LaunchInfo:
 
     ``sources`` maps each field name to where its value came from: the environment variable,
     ``"argument"``, ``"default"`` or ``"derived: ..."``.
+
+    ``mpi_wireup`` says how MPI can start when another launcher owns the launch: the MPI
+    variables a process manager set beside it (``srun --mpi=pmi2`` sets PMI_RANK and PMI_SIZE
+    in each Slurm task), e.g. ``"PMI_SIZE=4"``. None when there are none (or the launch is
+    MPI's own: ``method == "mpi"``).
     """
 
     method: str
@@ -29,6 +34,7 @@ class LaunchInfo:
     master_addr: str | None = None
     master_port: int | None = None
     job_id: str | None = None
+    mpi_wireup: str | None = None
     sources: dict[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

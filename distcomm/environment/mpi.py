@@ -156,5 +156,6 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_addr=address,
         master_port=port,
         job_id=read_text(environ, job_variable) if job_variable else None,
+        mpi_wireup=None,  # MPI's own launch
         sources=sources,
     )

@@ -90,8 +90,10 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
     job_id = read_text(environ, "SLURM_JOB_ID")
     sources["job_id"] = "SLURM_JOB_ID" if job_id is not None else "default"
     reason = f"srun task step (SLURM_STEP_ID={step!r}, SLURM_PROCID set)"
+    wireup = None
     if mpi is not None:
         reason += f"; {mpi[0]}={mpi[1]} equals the step's task count"
+        wireup = sources["mpi_wireup"] = f"{mpi[0]}={mpi[1]}"
     sources["method"] = reason
     return LaunchInfo(
         method="slurm",
@@ -104,6 +106,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_addr=address,
         master_port=port,
         job_id=job_id,
+        mpi_wireup=wireup,
         sources=sources,
     )
 

@@ -16,6 +16,8 @@ from distcomm.errors import DistcommWarning, EnvironmentDetectionError, InvalidA
 from distcomm.registry import Registry
 
 FIELDS = [field.name for field in dataclasses.fields(LaunchInfo) if field.name != "sources"]
+#: Fields every detector names a source for (mpi_wireup has one only when it is set).
+SOURCED = [name for name in FIELDS[1:] if name != "mpi_wireup"]
 
 
 def launch(
@@ -29,6 +31,7 @@ def launch(
     master_addr: str | None,
     master_port: int | None,
     job_id: str | None,
+    mpi_wireup: str | None = None,
 ) -> dict[str, object]:
     """Return the expected LaunchInfo fields by name."""
     return {
@@ -42,6 +45,7 @@ def launch(
         "master_addr": master_addr,
         "master_port": master_port,
         "job_id": job_id,
+        "mpi_wireup": mpi_wireup,
     }
 
 
@@ -225,7 +229,7 @@ DETECTED = [
     ),
     pytest.param(
         srun_task(1, 1, 0, 2, "n1", "2", 1, PMI_RANK="1", PMI_SIZE="2"),
-        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234", "PMI_SIZE=2"),
         id="srun-mpi-pmi2",
     ),
     pytest.param(
@@ -327,8 +331,9 @@ def test_detect_environment(environ: dict[str, str], expected: dict[str, object]
         warnings.simplefilter("error")
         info = detect_environment(environ=environ)
     assert {name: getattr(info, name) for name in FIELDS} == expected
-    assert set(info.sources) == {*FIELDS[1:], "method"}
-    for name in FIELDS[1:]:
+    wireup = {"mpi_wireup"} if info.mpi_wireup is not None else set()
+    assert set(info.sources) == {*SOURCED, "method", *wireup}
+    for name in SOURCED:
         source = info.sources[name]
         assert source in environ or source == "default" or source.startswith("derived: ")
     assert info.sources["method"]
@@ -361,6 +366,8 @@ def test_srun_pmi2_reason_names_the_agreeing_size() -> None:
         environ=srun_task(0, 0, 0, 2, "n1", "2", 1, PMI_SIZE="2", PMI_RANK="0")
     )
     assert "PMI_SIZE=2 equals the step's task count" in info.sources["method"]
+    assert info.mpi_wireup == "PMI_SIZE=2" and info.sources["mpi_wireup"] == "PMI_SIZE=2"
+    assert detect_environment(environ=srun_task(0, 0, 0, 2, "n1", "2", 1)).mpi_wireup is None
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,14 @@ def is_available(launch: LaunchInfo) -> tuple[bool, str]:
         return False, "mpi4py is not installed (pip install mpi4py mpich)"
     if launch.method == "mpi":
         return True, f"MPI launcher detected ({launch.sources.get('method', 'mpi')})"
+    if launch.mpi_wireup is not None:
+        return True, f"{launch.method} launch with MPI variables ({launch.mpi_wireup})"
     if launch.method == "single_node" and launch.world_size == 1:
         return True, "a plain process: a world of 1 (MPI singleton)"
+    hint = "srun --mpi=pmi2" if launch.method == "slurm" else "mpirun/mpiexec (or srun --mpi=pmi2)"
     return False, (
-        f"the job was launched by {launch.method!r}, not by an MPI launcher. "
-        "HINT: start it with mpirun/mpiexec (or srun --mpi=pmi2)"
+        f"the job was launched by {launch.method!r} without MPI's variables, so MPI cannot "
+        f"start. HINT: start it with {hint}"
     )
 
 

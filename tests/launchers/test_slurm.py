@@ -1,0 +1,151 @@
+"""A real one-node Slurm (scripts/slurm.sh): srun tasks on gloo and on mpi, mpirun inside an
+sbatch script, python in a batch script without srun, and the example batch script.
+
+Every job is a real Slurm job: 4 tasks on this 2-core node with ``--overcommit``. The cluster is
+started (installed with apt first, if needed) by the session fixture and stopped afterwards if
+this session started it. That needs root; without it the tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobs import find_mpirun, run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+RANK = Path(__file__).resolve().parent / "rank_report.py"
+TASKS = 4
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[None]:
+    """A running one-node cluster (started here, and stopped at the end, if it was not up)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: scripts/slurm.sh installs and starts Slurm and munge")
+    was_up = shutil.which("sinfo") is not None and _node_up()
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "slurm.sh"), "start"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, f"scripts/slurm.sh start failed:\n{done.stdout}{done.stderr}"
+    yield
+    if not was_up:
+        subprocess.run(["bash", str(ROOT / "scripts" / "slurm.sh"), "stop"], timeout=60)
+
+
+def _node_up() -> bool:
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip() in ("idle", "mixed", "allocated")
+
+
+def reports(directory: Path, count: int) -> list[dict[str, Any]]:
+    found = sorted(directory.glob("rank-*.json"))
+    assert len(found) == count, f"{len(found)} of {count} ranks reported: {found}"
+    return [json.loads((directory / f"rank-{r}.json").read_text()) for r in range(count)]
+
+
+def check_world(results: list[dict[str, Any]], backend: str, method: str) -> None:
+    """Every rank: its place in a one-node job of TASKS, the backend, and a real all-reduce."""
+    for rank, seen in enumerate(results):
+        assert (seen["rank"], seen["world_size"]) == (rank, TASKS)
+        assert (seen["local_rank"], seen["local_world_size"]) == (rank, TASKS)
+        assert (seen["node_rank"], seen["num_nodes"]) == (0, 1)
+        assert (seen["backend"], seen["method"]) == (backend, method)
+        assert seen["sum"] == TASKS * (TASKS + 1) // 2
+
+
+SRUN_CASES = [
+    # (srun's --mpi, rank_report MODE, BACKEND, the backend that must run)
+    ("none", "dist_init", "gloo", "gloo"),
+    ("none", "init", "gloo", "gloo"),
+    ("none", "init", "auto", "gloo"),  # no MPI variables: mpi is unavailable, gloo chosen
+    ("pmi2", "dist_init", "mpi", "mpi"),
+    ("pmi2", "init", "auto", "mpi"),  # MPI variables beside Slurm's: mpi chosen (faster)
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("mpi", "mode", "backend", "runs"), SRUN_CASES)
+def test_srun_tasks(
+    slurm: None, tmp_path: Path, mpi: str, mode: str, backend: str, runs: str
+) -> None:
+    command = ["srun", "-n", str(TASKS), "--overcommit", f"--mpi={mpi}", "--time=3"]
+    done = run_job([*command, sys.executable, str(RANK), str(tmp_path), mode, backend])
+    assert done.returncode == 0, done.stdout + done.stderr
+    check_world(reports(tmp_path, TASKS), runs, "slurm")
+
+
+def sbatch(script: Path) -> subprocess.CompletedProcess[str]:
+    """Submit ``script`` and wait for the job to end."""
+    return run_job(["sbatch", "--wait", "--quiet", str(script)], timeout=240, cwd=script.parent)
+
+
+@pytest.mark.timeout(300)
+def test_mpirun_inside_an_sbatch_script(slurm: None, tmp_path: Path) -> None:
+    """Hydra starts its proxies through srun: every rank sees SLURM_PROCID=0, and MPI's
+    variables take the launch (DESIGN section 3)."""
+    mpirun = find_mpirun()
+    assert mpirun is not None, "mpirun is not installed (pip install mpich)"
+    script = tmp_path / "job.sbatch"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -n {TASKS}\n#SBATCH --overcommit\n#SBATCH -o {tmp_path}/job.out\n"
+        f"{mpirun} -n {TASKS} {sys.executable} {RANK} {tmp_path} init auto\n"
+    )
+    done = sbatch(script)
+    assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "job.out").read_text()
+    check_world(reports(tmp_path, TASKS), "mpi", "mpi")
+
+
+@pytest.mark.timeout(300)
+def test_python_in_a_batch_script_without_srun_warns(slurm: None, tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    probe = "import distcomm; l = distcomm.detect_environment(); print(l.method, l.world_size)"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -n 2\n#SBATCH -o {tmp_path}/job.out\n{sys.executable} -c '{probe}'\n"
+    )
+    done = sbatch(script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = (tmp_path / "job.out").read_text()
+    assert "single_node 1" in out
+    assert "DistcommWarning: Slurm job" in out and "not started by srun" in out
+    assert "HINT: srun python" in out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("srun_mpi", "backend"), [("none", "gloo"), ("pmi2", "mpi")])
+def test_example_batch_script(slurm: None, tmp_path: Path, srun_mpi: str, backend: str) -> None:
+    export = f"--export=ALL,PYTHON={sys.executable},SRUN_MPI={srun_mpi}"
+    done = run_job(
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            export,
+            f"--output={tmp_path}/%j.out",
+            str(ROOT / "examples" / "slurm_job.sbatch"),
+        ],
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = (tmp_path / f"{done.stdout.strip()}.out").read_text()
+    assert out.splitlines() == [
+        f"4 ranks on {backend} (slurm launch): sum of ranks 6 (expected 6)",
+        "hello from rank-0, rank-1, rank-2, rank-3",
+    ]
