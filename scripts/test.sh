@@ -22,8 +22,18 @@ check() {
 }
 
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
-check "$status" "pytest"
+if [ "$#" -eq 0 ]; then
+    # The launcher tests (real srun/sbatch jobs, two network namespaces) run on their own with
+    # -v, so that the log names each one and says it passed (or why it skipped: not root).
+    .venv/bin/python -m pytest --ignore=tests/launchers || status=$?
+    check "$status" "pytest"
+    echo "scripts/test.sh: pytest -v tests/launchers (Slurm and several hosts; root only)"
+    .venv/bin/python -m pytest -v -rs -p no:cacheprovider tests/launchers || status=$?
+    check "$status" "pytest tests/launchers"
+else
+    .venv/bin/python -m pytest "$@" || status=$?
+    check "$status" "pytest"
+fi
 
 # The MPI suite inside real MPI jobs (MPICH from PyPI): every rank runs every test, and
 # distcomm's pytest plugin aborts the job as soon as one rank fails. Skipped when the caller
