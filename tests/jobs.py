@@ -7,6 +7,20 @@ import shutil
 import subprocess
 import sys
 
+#: What ``distcomm run --backend B`` and ``distcomm.testing.spawn`` set in each rank.
+RUN_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYTHONUNBUFFERED",
+    "DISTCOMM_BACKEND",
+)
+
 
 def job_environment() -> dict[str, str]:
     """This process's environment for a child job: without DISTCOMM_* and MASTER_* variables."""

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from jobs import RUN_VARIABLES as KEYS
 
 from distcomm.cli import main
 from distcomm.errors import BackendNotFoundError, InvalidArgumentError
@@ -29,18 +30,6 @@ needs_distcomm_torch = pytest.mark.skipif(
     reason="distcomm-torch is not installed (pip install ./backends/distcomm-torch)",
 )
 
-KEYS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PYTHONUNBUFFERED",
-    "DISTCOMM_BACKEND",
-)
 
 ENV_SCRIPT = f"""
 import json, os, sys

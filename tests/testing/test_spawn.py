@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import RUN_VARIABLES as VARIABLES
 
 import distcomm
 from distcomm.errors import (
@@ -35,18 +36,6 @@ WORLDS = [
     pytest.param("gloo", 2, id="gloo-2", marks=needs_distcomm_torch),
     pytest.param("gloo", 4, id="gloo-4", marks=needs_distcomm_torch),
 ]
-VARIABLES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PYTHONUNBUFFERED",
-    "DISTCOMM_BACKEND",
-)
 
 
 @pytest.fixture(autouse=True)
