@@ -2,14 +2,17 @@
 sbatch script, python in a batch script without srun, and the example batch script.
 
 Every job is a real Slurm job: 4 tasks on this 2-core node with ``--overcommit``. The cluster is
-started (installed with apt first, if needed) by the session fixture and stopped afterwards if
-this session started it. That needs root; without it the tests skip and say so.
+private (its own configuration, munged and ports under /run/distcomm-slurm; a system Slurm is
+never touched): the session fixture starts it (installed with apt first, if needed), stops it
+afterwards if this session started it, and gives its ``SLURM_CONF``, which every srun, sbatch
+and sinfo here gets in its environment. That needs root; without it the tests skip and say so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -18,40 +21,84 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobs import find_mpirun, run_job
+from jobs import find_mpirun, job_environment
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "slurm.sh"
 RANK = Path(__file__).resolve().parent / "rank_report.py"
 TASKS = 4
 
 
 @pytest.fixture(scope="session")
-def slurm() -> Iterator[None]:
-    """A running one-node cluster (started here, and stopped at the end, if it was not up)."""
+def slurm() -> Iterator[str]:
+    """The ``SLURM_CONF`` of a running private one-node cluster (started here, and stopped at the
+    end, if it was not up)."""
     if os.geteuid() != 0:
         pytest.skip("needs root: scripts/slurm.sh installs and starts Slurm and munge")
-    was_up = shutil.which("sinfo") is not None and _node_up()
+    conf = slurm_conf()
+    was_up = shutil.which("sinfo") is not None and _node_up(conf)
     done = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "slurm.sh"), "start"],
+        ["bash", str(SCRIPT), "start"],
         capture_output=True,
         text=True,
         timeout=600,
         stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == 0, f"scripts/slurm.sh start failed:\n{done.stdout}{done.stderr}"
-    yield
-    if not was_up:
-        subprocess.run(["bash", str(ROOT / "scripts" / "slurm.sh"), "stop"], timeout=60)
+    try:
+        assert done.returncode == 0, f"scripts/slurm.sh start failed:\n{done.stdout}{done.stderr}"
+        yield conf
+    finally:
+        if not was_up:  # also after a failed start: no daemon of ours is left behind
+            subprocess.run(["bash", str(SCRIPT), "stop"], timeout=120, stdin=subprocess.DEVNULL)
 
 
-def _node_up() -> bool:
+def slurm_conf() -> str:
+    """The private cluster's configuration, as ``scripts/slurm.sh env`` prints it."""
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "env"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    words = shlex.split(out)
+    assert len(words) == 2 and words[0] == "export", out
+    name, _, value = words[1].partition("=")
+    assert name == "SLURM_CONF" and value, out
+    return value
+
+
+def _node_up(conf: str) -> bool:
+    """Whether the private cluster (not a system Slurm) has its node up."""
+    if not Path(conf).is_file():
+        return False
     try:
         out = subprocess.run(
-            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10
+            ["sinfo", "-h", "-o", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**job_environment(), "SLURM_CONF": conf},
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.returncode == 0 and out.stdout.strip() in ("idle", "mixed", "allocated")
+
+
+def slurm_job(
+    conf: str,
+    command: list[str],
+    *,
+    timeout: float = 180,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """tests/jobs.py's ``run_job`` (a user's clean environment, no stdin, output captured, a
+    timeout) on the private cluster: with its ``SLURM_CONF``, which sbatch's jobs inherit."""
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env={**job_environment(), "SLURM_CONF": conf},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def reports(directory: Path, count: int) -> list[dict[str, Any]]:
@@ -83,21 +130,23 @@ SRUN_CASES = [
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("mpi", "mode", "backend", "runs"), SRUN_CASES)
 def test_srun_tasks(
-    slurm: None, tmp_path: Path, mpi: str, mode: str, backend: str, runs: str
+    slurm: str, tmp_path: Path, mpi: str, mode: str, backend: str, runs: str
 ) -> None:
     command = ["srun", "-n", str(TASKS), "--overcommit", f"--mpi={mpi}", "--time=3"]
-    done = run_job([*command, sys.executable, str(RANK), str(tmp_path), mode, backend])
+    done = slurm_job(slurm, [*command, sys.executable, str(RANK), str(tmp_path), mode, backend])
     assert done.returncode == 0, done.stdout + done.stderr
     check_world(reports(tmp_path, TASKS), runs, "slurm")
 
 
-def sbatch(script: Path) -> subprocess.CompletedProcess[str]:
-    """Submit ``script`` and wait for the job to end."""
-    return run_job(["sbatch", "--wait", "--quiet", str(script)], timeout=240, cwd=script.parent)
+def sbatch(conf: str, script: Path) -> subprocess.CompletedProcess[str]:
+    """Submit ``script`` to the cluster of ``conf`` and wait for the job to end."""
+    return slurm_job(
+        conf, ["sbatch", "--wait", "--quiet", str(script)], timeout=240, cwd=script.parent
+    )
 
 
 @pytest.mark.timeout(300)
-def test_mpirun_inside_an_sbatch_script(slurm: None, tmp_path: Path) -> None:
+def test_mpirun_inside_an_sbatch_script(slurm: str, tmp_path: Path) -> None:
     """Hydra starts its proxies through srun: every rank sees SLURM_PROCID=0, and MPI's
     variables take the launch (DESIGN section 3)."""
     mpirun = find_mpirun()
@@ -107,19 +156,19 @@ def test_mpirun_inside_an_sbatch_script(slurm: None, tmp_path: Path) -> None:
         f"#!/bin/bash\n#SBATCH -n {TASKS}\n#SBATCH --overcommit\n#SBATCH -o {tmp_path}/job.out\n"
         f"{mpirun} -n {TASKS} {sys.executable} {RANK} {tmp_path} init auto\n"
     )
-    done = sbatch(script)
+    done = sbatch(slurm, script)
     assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "job.out").read_text()
     check_world(reports(tmp_path, TASKS), "mpi", "mpi")
 
 
 @pytest.mark.timeout(300)
-def test_python_in_a_batch_script_without_srun_warns(slurm: None, tmp_path: Path) -> None:
+def test_python_in_a_batch_script_without_srun_warns(slurm: str, tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
     probe = "import distcomm; l = distcomm.detect_environment(); print(l.method, l.world_size)"
     script.write_text(
         f"#!/bin/bash\n#SBATCH -n 2\n#SBATCH -o {tmp_path}/job.out\n{sys.executable} -c '{probe}'\n"
     )
-    done = sbatch(script)
+    done = sbatch(slurm, script)
     assert done.returncode == 0, done.stdout + done.stderr
     out = (tmp_path / "job.out").read_text()
     assert "single_node 1" in out
@@ -129,9 +178,10 @@ def test_python_in_a_batch_script_without_srun_warns(slurm: None, tmp_path: Path
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("srun_mpi", "backend"), [("none", "gloo"), ("pmi2", "mpi")])
-def test_example_batch_script(slurm: None, tmp_path: Path, srun_mpi: str, backend: str) -> None:
+def test_example_batch_script(slurm: str, tmp_path: Path, srun_mpi: str, backend: str) -> None:
     export = f"--export=ALL,PYTHON={sys.executable},SRUN_MPI={srun_mpi}"
-    done = run_job(
+    done = slurm_job(
+        slurm,
         [
             "sbatch",
             "--wait",
