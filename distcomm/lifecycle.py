@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from distcomm import state
+from distcomm import aborts, state
 from distcomm.environment import LaunchInfo, detect_environment
 from distcomm.errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from distcomm.logs import logger
@@ -112,6 +112,8 @@ def init(
             _check_same(ctx, requested)
             return ctx.comm
         timeout_s = requested.get("timeout") or resolve_timeout(None)
+        aborts.on_timeout()  # a malformed policy is an error now, not at the first timeout
+        aborts.abort_on_exception()
         launch = _apply_overrides(
             detect_environment(method), rank, world_size, master_addr, master_port
         )
@@ -342,11 +344,25 @@ def _apply_overrides(
     master_addr: str | None,
     master_port: int | None,
 ) -> LaunchInfo:
+    """Return ``launch`` with ``init``'s rank, world_size, master_addr and master_port applied.
+
+    With no launcher (``single_node``), rank and world_size come together and define the
+    world. Under a launcher they may only repeat what the launcher says: a value that differs
+    would make the rendezvous wait for ranks that never start.
+
+    Raises:
+        InvalidArgumentError: a value that is not an int or out of range, rank or world_size
+            alone on one node, or a rank or world_size that differs from the launcher's.
+    """
     changes: dict[str, Any] = {}
+    examples = {"rank": 0, "world_size": 2, "master_port": 29500}
     for name, value in (("rank", rank), ("world_size", world_size), ("master_port", master_port)):
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool):
-                raise InvalidArgumentError(f"{name}={value!r} must be an int")
+                raise InvalidArgumentError(
+                    f"{name}={value!r} must be an int, not {type(value).__name__}. "
+                    f"HINT: pass an int, e.g. init({name}={examples[name]})."
+                )
             changes[name] = value
     if master_addr is not None:
         changes["master_addr"] = str(master_addr)
@@ -356,6 +372,45 @@ def _apply_overrides(
         raise InvalidArgumentError(
             f"init got {'rank' if 'rank' in changes else 'world_size'} without the other, and no "
             "launcher says it. HINT: pass both rank= and world_size=."
+        )
+    size = changes.get("world_size", launch.world_size)
+    if size < 1:
+        raise InvalidArgumentError(
+            f"world_size={size!r} must be at least 1. HINT: pass the number of processes."
+        )
+    if "rank" in changes and not 0 <= changes["rank"] < size:
+        where = (
+            "the argument" if "world_size" in changes else launch.sources.get("world_size", "?")
+        )
+        raise InvalidArgumentError(
+            f"rank={changes['rank']!r} is not a rank of a world of {size} (world_size={size} "
+            f"from {where}): valid ranks are 0..{size - 1}. HINT: ranks count from 0; pass "
+            "0 <= rank < world_size."
+        )
+    port = changes.get("master_port")
+    if port is not None and not 0 <= port <= 65535:
+        raise InvalidArgumentError(
+            f"master_port={port!r} is not a TCP port: valid ports are 0..65535. "
+            "HINT: pass a free port on the master's host, e.g. init(master_port=29500)."
+        )
+    differs = [
+        (name, changes[name], getattr(launch, name))
+        for name in ("rank", "world_size")
+        if name in changes and changes[name] != getattr(launch, name)
+    ]
+    if differs and launch.method != "single_node":
+        given = ", ".join(f"{name}={mine!r}" for name, mine, _ in differs)
+        said = ", ".join(
+            f"{name}={theirs!r} (from {launch.sources.get(name, 'the launcher')})"
+            for name, _, theirs in differs
+        )
+        omit = " and ".join(f"{name}=" for name, _, _ in differs)
+        hint = f"omit {omit} to use the launcher's {'values' if len(differs) > 1 else 'value'}"
+        if size != launch.world_size:
+            hint += f", or start {size} processes with the launcher"
+        raise InvalidArgumentError(
+            f"init({given}) disagrees with the {launch.method} launch, which says {said}; the "
+            f"rendezvous would wait for ranks that never start. HINT: {hint}."
         )
     updated = launch.replace(**changes)
     if launch.method == "single_node" and "world_size" in changes:

@@ -57,10 +57,21 @@ class ReduceOp(enum.Enum):
                 found = _OP_NAMES.get(str(op).rsplit(".", 1)[-1].lower())
                 if found is not None:
                     return found
+        from distcomm.errors import did_you_mean
+
+        # Built from _OP_NAMES, so that the message lists every spelling accepted above.
         valid = ", ".join(m.name for m in cls)
+        aliases = ", ".join(
+            f"{alias!r} ({member.name})"
+            for alias, member in _OP_NAMES.items()
+            if alias != member.name.lower()
+        )
+        close = did_you_mean(op.strip(), _OP_NAMES) if isinstance(op, str) else ""
+        hint = close or "e.g. op=distcomm.ReduceOp.SUM or op='sum'."
         raise InvalidArgumentError(
-            f"unknown reduce op {op!r}; valid ops: {valid} (any case), 'prod', 'mean', or a "
-            "torch.distributed.ReduceOp member. HINT: use distcomm.ReduceOp.SUM or 'sum'."
+            f"unknown reduce op {op!r}; valid ops: {valid}, given as a distcomm.ReduceOp "
+            f"member, by name in any case ('sum', 'SUM'), by the aliases {aliases}, or as a "
+            f"torch.distributed.ReduceOp member of those names. HINT: {hint}"
         )
 
 

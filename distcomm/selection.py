@@ -54,10 +54,11 @@ def select_backend(
     """Choose a backend for ``launch``; never raises: a failure is ``Selection.error``."""
     environ = os.environ if environ is None else environ
     trace: list[str] = []
+    origin = "argument"
     if requested is not None:
         trace.append(f"backend {requested!r} requested by the backend argument")
     elif environ.get("DISTCOMM_BACKEND", "").strip():
-        requested = environ["DISTCOMM_BACKEND"]
+        requested, origin = environ["DISTCOMM_BACKEND"], "DISTCOMM_BACKEND"
         trace.append(f"backend {requested.strip()!r} requested by DISTCOMM_BACKEND")
     candidates = _candidates(registry, launch)
     by_name = {c.name: c for c in candidates}
@@ -66,14 +67,9 @@ def select_backend(
         name = str(requested).strip().lower()
         choice = by_name.get(name) if name in specs else None
         if choice is None:
-            return _fail(candidates, trace, _not_found(name, specs, by_name))
+            return _fail(candidates, trace, _not_found(name, specs, by_name, origin))
         if not choice.available:
-            error = BackendUnavailableError(
-                f"backend {name!r} cannot run here: {choice.reason}",
-                backend=name,
-                reason=choice.reason,
-            )
-            return _fail(candidates, trace, error)
+            return _fail(candidates, trace, _unavailable(choice, specs, candidates, origin))
         return _chosen(choice, specs, candidates, trace, "was requested")
     adopted = _torch_default_backend()
     if adopted is not None:
@@ -184,8 +180,61 @@ def _fail(candidates: list[Candidate], trace: list[str], error: Exception) -> Se
     return Selection(None, None, candidates, trace, error)
 
 
+def _named(name: str, origin: str | None) -> str:
+    """``'name'``, followed by where the name came from unless it is the ``backend`` argument."""
+    return f"{name!r}" if origin in (None, "argument") else f"{name!r} (from {origin})"
+
+
+def _unavailable(
+    choice: Candidate,
+    specs: Mapping[str, BackendSpec],
+    candidates: list[Candidate],
+    origin: str,
+) -> BackendUnavailableError:
+    """The error for a requested backend that is registered but cannot run this launch.
+
+    The message gives the backend's reason and, unless the reason carries its own HINT, one
+    naming the backends that can run here (for a GPU-only backend: those that move CPU memory).
+    """
+    name, reason = choice.name, choice.reason.strip().rstrip(".")
+    message = f"backend {_named(name, origin)} cannot run here: {reason}."
+    if "HINT:" not in reason:
+        message += " " + _unavailable_hint(name, specs, candidates, origin)
+    return BackendUnavailableError(message, backend=name, reason=choice.reason)
+
+
+def _unavailable_hint(
+    name: str, specs: Mapping[str, BackendSpec], candidates: list[Candidate], origin: str
+) -> str:
+    """``HINT: ...`` naming the backends that can run this launch instead of ``name``."""
+    usable = sorted(
+        (c for c in candidates if c.available and c.name in specs and c.name != name),
+        key=lambda c: (-c.priority, c.name),
+    )
+    if not usable:
+        return "HINT: run `distcomm info --explain` to see why each backend is (not) available."
+    if origin == "DISTCOMM_BACKEND":
+        fix = "set DISTCOMM_BACKEND={}, or unset DISTCOMM_BACKEND to choose automatically."
+    else:
+        fix = "pass init(backend={!r}), or omit backend to choose automatically."
+    devices = specs[name].devices
+    if "cpu" not in devices:
+        cpu = [c.name for c in usable if c.priority > 0 and "cpu" in specs[c.name].devices]
+        if cpu:
+            moves = "/".join(sorted(d.upper() for d in devices))
+            return (
+                f"HINT: {name} moves {moves} tensors only; for CPU tensors use "
+                f"{' or '.join(cpu)}: {fix.format(cpu[0])}"
+            )
+    names = ", ".join(c.name for c in usable)
+    return f"HINT: backends that can run here: {names}; {fix.format(usable[0].name)}"
+
+
 def _not_found(
-    name: str, specs: Mapping[str, BackendSpec], by_name: dict[str, Candidate]
+    name: str,
+    specs: Mapping[str, BackendSpec],
+    by_name: dict[str, Candidate],
+    origin: str | None = None,
 ) -> BackendNotFoundError:
     available = ", ".join(sorted(specs)) or "none"
     hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
@@ -194,15 +243,15 @@ def _not_found(
         dist = FIRST_PARTY_BACKENDS[name]
         why = by_name[name].reason if name in by_name else "not installed"
         return BackendNotFoundError(
-            f"backend {name!r} is provided by {dist}: {why}; available: {available}. "
-            f"HINT: {install_hint(dist)}"
+            f"backend {_named(name, origin)} is provided by {dist}: {why}; available: "
+            f"{available}. HINT: {install_hint(dist)}"
         )
     missing = sorted({d for b, d in FIRST_PARTY_BACKENDS.items() if b not in specs})
     not_installed = "; ".join(
         f"{', '.join(sorted(b for b, d in FIRST_PARTY_BACKENDS.items() if d == dist))} ({dist})"
         for dist in missing
     )
-    parts = [f"unknown backend {name!r}; available: {available}."]
+    parts = [f"unknown backend {_named(name, origin)}; available: {available}."]
     if not_installed:
         parts.append(f"Not installed: {not_installed}.")
     if guess in FIRST_PARTY_BACKENDS and guess not in specs:

@@ -48,17 +48,21 @@ def detect_environment(
             process, or a launcher variable is present but malformed.
     """
     snapshot = _snapshot(environ)
+    origin = "method"
     if method is None:
         method = snapshot.get("DISTCOMM_INIT_METHOD", "").strip() or None
+        origin = "DISTCOMM_INIT_METHOD"
     if method is not None:
-        spec = _spec(method)
+        spec = _spec(method, origin)
         info = spec.detect(snapshot)
         if info is None:
             needs = REQUIRED_VARIABLES.get(spec.name, "the variables its plugin documents")
             raise EnvironmentDetectionError(
-                f"method={method!r} was requested, but this process was not launched that way: "
+                f"{origin}={method!r} was requested, but this process was not launched that way: "
                 f"{spec.name!r} needs {needs}. HINT: launch with that launcher, or leave "
                 "method unset (and DISTCOMM_INIT_METHOD unset) to detect the launcher.",
+                variable=None if origin == "method" else origin,
+                value=method,
             )
         return info
     for spec in _ordered_specs():
@@ -112,8 +116,14 @@ def _ordered_specs() -> list[EnvironmentSpec]:
     return sorted(_registered().values(), key=lambda spec: (-spec.priority, spec.name))
 
 
-def _spec(method: str) -> EnvironmentSpec:
-    """Return the environment registered as ``method`` (case-insensitive)."""
+def _spec(method: str, origin: str = "method") -> EnvironmentSpec:
+    """Return the environment registered as ``method`` (case-insensitive).
+
+    Args:
+        method: the method's name.
+        origin: where the name came from (``"method"``, the argument, or
+            ``"DISTCOMM_INIT_METHOD"``), for the message.
+    """
     specs = _registered()
     if not isinstance(method, str):
         raise InvalidArgumentError(
@@ -121,9 +131,11 @@ def _spec(method: str) -> EnvironmentSpec:
         )
     spec = specs.get(method.strip().lower())
     if spec is None:
+        where = "" if origin == "method" else f" (from {origin})"
         suggestion = did_you_mean(method.strip(), specs)
         hint = suggestion or f"use one of {', '.join(sorted(specs))}."
         raise InvalidArgumentError(
-            f"unknown launch method {method!r}; available: {', '.join(sorted(specs))}. HINT: {hint}"
+            f"unknown launch method {method!r}{where}; available: {', '.join(sorted(specs))}. "
+            f"HINT: {hint}"
         )
     return spec

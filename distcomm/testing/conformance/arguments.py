@@ -1,4 +1,4 @@
-"""Checks of the getters and of argument validation.
+"""Checks of the getters and of argument validation (docs/errors.md lists the messages).
 
 Invalid arguments raise InvalidArgumentError (a ValueError) on the rank that passed them, before
 anything is sent, so every check here may call with bad arguments on some ranks only.
@@ -13,7 +13,16 @@ import distcomm
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator
 from distcomm.testing.conformance.registry import check
-from distcomm.testing.conformance.support import cases, comm, empty, expect, make, raises
+from distcomm.testing.conformance.support import (
+    cases,
+    comm,
+    empty,
+    expect,
+    libraries,
+    make,
+    raises,
+    values_of,
+)
 
 
 @check
@@ -174,3 +183,92 @@ def not_a_tensor() -> None:
         raises(InvalidArgumentError, distcomm.all_gather, [bad] * world, bad)
         if world > 1:
             raises(InvalidArgumentError, distcomm.send, bad, 1 % world)
+
+
+
+@check
+def unknown_reduce_op() -> None:
+    """A misspelt op names itself, every accepted spelling, a did-you-mean and a HINT."""
+    from distcomm.protocol import _OP_NAMES  # every spelling ReduceOp.coerce accepts
+
+    world = distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d == "float32"):
+        t = make(lib, dtype, [1.0] * world)
+        for fn, args in (
+            (distcomm.all_reduce, (t,)),
+            (distcomm.reduce, (t,)),
+            (distcomm.reduce_scatter_tensor, (empty(lib, dtype, (1,)), t)),
+            (distcomm.all_reduce, (1.5,)),
+        ):
+            message = str(raises(InvalidArgumentError, fn, *args, op="summ"))
+            expect(
+                "'summ'" in message and "did you mean 'sum'?" in message and "HINT:" in message,
+                f"{fn.__name__}(op='summ'): no value, did-you-mean or HINT: {message}",
+            )
+            missing = [a for a in _OP_NAMES if repr(a) not in message and a.upper() not in message]
+            expect(
+                not missing and "torch.distributed.ReduceOp" in message,
+                f"{fn.__name__}(op='summ'): the message omits accepted ops {missing}: {message}",
+            )
+        expect(values_of(t) == [1.0] * world, f"a refused op changed the tensor: {values_of(t)}")
+    expect(distcomm.all_reduce(1) == world, "the ranks are out of step after refused ops")
+
+
+@check
+def unsupported_dtypes() -> None:
+    """Complex and object arrays are refused, naming the dtype, the valid ones and a HINT."""
+    world = distcomm.get_world_size()
+    bad = [(lib, "complex64") for lib in libraries()]
+    bad += [("numpy", "object")] if "numpy" in libraries() else []
+    bad += [("torch", "complex128")] if "torch" in libraries() else []
+    for lib, dtype in bad:
+        x = make(lib, dtype, [1, 2])
+        calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
+            (distcomm.all_reduce, (x,)),
+            (distcomm.broadcast, (x,)),
+            (distcomm.reduce, (x,)),
+            (distcomm.all_gather, ([make(lib, dtype, [1, 2]) for _ in range(world)], x)),
+            (distcomm.all_gather_into_tensor, (make(lib, dtype, [0, 0] * world), x)),
+        ]
+        if comm().capabilities.p2p and world > 1:
+            calls.append((distcomm.send, (x, 1)))
+        for fn, args in calls:
+            message = str(raises(InvalidArgumentError, fn, *args))
+            expect(
+                "unsupported dtype" in message
+                and (repr(x.dtype) in message or str(x.dtype) in message)
+                and "float32" in message
+                and "HINT:" in message,
+                f"{fn.__name__} of a {lib} {dtype} array: the message lacks the dtype, the valid "
+                f"dtypes or a HINT: {message}",
+            )
+    expect(distcomm.all_reduce(1) == world, "the ranks are out of step after refused dtypes")
+
+
+@check
+def scatter_lists_of_the_wrong_length() -> None:
+    """scatter / scatter_object on src with a list that is not one per rank raise, naming both
+    lengths, before anything is sent (the other ranks are not left waiting)."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    if rank == 0:
+        for lib, dtype in cases(lambda d: d == "float32"):
+            t = make(lib, dtype, [1.0])
+            for length in (world - 1, world + 1):
+                parts = [make(lib, dtype, [1.0]) for _ in range(length)]
+                message = str(raises(InvalidArgumentError, distcomm.scatter, t, parts, src=0))
+                expect(
+                    f"list of {world} tensors" in message
+                    and f"got {length}" in message
+                    and "HINT:" in message,
+                    f"scatter with {length} tensors in a world of {world}: {message}",
+                )
+        for length in (world - 1, world + 1):
+            message = str(raises(InvalidArgumentError, distcomm.scatter_object, [1] * length))
+            expect(
+                f"list of {world} objects" in message
+                and f"got {length}" in message
+                and "HINT:" in message,
+                f"scatter_object of {length} objects in a world of {world}: {message}",
+            )
+    got = distcomm.scatter_object([f"r{r}" for r in range(world)] if rank == 0 else None)
+    expect(got == f"r{rank}", f"scatter_object after refused lists gave {got!r} on rank {rank}")
