@@ -99,18 +99,27 @@ def mpirun() -> str:
     return _mpirun()
 
 
+#: What an MPICH job ended by MPI_Abort leaves behind: its shared-memory segment, and the
+#: topology file of its launcher (hydra).
+MPICH_LEFTOVERS = ("/dev/shm/mpich_shm_*", "/tmp/hydra_hwloc_xmlfile_*")
+
+
+def mpich_leftovers() -> set[Path]:
+    """The files of :data:`MPICH_LEFTOVERS` there are now."""
+    return {path for pattern in MPICH_LEFTOVERS for path in Path("/").glob(pattern[1:])}
+
+
 @pytest.fixture
 def aborted_mpich_job() -> Iterator[None]:
     """For tests that end an MPI job with MPI_Abort on purpose: the ranks die before MPICH
-    unlinks its shared-memory segment, so remove the ``/dev/shm/mpich_shm_*`` they created."""
-    from pathlib import Path
-
-    before = set(Path("/dev/shm").glob("mpich_shm_*"))
+    unlinks its shared-memory segment, and its launcher leaves a topology file in /tmp; remove
+    those the test created."""
+    before = mpich_leftovers()
     try:
         yield
     finally:
-        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
-            segment.unlink(missing_ok=True)
+        for leftover in mpich_leftovers() - before:
+            leftover.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -129,7 +138,7 @@ def scenario_worlds(
     def get(backend: str) -> dict[str, list[Any]]:
         if backend not in cache:
             workdir = str(tmp_path_factory.mktemp(f"scenarios-{backend}"))
-            before, shm = multirank.shm_files(), set(Path("/dev/shm").glob("mpich_shm_*"))
+            before, mpich = multirank.shm_files(), mpich_leftovers()
             names = list(multirank.SCENARIOS)
             try:
                 if backend == "threads":
@@ -143,8 +152,8 @@ def scenario_worlds(
             except BaseException as exc:
                 cache[backend] = exc
             finally:
-                for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - shm:
-                    segment.unlink(missing_ok=True)  # left by a failed MPI job
+                for leftover in mpich_leftovers() - mpich:
+                    leftover.unlink(missing_ok=True)  # left by a failed MPI job
         found = cache[backend]
         if isinstance(found, BaseException):
             raise found

@@ -36,6 +36,7 @@ from distcomm.errors import (
     DistcommError,
     DistcommWarning,
     DistTimeoutError,
+    EngineError,
     EnvironmentDetectionError,
     InvalidArgumentError,
     NotInitializedError,
@@ -65,6 +66,7 @@ from distcomm.lifecycle import (
 )
 from distcomm.protocol import NON_MEMBER, Communicator, ReduceOp, Work
 from distcomm.specs import BackendSpec, Capabilities, EnvironmentSpec
+from distcomm.work import BaseWork
 
 __version__ = "0.1.0"
 
@@ -75,12 +77,14 @@ __all__ = [
     "BackendSpec",
     "BackendUnavailableError",
     "BaseCommunicator",
+    "BaseWork",
     "Capabilities",
     "Communicator",
     "DistContext",
     "DistTimeoutError",
     "DistcommError",
     "DistcommWarning",
+    "EngineError",
     "EnvironmentDetectionError",
     "EnvironmentSpec",
     "InvalidArgumentError",

@@ -27,11 +27,12 @@ from distcomm.errors import (
     InvalidArgumentError,
     NotSupportedError,
 )
+from distcomm.failures import Failures
 from distcomm.primitives import Primitives
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 from distcomm.specs import Capabilities
 from distcomm.staging import Staged, stage
-from distcomm.work import ChainedWork, CompletedWork
+from distcomm.work import BaseWork, CompletedWork, PendingWorks, WrappedWork, retained
 
 if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
@@ -43,8 +44,13 @@ _DONE = CompletedWork()
 _TYPED_OPS = (ReduceOp.AVG, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
-class BaseCommunicator(ArgumentChecks, Primitives):
+class BaseCommunicator(ArgumentChecks, Failures, Primitives):
     """Template for backends; see the module docstring.
+
+    ``seq`` counts the collectives called on this communicator that passed validation (object
+    collectives, ``new_group`` and ``split`` count once each; point-to-point messages do not):
+    it is the same on every member, and timeouts and failures name operations by it. ``op`` is
+    the name of the latest of them.
 
     Args:
         rank: this process's rank in the communicator.
@@ -81,7 +87,10 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self.timeout = float(timeout)
         self.name = name
         self.seq = 0
+        self.op = ""
         self.unusable: str | None = None
+        #: The Works handed to the caller that may not have completed.
+        self._pending = PendingWorks()
         self._warned_staging = False
         self._native_dtypes = self.capabilities.dtypes
         self._native_ops = tuple(op for op in ReduceOp if op.name in self.capabilities.reduce_ops)
@@ -145,6 +154,8 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         adapter, dtype = self._begin(tensor, "tensor", adapter)
         if op in _TYPED_OPS:
             check_op_dtype(op, dtype)
+        self.seq += 1
+        self.op = "all_reduce"
         if self._world_size == 1:
             return _DONE if async_op else None
         if (
@@ -152,7 +163,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             and adapter.is_plain(tensor, self.devices)
             and op in self._native_ops
         ):
-            return self._complete(self._all_reduce(tensor, op, async_op), async_op)
+            return self._complete(self._all_reduce(tensor, op, async_op), async_op, tensor)
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
         if engine_op in self._native_ops:
             work = self._all_reduce(staged.engine, engine_op, async_op)
@@ -165,10 +176,11 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(src, "src")
+        self._count("broadcast")
         if self._world_size == 1:
             return _DONE if async_op else None
         if dtype in self._native_dtypes and adapter.is_plain(tensor, self.devices):
-            return self._complete(self._broadcast(tensor, src, async_op), async_op)
+            return self._complete(self._broadcast(tensor, src, async_op), async_op, tensor)
         staged = self._stage(adapter, tensor, dtype)
         work = self._broadcast(staged.engine, src, async_op)
         return self._finish(work, async_op, staged)
@@ -181,6 +193,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         adapter, dtype = self._begin(tensor, "tensor")
         check_op_dtype(op, dtype)
         self._check_rank(dst, "dst")
+        self._count("reduce")
         if self._world_size == 1:
             return _DONE if async_op else None
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
@@ -199,13 +212,14 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         """Gather every rank's ``tensor`` into ``tensor_list`` (one per rank) on every rank."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
+        self._count("all_gather")
         if self._world_size == 1:
             adapter.copy_(tensor_list[0], tensor)
             return _DONE if async_op else None
         staged = self._stage(adapter, tensor, dtype)
         out = adapter.empty(staged.engine, adapter.numel(tensor) * self._world_size)
         work = self._all_gather_into(out, staged.engine, async_op)
-        return self._finish_split(work, async_op, adapter, out, tensor_list)
+        return self._finish_split(work, async_op, staged, out, tensor_list)
 
     def all_gather_into_tensor(
         self, output_tensor: Any, input_tensor: Any, async_op: bool = False
@@ -219,13 +233,14 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             dtype,
             adapter.numel(input_tensor) * self._world_size,
         )
+        self._count("all_gather_into_tensor")
         if self._world_size == 1:
             adapter.copy_(output_tensor, input_tensor)
             return _DONE if async_op else None
         staged_in = self._stage(adapter, input_tensor, dtype, "input_tensor")
         staged_out = self._stage(adapter, output_tensor, dtype, "output_tensor")
         work = self._all_gather_into(staged_out.engine, staged_in.engine, async_op)
-        return self._finish(work, async_op, staged_out)
+        return self._finish(work, async_op, staged_out, None, staged_in)
 
     def reduce_scatter_tensor(
         self, output: Any, input: Any, op: Any = ReduceOp.SUM, async_op: bool = False
@@ -242,6 +257,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
                 "world_size x output's",
                 adapter.numel(output) * self._world_size,
             )
+        self._count("reduce_scatter_tensor")
         if self._world_size == 1:
             adapter.copy_(output, input)
             return _DONE if async_op else None
@@ -257,7 +273,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             chunk = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
             adapter.copy_(staged_out.engine, chunk)
             work = None
-        return self._finish(work, async_op, staged_out, divide)
+        return self._finish(work, async_op, staged_out, divide, staged_in)
 
     def gather(
         self,
@@ -272,18 +288,18 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self._check_root_list(
             gather_list, "gather_list", dst, "dst", adapter, dtype, adapter.numel(tensor)
         )
+        self._count("gather")
         if self._world_size == 1:
             assert gather_list is not None
             adapter.copy_(gather_list[0], tensor)
             return _DONE if async_op else None
         staged = self._stage(adapter, tensor, dtype)
-        out = None
-        if gather_list is not None:
-            out = adapter.empty(staged.engine, adapter.numel(tensor) * self._world_size)
-        work = self._gather(out, staged.engine, dst, async_op)
         if gather_list is None:
-            return self._finish(work, async_op)
-        return self._finish_split(work, async_op, adapter, out, gather_list)
+            staged.copied = False  # nothing comes back to a rank that is not dst
+            return self._finish(self._gather(None, staged.engine, dst, async_op), async_op, staged)
+        out = adapter.empty(staged.engine, adapter.numel(tensor) * self._world_size)
+        work = self._gather(out, staged.engine, dst, async_op)
+        return self._finish_split(work, async_op, staged, out, gather_list)
 
     def scatter(
         self,
@@ -298,6 +314,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self._check_root_list(
             scatter_list, "scatter_list", src, "src", adapter, dtype, adapter.numel(tensor)
         )
+        self._count("scatter")
         if self._world_size == 1:
             assert scatter_list is not None
             adapter.copy_(tensor, scatter_list[0])
@@ -311,7 +328,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             for r, part in enumerate(scatter_list):
                 adapter.copy_(flat[r * numel : (r + 1) * numel], part)
         work = self._scatter(staged.engine, full, src, async_op)
-        return self._finish(work, async_op, staged)
+        return self._finish(work, async_op, staged, None, full)
 
     def all_to_all_single(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
         """Split ``input`` into world_size chunks; chunk r goes to rank r's ``output`` slot."""
@@ -320,21 +337,22 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         if numel % self._world_size:
             raise self._size_error("input", numel, "a multiple of world_size", self._world_size)
         self._check_pair(output, "output", adapter, dtype, numel)
+        self._count("all_to_all_single")
         if self._world_size == 1:
             adapter.copy_(output, input)
             return _DONE if async_op else None
         staged_in = self._stage(adapter, input, dtype, "input")
         staged_out = self._stage(adapter, output, dtype, "output")
         work = self._all_to_all(staged_out.engine, staged_in.engine, async_op)
-        return self._finish(work, async_op, staged_out)
+        return self._finish(work, async_op, staged_out, None, staged_in)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank has reached the barrier."""
         self._check_usable()
+        self._count("barrier")
         if self._world_size == 1:
             return _DONE if async_op else None
-        self.seq += 1
-        return self._finish(self._barrier(async_op), async_op)
+        return self._complete(self._barrier(async_op), async_op)
 
     # -- point to point ----------------------------------------------------------------------
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
@@ -355,7 +373,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self._check_tag(tag)
         self._check_p2p("isend")
         staged = self._stage(adapter, tensor, dtype)
-        return self._isend(staged.engine, dst, tag)
+        return self._handed(self._isend(staged.engine, dst, tag), (tensor, staged.engine), None)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's ``source`` is the sender once complete."""
@@ -371,37 +389,29 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self._check_p2p("irecv")
         staged = self._stage(adapter, tensor, dtype)
         work = self._irecv(staged.engine, src, tag)
-        return ChainedWork(work, staged.write_back) if staged.copied else work
+        after = staged.write_back if staged.copied else None
+        return self._handed(work, (tensor, staged.engine), after)
 
     # -- objects -----------------------------------------------------------------------------
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
         self._check_usable()
         self._check_rank(src, "src")
-        return (
-            obj
-            if self._world_size == 1
-            else objects.broadcast_object(self._object_channel(), obj, src)
-        )
+        channel = self._objects("broadcast_object")
+        return obj if channel is None else objects.broadcast_object(channel, obj, src)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
         self._check_usable()
-        return (
-            [obj]
-            if self._world_size == 1
-            else objects.all_gather_object(self._object_channel(), obj)
-        )
+        channel = self._objects("all_gather_object")
+        return [obj] if channel is None else objects.all_gather_object(channel, obj)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
         self._check_usable()
         self._check_rank(dst, "dst")
-        return (
-            [obj]
-            if self._world_size == 1
-            else objects.gather_object(self._object_channel(), obj, dst)
-        )
+        channel = self._objects("gather_object")
+        return [obj] if channel is None else objects.gather_object(channel, obj, dst)
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
@@ -409,14 +419,27 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         self._check_rank(src, "src")
         if self._rank == src:
             objects.check_scatter_list(objs, self._world_size)
-        if self._world_size == 1:
+        channel = self._objects("scatter_object")
+        if channel is None:
             assert objs is not None
             return objs[0]
-        return objects.scatter_object(self._object_channel(), objs, src)
+        return objects.scatter_object(channel, objs, src)
 
     def _object_channel(self) -> BaseCommunicator:
         """The communicator object bytes travel on (a GPU engine returns a CPU side channel)."""
         return self
+
+    def _objects(self, op: str) -> BaseCommunicator | None:
+        """Count object collective ``op`` here (and on the object channel); return the channel
+        its bytes travel on, or None in a world of 1."""
+        self._count(op)
+        if self._world_size == 1:
+            return None
+        channel = self._object_channel()
+        if channel is not self:
+            channel._check_usable()
+            channel._count(op)
+        return channel
 
     # -- groups ------------------------------------------------------------------------------
     def new_group(self, ranks: Sequence[int]) -> Communicator | NonMember:
@@ -425,8 +448,10 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         Members are numbered in ascending order of their rank here; other ranks get
         :data:`~distcomm.NON_MEMBER`. Every rank must pass the same ranks.
         """
+        self._check_usable()
         members = self._check_members(ranks)
-        seen = self.all_gather_object(members)
+        channel = self._objects("new_group")
+        seen = [members] if channel is None else objects.all_gather_object(channel, members)
         for r, other in enumerate(seen):
             if other != members:
                 raise InvalidArgumentError(
@@ -438,6 +463,7 @@ class BaseCommunicator(ArgumentChecks, Primitives):
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember:
         """Split into sub-communicators by ``color`` (None: not a member), ordered by ``key``."""
+        self._check_usable()
         if color is not None and (
             not isinstance(color, int) or isinstance(color, bool) or color < 0
         ):
@@ -447,7 +473,9 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             )
         if key is not None and (not isinstance(key, int) or isinstance(key, bool)):
             raise InvalidArgumentError(f"split: key {key!r} must be an int or None (None: by rank)")
-        entries = self.all_gather_object((color, self._rank if key is None else key))
+        mine = (color, self._rank if key is None else key)
+        channel = self._objects("split")
+        entries = [mine] if channel is None else objects.all_gather_object(channel, mine)
         colors = sorted({c for c, _ in entries if c is not None})
         groups = [
             tuple(
@@ -477,10 +505,28 @@ class BaseCommunicator(ArgumentChecks, Primitives):
         )
 
     def finalize(self) -> None:
-        """Release the engine's resources for this communicator. Idempotent."""
-        if self.unusable != "finalized":
+        """Release the engine's resources for this communicator. Idempotent.
+
+        Waits (up to the timeout) for the Works handed out that have not completed; if one
+        still has not, the engine may yet use its memory and the communicator, so both are
+        kept until the process exits instead of freed (with a warning).
+        """
+        if self.unusable == "finalized":
+            return
+        left = self._pending.settle(self.timeout if self.unusable is None else 0.0)
+        if left:
+            retained().append(self)
+            warnings.warn(
+                f"finalize: {len(left)} operation(s) on {self.describe()} had not completed "
+                f"({', '.join(map(repr, left))}); the engine may still use their memory, so the "
+                "communicator and their buffers are kept until the process exits. HINT: wait() "
+                "for every Work before finalize().",
+                DistcommWarning,
+                stacklevel=2,
+            )
+        else:
             self._finalize()
-            self.unusable = "finalized"
+        self.unusable = "finalized"
 
     # -- helpers -----------------------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -495,8 +541,12 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             self._check_usable()
         if adapter is None:
             adapter = adapter_for(x, what)
-        self.seq += 1
         return adapter, adapter.dtype(x)
+
+    def _count(self, op: str) -> None:
+        """Count collective ``op``, which passed validation (see the class docstring)."""
+        self.seq += 1
+        self.op = op
 
     def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
         return stage(
@@ -533,43 +583,48 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             op, divide = ReduceOp.SUM, self._world_size
         return staged, op, divide
 
-    @staticmethod
-    def _complete(work: Work | None, async_op: bool) -> Work | None:
-        if async_op:
-            return work if work is not None else _DONE
-        if work is not None:
-            work.wait()
-        return None
+    def _complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
+        """A primitive's outcome for the caller: waited for, or (async) a Work owning ``keep``."""
+        if not async_op:
+            if work is not None:
+                work.wait()
+            return None
+        return self._handed(work, keep, None)
 
     def _finish(
         self,
         work: Work | None,
         async_op: bool,
-        staged: Staged | None = None,
+        staged: Staged,
         divide: int | None = None,
+        *keep: Any,
     ) -> Work | None:
+        """As :meth:`_complete`, then copy the result back into the caller's tensor where it was
+        staged (and divide an emulated AVG)."""
         after: Callable[[], None] | None = None
-        if divide is not None and staged is not None:
+        if divide is not None:
             engine, adapter = staged.engine, staged.adapter
 
             def after() -> None:
                 adapter.divide_(engine, divide)
                 staged.write_back()
 
-        elif staged is not None and staged.copied:
+        elif staged.copied:
             after = staged.write_back
-        if after is None:
-            return self._complete(work, async_op)
         if async_op:
-            return ChainedWork(work if work is not None else _DONE, after)
+            return self._handed(work, (staged.user, staged.engine, *keep), after)
         if work is not None:
             work.wait()
-        after()
+        if after is not None:
+            after()
         return None
 
     def _finish_split(
-        self, work: Work | None, async_op: bool, adapter: Adapter, out: Any, parts: list[Any]
+        self, work: Work | None, async_op: bool, staged: Staged, out: Any, parts: list[Any]
     ) -> Work | None:
+        """As :meth:`_complete`, then copy the chunks of ``out`` into ``parts``."""
+        adapter = staged.adapter
+
         def after() -> None:
             flat = adapter.flat(out)
             numel = adapter.numel(out) // len(parts)
@@ -577,11 +632,26 @@ class BaseCommunicator(ArgumentChecks, Primitives):
                 adapter.copy_(part, flat[r * numel : (r + 1) * numel])
 
         if async_op:
-            return ChainedWork(work if work is not None else _DONE, after)
+            return self._handed(work, (staged.user, staged.engine, out, *parts), after)
         if work is not None:
             work.wait()
         after()
         return None
+
+    def _handed(
+        self, work: Work | None, keep: tuple[Any, ...], after: Callable[[], None] | None
+    ) -> BaseWork:
+        """The Work the caller gets: it owns ``keep`` and runs ``after`` once complete."""
+        if work is None:
+            if after is not None:
+                after()
+            return _DONE
+        handed = work if isinstance(work, BaseWork) else WrappedWork(self, work)
+        handed.own(*keep)
+        if after is not None:
+            handed.then(after)
+        self._pending.add(handed)
+        return handed
 
     def _check_p2p(self, op: str) -> None:
         if not self.capabilities.p2p:
@@ -602,6 +672,8 @@ class BaseCommunicator(ArgumentChecks, Primitives):
             )
 
     def _all_reduce_number(self, value: int | float, op: ReduceOp) -> int | float:
-        if self._world_size == 1:
+        self._check_usable()
+        channel = self._objects("all_reduce")
+        if channel is None:
             return value / 1 if op is ReduceOp.AVG else value
-        return objects.reduce_numbers(self.all_gather_object(value), op)
+        return objects.reduce_numbers(objects.all_gather_object(channel, value), op)

@@ -17,9 +17,12 @@ __all__ = [
     "DistTimeoutError",
     "DistcommError",
     "DistcommWarning",
+    "EngineError",
     "EnvironmentDetectionError",
     "InvalidArgumentError",
     "NotInitializedError",
+    "NotSupportedError",
+    "OperationError",
     "PluginConflictError",
     "RankFailedError",
 ]
@@ -72,14 +75,16 @@ class NotSupportedError(DistcommError, NotImplementedError):
     messages on linklink."""
 
 
-class DistTimeoutError(DistcommError, TimeoutError):
-    """An operation did not complete within its timeout.
+class OperationError(DistcommError):
+    """An operation on a communicator failed; base of DistTimeoutError and EngineError.
 
     Attributes:
         op: the operation's name, e.g. ``"all_reduce"``.
-        seq: the operation's sequence number on its communicator, when known.
+        seq: the operation's sequence number on its communicator (the count of collectives
+            there, the same on every member), when known.
         group: a description of the communicator.
-        missing_ranks: ranks (of that communicator) that had not joined, when known.
+        missing_ranks: ranks (of that communicator) that had not reached the operation, when
+            known; None when distcomm could not find out.
     """
 
     def __init__(
@@ -96,6 +101,15 @@ class DistTimeoutError(DistcommError, TimeoutError):
         self.seq = seq
         self.group = group
         self.missing_ranks = tuple(missing_ranks) if missing_ranks is not None else None
+
+
+class DistTimeoutError(OperationError, TimeoutError):
+    """An operation did not complete within its timeout (see OperationError's attributes)."""
+
+
+class EngineError(OperationError, RuntimeError):
+    """The engine failed an operation (a peer went away, a transport error); the engine's own
+    exception is the ``__cause__`` (see OperationError's attributes)."""
 
 
 class RankFailedError(DistcommError):

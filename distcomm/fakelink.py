@@ -22,17 +22,12 @@ from typing import Any
 from distcomm.arrays import adapter_for
 from distcomm.base import BaseCommunicator
 from distcomm.environment.info import LaunchInfo
-from distcomm.errors import (
-    BackendUnavailableError,
-    DistcommError,
-    DistTimeoutError,
-    InvalidArgumentError,
-)
+from distcomm.errors import BackendUnavailableError, DistcommError, InvalidArgumentError
 from distcomm.hookspecs import hookimpl
 from distcomm.protocol import NON_MEMBER, Communicator, NonMember, ReduceOp, Work
 from distcomm.registry import Registry
 from distcomm.specs import BackendSpec, Capabilities
-from distcomm.work import CompletedWork
+from distcomm.work import BaseWork, CompletedWork
 
 __all__ = ["Fabric", "FabricAborted", "FakeLinkCommunicator", "distcomm_register_backends"]
 
@@ -75,6 +70,7 @@ class Fabric:
         self._messages: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
         self._posted: dict[tuple[int, int], list[_Recv]] = {}
         self._uids = itertools.count(1)
+        self._members: dict[int, dict[int, FakeLinkCommunicator]] = {}
 
     def new_uid(self) -> int:
         return next(self._uids)
@@ -86,10 +82,12 @@ class Fabric:
                 self.failure = reason
             self.cond.notify_all()
 
-    def wait(
-        self, ready: Callable[[], bool], timeout: float | None, on_timeout: Callable[[], Exception]
-    ) -> None:
-        """Block until ``ready()`` (called under the lock), an abort, or the timeout."""
+    def wait(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Block until ``ready()`` (called under the lock); False once ``timeout`` passed.
+
+        Raises:
+            FabricAborted: another rank failed, or the run was stopped.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
             while not ready():
@@ -97,8 +95,19 @@ class Fabric:
                     raise FabricAborted(self.failure)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise on_timeout()
+                    return False
                 self.cond.wait(remaining)
+        return True
+
+    def register(self, uid: int, rank: int, comm: FakeLinkCommunicator) -> None:
+        """Record ``comm`` as rank ``rank`` of communicator ``uid`` (for :meth:`progress`)."""
+        with self.cond:
+            self._members.setdefault(uid, {})[rank] = comm
+
+    def progress(self, uid: int) -> dict[int, int]:
+        """The sequence number each rank of communicator ``uid`` has reached."""
+        with self.cond:
+            return {rank: comm.seq for rank, comm in self._members.get(uid, {}).items()}
 
     def join(
         self,
@@ -133,14 +142,10 @@ class Fabric:
                         slot.result = compute(slot.inputs)
                     except Exception as exc:
                         slot.error = exc
+                slot.inputs = {}  # every rank's buffers: each rank's Work lets go of its own
                 slot.done = True
                 self.cond.notify_all()
             return slot
-
-    def missing(self, uid: int, seq: int, size: int) -> list[int]:
-        with self.cond:
-            slot = self._slots.get((uid, seq))
-            return [r for r in range(size) if slot is None or r not in slot.inputs]
 
     def post_send(self, uid: int, src: int, dst: int, tag: int, data: Any) -> None:
         with self.cond:
@@ -179,51 +184,57 @@ def _deliver(req: _Recv, src: int, data: Any) -> None:
     req.done = True
 
 
-class _SlotWork:
-    def __init__(self, comm: FakeLinkCommunicator, slot: _Slot, seq: int) -> None:
-        self._comm, self._slot, self._seq = comm, slot, seq
+class _SlotWork(BaseWork):
+    def __init__(self, comm: FakeLinkCommunicator, slot: _Slot, inputs: tuple[Any, ...]) -> None:
+        super().__init__(comm, *inputs)
+        self._fabric, self._slot = comm.fabric, slot
 
-    def wait(self, timeout: float | None = None) -> bool:
-        comm, slot = self._comm, self._slot
-        limit = comm.timeout if timeout is None else timeout
-        comm.fabric.wait(
-            lambda: slot.done, limit, lambda: comm.timeout_error(slot.op, self._seq, limit)
-        )
+    def _test(self) -> bool:
+        if self._slot.error is not None:
+            raise self._slot.error
+        return self._slot.done
+
+    def _block(self, timeout: float | None) -> bool:
+        slot = self._slot
+        limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
+        if not self._fabric.wait(lambda: slot.done, limit):
+            return False
         if slot.error is not None:
             raise slot.error
         return True
 
-    def is_completed(self) -> bool:
-        return self._slot.done
 
-
-class _RecvWork:
+class _RecvWork(BaseWork):
     def __init__(self, comm: FakeLinkCommunicator, req: _Recv) -> None:
-        self._comm, self._req = comm, req
+        super().__init__(comm, req.target, op="recv", seq=None)
+        self._fabric, self._req, self._world = comm.fabric, req, comm.world_size
 
     @property
     def source(self) -> int | None:
         return self._req.source
 
-    def wait(self, timeout: float | None = None) -> bool:
-        comm, req = self._comm, self._req
-        if not req.done and comm.world_size == 1:
+    def _test(self) -> bool:
+        if self._req.error is not None:
+            raise self._req.error
+        return self._req.done
+
+    def _block(self, timeout: float | None) -> bool:
+        req = self._req
+        if not req.done and self._world == 1:
             raise InvalidArgumentError(
                 "recv in a world of 1 with no message sent to this rank can never complete. "
                 "HINT: isend to yourself first, or run several ranks (testing.run_threads)."
             )
-        limit = comm.timeout if timeout is None else timeout
-        comm.fabric.wait(
-            lambda: req.done,
-            limit,
-            lambda: comm.timeout_error(f"recv(src={req.src}, tag={req.tag})", None, limit),
-        )
+        limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
+        if not self._fabric.wait(lambda: req.done, limit):
+            return False
         if req.error is not None:
             raise req.error
         return True
 
-    def is_completed(self) -> bool:
-        return self._req.done
+    def _waiting_for(self) -> str:
+        sender = "any rank" if self._req.src is None else f"rank {self._req.src}"
+        return f"no message from {sender} with tag {self._req.tag} arrived"
 
 
 class FakeLinkCommunicator(BaseCommunicator):
@@ -238,25 +249,18 @@ class FakeLinkCommunicator(BaseCommunicator):
         self.fabric = fabric
         self.uid = uid
         self._collectives = 0
+        fabric.register(uid, self.rank, self)
 
     @property
     def native(self) -> Fabric:
         return self.fabric
 
-    def timeout_error(self, op: str, seq: int | None, limit: float) -> DistTimeoutError:
-        """Mark this communicator unusable, as a real engine's would be, and return the error."""
-        self.unusable = f"{op} (operation #{seq}) timed out after {limit:g} s"
-        missing = self.fabric.missing(self.uid, seq, self.world_size) if seq is not None else None
-        waiting = f"; ranks not yet joined: {missing}" if missing else ""
-        return DistTimeoutError(
-            f"{op} (operation #{seq}) on {self.describe()} did not complete within "
-            f"{limit:g} s{waiting}. HINT: a rank is stuck or skipped this call; raise the "
-            "timeout with init(timeout=...) or DISTCOMM_TIMEOUT if it is merely slow.",
-            op=op,
-            seq=seq,
-            group=self.describe(),
-            missing_ranks=missing,
-        )
+    def _peer_progress(self) -> dict[int, int]:
+        return self.fabric.progress(self.uid)
+
+    def _abort_job(self, message: str) -> None:
+        """Thread-ranks end their fabric, never the process: every rank waiting in it stops."""
+        self.fabric.abort(message)
 
     def _collective(
         self,
@@ -268,7 +272,7 @@ class FakeLinkCommunicator(BaseCommunicator):
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, op, inputs, compute)
-        work = _SlotWork(self, slot, seq)
+        work = _SlotWork(self, slot, inputs)
         if async_op:
             return work
         work.wait()
@@ -367,7 +371,7 @@ class FakeLinkCommunicator(BaseCommunicator):
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, "split", (), compute)
-        _SlotWork(self, slot, seq).wait()
+        _SlotWork(self, slot, ()).wait()
         if index is None:
             return NON_MEMBER
         members = groups[index]

@@ -1,6 +1,8 @@
 """Object collectives, written once over any communicator's byte collectives.
 
-Objects are pickled with protocol 5; out-of-band buffers (numpy arrays, bytearrays, anything
+They run on the primitives of the communicator's object channel (a CPU side channel on GPU
+engines): the public object collective counts as one operation. Objects are pickled with
+protocol 5; out-of-band buffers (numpy arrays, bytearrays, anything
 exposing ``PickleBuffer``) are packed after the pickle stream at 64-byte aligned offsets, and the
 receiver unpickles them as views of one received buffer: no second copy, and no size limit beyond
 memory. Each collective costs two engine operations: the sizes, then the payload.
@@ -20,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distcomm.errors import InvalidArgumentError
-from distcomm.protocol import ReduceOp
+from distcomm.protocol import ReduceOp, Work
 
 if TYPE_CHECKING:
     from distcomm.base import BaseCommunicator
@@ -81,10 +83,10 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
     if comm.rank == src:
         payload = pack(obj)
         _SIZE.pack_into(size, 0, len(payload))
-    comm.broadcast(size, src)
+    _done(comm._broadcast(size, src, False))
     if comm.rank != src:
         payload = bytearray(_SIZE.unpack(size)[0])
-    comm.broadcast(payload, src)
+    _done(comm._broadcast(payload, src, False))
     return obj if comm.rank == src else unpack(memoryview(payload))
 
 
@@ -95,7 +97,7 @@ def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
     width = max(sizes)
     payload.extend(bytes(width - len(payload)))
     out = bytearray(width * comm.world_size)
-    comm.all_gather_into_tensor(out, payload)
+    _done(comm._all_gather_into(out, payload, False))
     return _unpack_all(out, sizes, width)
 
 
@@ -105,27 +107,26 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
     sizes = _exchange_sizes(comm, len(payload))
     width = max(sizes)
     payload.extend(bytes(width - len(payload)))
-    if comm.rank != dst:
-        comm.gather(payload, None, dst)
-        return None
-    parts = [bytearray(width) for _ in range(comm.world_size)]
-    comm.gather(payload, parts, dst)
-    return [unpack(memoryview(part)[:size]) for part, size in zip(parts, sizes, strict=True)]
+    out = bytearray(width * comm.world_size) if comm.rank == dst else None
+    _done(comm._gather(out, payload, dst, False))
+    return None if out is None else _unpack_all(out, sizes, width)
 
 
 def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int) -> Any:
     """``objs[rank]`` from ``src`` on every rank."""
     size = bytearray(8)
-    parts: list[bytearray] | None = None
+    full: bytearray | None = None
     if comm.rank == src:
         assert objs is not None
         payloads = [pack(o) for o in objs]
         width = max(len(p) for p in payloads)
-        parts = [p + bytes(width - len(p)) for p in payloads]
+        full = bytearray(width * len(payloads))
+        for r, p in enumerate(payloads):
+            full[r * width : r * width + len(p)] = p
         _SIZE.pack_into(size, 0, width)
-    comm.broadcast(size, src)
+    _done(comm._broadcast(size, src, False))
     mine = bytearray(_SIZE.unpack(size)[0])
-    comm.scatter(mine, parts, src)
+    _done(comm._scatter(mine, full, src, False))
     return unpack(memoryview(mine))
 
 
@@ -143,8 +144,14 @@ def _exchange_sizes(comm: BaseCommunicator, size: int) -> list[int]:
     mine = bytearray(8)
     _SIZE.pack_into(mine, 0, size)
     every = bytearray(8 * comm.world_size)
-    comm.all_gather_into_tensor(every, mine)
+    _done(comm._all_gather_into(every, mine, False))
     return list(struct.unpack(f"<{comm.world_size}q", every))
+
+
+def _done(work: Work | None) -> None:
+    """Wait for a primitive's outcome (called blocking, it may still hand back a Work)."""
+    if work is not None:
+        work.wait()
 
 
 def _unpack_all(out: bytearray, sizes: list[int], width: int) -> list[Any]:

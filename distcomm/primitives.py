@@ -12,10 +12,12 @@ Every backend moves uint8 natively: object collectives, ``new_group`` and ``spli
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm.arrays import adapter_for
 from distcomm.protocol import ReduceOp, Work
+from distcomm.work import AllOf, BaseWork, WrappedWork
 
 if TYPE_CHECKING:
     from distcomm.protocol import Communicator, NonMember
@@ -69,26 +71,31 @@ class Primitives:
         raise self._missing("_split")
 
     # -- optional, with defaults -------------------------------------------------------------
+    # Each honours async_op: it starts the required primitives and returns a Work that owns
+    # the scratch buffers and finishes the result (a slice copied out) when it completes.
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         """Reduce into ``dst``'s ``tensor``. Default: all-reduce (a scratch copy off ``dst``)."""
         target = tensor if self._rank == dst else adapter_for(tensor).clone(tensor)
-        return self._all_reduce(target, op, async_op)
+        return self._then(self._all_reduce(target, op, async_op), None, target)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         """Reduce ``input``; rank r gets chunk r. Default: all-reduce a copy, keep a slice."""
         adapter = adapter_for(input)
         scratch = adapter.clone(input)
-        _wait(self._all_reduce(scratch, op, async_op))
         numel = adapter.numel(output)
-        adapter.copy_(output, adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel])
-        return None
+
+        def keep_mine() -> None:
+            mine = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
+            adapter.copy_(output, mine)
+
+        return self._then(self._all_reduce(scratch, op, async_op), keep_mine, scratch, output)
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         """Concatenate every rank's ``tensor`` into ``dst``'s ``output``. Default: all-gather."""
         adapter = adapter_for(tensor)
         if output is None:
             output = adapter.empty(tensor, adapter.numel(tensor) * self._world_size)
-        return self._all_gather_into(output, tensor, async_op)
+        return self._then(self._all_gather_into(output, tensor, async_op), None, output, tensor)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         """Rank r gets chunk r of ``src``'s ``full``. Default: broadcast ``full``, keep a slice."""
@@ -96,9 +103,12 @@ class Primitives:
         numel = adapter.numel(output)
         if full is None:
             full = adapter.empty(output, numel * self._world_size)
-        _wait(self._broadcast(full, src, async_op))
-        adapter.copy_(output, adapter.flat(full)[self._rank * numel : (self._rank + 1) * numel])
-        return None
+
+        def keep_mine() -> None:
+            mine = adapter.flat(full)[self._rank * numel : (self._rank + 1) * numel]
+            adapter.copy_(output, mine)
+
+        return self._then(self._broadcast(full, src, async_op), keep_mine, full, output)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         """Chunk r of ``input`` goes to rank r. Default: point-to-point with INTERNAL_TAG."""
@@ -113,18 +123,28 @@ class Primitives:
         ]
         me = slice(self._rank * chunk, (self._rank + 1) * chunk)
         adapter.copy_(out_flat[me], src_flat[me])
-        for work in works:
-            work.wait()
-        return None
+        return AllOf(self, works, input, output)  # type: ignore[arg-type]
 
     def _barrier(self, async_op: bool) -> Work | None:
         """Wait for every rank. Default: all-gather one byte."""
-        return self._all_gather_into(bytearray(self._world_size), bytearray(1), async_op)
+        out, one = bytearray(self._world_size), bytearray(1)
+        return self._then(self._all_gather_into(out, one, async_op), None, out, one)
 
     def _finalize(self) -> None:
         """Free the engine's resources for this communicator. Default: nothing to free."""
 
-
-def _wait(work: Work | None) -> None:
-    if work is not None:
-        work.wait()
+    # -- for the defaults ----------------------------------------------------------------------
+    def _then(
+        self, work: Work | None, finish: Callable[[], None] | None, *buffers: Any
+    ) -> Work | None:
+        """``work`` owning ``buffers`` and running ``finish`` once complete (at once, and None,
+        when there is no Work: the primitive completed)."""
+        if work is None:
+            if finish is not None:
+                finish()
+            return None
+        owner = work if isinstance(work, BaseWork) else WrappedWork(self, work)  # type: ignore[arg-type]
+        owner.own(*buffers)
+        if finish is not None:
+            owner.then(finish)
+        return owner

@@ -74,7 +74,8 @@ def run_processes(
         variables: the environment variables of process ``i`` (added to this process's).
         backend: the backend every process initialises, or None for none.
         timeout: seconds for the whole run, or None for no deadline. Operations inside time
-            out a few seconds later, so a stuck run ends with this function's DistTimeoutError.
+            out after ``DISTCOMM_TIMEOUT`` seconds when it is set, else a few seconds after the
+            run, so that a stuck run ends with this function's DistTimeoutError.
         first_rank: the rank of process 0, for the messages (process ``i`` is rank
             ``first_rank + i``).
         world_size: the number of ranks in the job, for the messages (default ``nprocs``).
@@ -98,7 +99,10 @@ def run_processes(
     context = multiprocessing.get_context("spawn")
     ranks = range(first_rank, first_rank + nprocs)
     world = world_size if world_size is not None else nprocs
-    op_timeout = None if timeout is None else float(timeout) + _GRACE
+    # Operations time out after DISTCOMM_TIMEOUT when the user set it (the children inherit
+    # it), else a little after the run, so that a stuck run ends with this function's error.
+    user_set = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
+    op_timeout = None if timeout is None or user_set else float(timeout) + _GRACE
     stacks = tempfile.mkdtemp(prefix="distcomm-spawn-")
     procs: list[multiprocessing.process.BaseProcess] = []
     conns: list[Connection] = []

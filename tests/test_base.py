@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -12,7 +14,7 @@ from distcomm.environment import LaunchInfo
 from distcomm.fakelink import Fabric, FakeLinkCommunicator
 from distcomm.specs import Capabilities
 from distcomm.testing import run_threads
-from distcomm.work import ChainedWork, CompletedWork
+from distcomm.work import BaseWork, CompletedWork
 
 LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
 
@@ -54,24 +56,39 @@ def test_plain_tensor_reaches_the_primitive_without_a_copy() -> None:
     assert seen[1] is not strided and seen[1].flags.c_contiguous
 
 
-def test_chained_work_is_complete_only_with_the_result_in_place() -> None:
-    class Pending:
-        done = False
+class _Pending(BaseWork):
+    """A Work whose engine finishes when the test says so."""
 
-        def wait(self, timeout: float | None = None) -> bool:
-            return True
+    engine_done = False
 
-        def is_completed(self) -> bool:
-            return self.done
+    def _test(self) -> bool:
+        return self.engine_done
 
-    finished: list[bool] = []
-    inner = Pending()
-    work = ChainedWork(inner, lambda: finished.append(True))
+
+def test_work_finishes_once_and_only_with_the_result_in_place() -> None:
+    finished: list[object] = []
+    work = _Pending(None, op="all_reduce", seq=3)
+    work.then(lambda: finished.append(True))
     assert not work.is_completed() and not finished
-    inner.done = True
+    work.engine_done = True
     assert work.is_completed() and finished == [True]
     assert work.wait() and finished == [True], "the finish step runs once"
-    assert ChainedWork(CompletedWork(), lambda: None).is_completed()
+    done = CompletedWork()
+    done.then(lambda: finished.append("now"))
+    assert done.is_completed() and finished == [True, "now"], "a done Work finishes at once"
+
+
+def test_work_owns_its_buffers_until_complete_then_lets_go() -> None:
+    buffer = np.ones(4)
+    ref = weakref.ref(buffer)
+    work = _Pending(None, buffer, op="broadcast", seq=1)
+    del buffer
+    gc.collect()
+    assert ref() is not None, "a pending Work keeps what the engine may still write"
+    work.engine_done = True
+    assert work.wait()
+    gc.collect()
+    assert ref() is None, "a completed Work lets its buffers go"
 
 
 def test_async_non_contiguous_result_is_there_when_is_completed_says_so() -> None:

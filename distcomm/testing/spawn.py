@@ -44,8 +44,10 @@ def spawn(
         nprocs: the number of processes (at least 1).
         *args: passed to ``fn``.
         backend: the backend every rank initialises (``"fakelink"`` runs only at nprocs=1).
-        timeout: seconds for the whole run. Operations inside time out a few seconds later, so
-            a stuck run ends with this function's DistTimeoutError.
+        timeout: seconds for the whole run. Operations inside time out after
+            ``DISTCOMM_TIMEOUT`` seconds when it is set (their DistTimeoutError names the ranks
+            that had not arrived), else a few seconds after the run, so that a stuck run ends
+            with this function's DistTimeoutError.
 
     Returns:
         ``fn``'s return values in rank order.

@@ -14,6 +14,7 @@ from distcomm import state
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
+from distcomm.lifecycle import resolve_timeout
 
 __all__ = ["run_threads"]
 
@@ -36,8 +37,12 @@ def run_threads(
         fn: the function every rank runs.
         world_size: the number of ranks (at least 1).
         *args: passed to ``fn``.
-        timeout: seconds for the whole run. Operations inside time out a few seconds later, so
-            a stuck run ends with this function's DistTimeoutError.
+        timeout: seconds for the whole run. Operations inside time out after
+            ``DISTCOMM_TIMEOUT`` seconds when it is set (their DistTimeoutError names the ranks
+            that had not arrived), else a few seconds after the run, so that a stuck run ends
+            with this function's DistTimeoutError showing where every rank is. Under
+            ``DISTCOMM_ON_TIMEOUT=abort`` a timed-out operation stops every rank of the run
+            (never the process).
 
     Returns:
         ``fn``'s return values in rank order.
@@ -52,6 +57,8 @@ def run_threads(
         raise InvalidArgumentError(f"world_size={world_size!r} must be a positive int")
     if not callable(fn):
         raise InvalidArgumentError(f"fn={fn!r} must be callable")
+    set_by_user = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
+    op_timeout = resolve_timeout(None) if set_by_user else timeout + _GRACE
     fabric = Fabric(world_size)
     results: list[Any] = [None] * world_size
     failures: list[tuple[int, str]] = []
@@ -70,10 +77,8 @@ def run_threads(
             num_nodes=1,
             sources={"method": "distcomm.testing.run_threads"},
         )
-        # Operations time out a little after the run, so that a stuck run ends, deterministically,
-        # with the run's DistTimeoutError (showing where every rank is), not one rank's.
         comm = FakeLinkCommunicator(
-            fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=timeout + _GRACE
+            fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=op_timeout
         )
         requested = {
             "backend": "fakelink",

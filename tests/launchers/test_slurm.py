@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,37 @@ def test_example_batch_script(slurm: str, tmp_path: Path, srun_mpi: str, backend
         f"4 ranks on {backend} (slurm launch): sum of ranks 6 (expected 6)",
         "hello from rank-0, rank-1, rank-2, rank-3",
     ]
+
+
+DYING = Path(__file__).resolve().parents[1] / "dying_rank.py"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_a_rank_that_raises_under_srun_mpi_ends_the_job(slurm: str, tmp_path: Path) -> None:
+    """srun --mpi=pmi2 on mpi: rank 2's uncaught exception ends every task within seconds
+    (MPI_Abort), under the default 30-minute timeout."""
+    command = ["srun", "-n", str(TASKS), "--overcommit", "--mpi=pmi2", "--time=3"]
+    start = time.monotonic()
+    done = slurm_job(slurm, [*command, sys.executable, str(DYING), str(tmp_path), "mpi", "2"])
+    assert time.monotonic() - start < 120
+    assert done.returncode != 0
+    assert "ValueError: rank 2 breaks on purpose" in done.stderr
+    assert "distcomm: rank 2 died of an uncaught ValueError" in done.stderr
+    assert not list(tmp_path.glob("rank-*.json")), "a survivor's all_reduce returned"
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_raises_under_plain_srun_fails_the_others(slurm: str, tmp_path: Path) -> None:
+    """Plain srun does not stop the other tasks when one fails: on gloo they fail on their own,
+    at once, with a distcomm error that names the rank that went away."""
+    command = ["srun", "-n", str(TASKS), "--overcommit", "--mpi=none", "--time=3"]
+    export = "--export=ALL,DISTCOMM_TIMEOUT=15"
+    argv = [*command, export, sys.executable, str(DYING), str(tmp_path), "gloo", "2"]
+    done = slurm_job(slurm, argv)
+    assert done.returncode != 0 and "ValueError: rank 2 breaks on purpose" in done.stderr
+    for rank in (0, 1, 3):
+        report = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert report["error"] in ("EngineError", "DistTimeoutError"), report
+        assert report["missing"] == [2], report["message"]
+        assert report["seconds"] < 2 * 15, report["message"]

@@ -8,8 +8,8 @@ frees the communicators distcomm created.
 
 from __future__ import annotations
 
+import itertools
 import sys
-import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -20,16 +20,18 @@ from distcomm import (
     BackendUnavailableError,
     BaseCommunicator,
     Capabilities,
-    DistTimeoutError,
     InvalidArgumentError,
     LaunchInfo,
     ReduceOp,
+    monitor,
 )
+from distcomm.aborts import abort_job, abort_on_uncaught_exception
 from distcomm.devices import select_cuda_device
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm.work import BaseWork
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.plugin import MPI_CAPABILITIES
-from distcomm_mpi.watchdog import watch
+from distcomm_mpi.sidechannel import SideChannel, channel
 
 __all__ = ["MpiCommunicator", "MpiWork", "create"]
 
@@ -71,8 +73,6 @@ class _TorchTypes:
 
 
 _torch = _TorchTypes()
-#: Seconds between two tests of a request in ``MpiWork.wait(timeout)``.
-_POLL = 0.0005
 
 
 def buf(x: Any) -> Any:
@@ -107,42 +107,49 @@ def in_place(send: Any, recv: Any, slot: int) -> Any:
     return send
 
 
-class MpiWork:
-    """An MPI request seen through distcomm; ``wait(timeout)`` polls only when given a timeout."""
+class MpiWork(BaseWork):
+    """An MPI request that owns its buffers; ``wait()`` blocks under the watchdog (which ends
+    the job past the timeout: MPI cannot cancel), ``wait(timeout)`` polls and raises."""
 
-    def __init__(self, request: Any, comm: MpiCommunicator, op: str, status: Any = None) -> None:
+    def __init__(
+        self,
+        request: Any,
+        comm: MpiCommunicator,
+        *buffers: Any,
+        status: Any = None,
+        op: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(comm, *buffers, op=op, seq=seq)
         self._request = request
-        self._comm = comm
-        self._op = op
-        self._seq = comm.seq
         self._status = status
-        self._done = False
+        self._mpi = comm
 
     @property
     def source(self) -> int | None:
         """For an irecv: the sender's rank in the communicator, once complete."""
         return None if self._status is None or not self._done else int(self._status.Get_source())
 
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._done:
-            return True
-        if timeout is None:
-            comm = self._comm
-            comm.blocked_op, comm.blocked_seq = self._op, self._seq or comm.seq
+    def _test(self) -> bool:
+        return bool(self._request.Test(self._status))
+
+    def _block(self, timeout: float | None) -> bool:
+        if timeout is not None:
+            return super()._block(timeout)
+        comm = self._mpi
+        comm.blocked_op = self._label()
+        comm.blocked_seq = self.seq or -next(comm.p2p_marks)
+        try:
             self._request.Wait(self._status)
+        finally:
             comm.blocked_seq = 0
-        else:
-            deadline = time.monotonic() + timeout
-            while not self._request.Test(self._status):
-                if time.monotonic() >= deadline:
-                    raise self._comm.timed_out(self._op, self._seq, timeout)
-                time.sleep(_POLL)
-        self._done = True
         return True
 
-    def is_completed(self) -> bool:
-        self._done = self._done or bool(self._request.Test(self._status))
-        return self._done
+    def _label(self) -> str:
+        return self.op if self.seq is None else f"{self.op} (operation #{self.seq})"
+
+    def _waiting_for(self) -> str:
+        return "" if self.seq is not None else "the matching message did not arrive"
 
 
 class MpiCommunicator(BaseCommunicator):
@@ -153,7 +160,13 @@ class MpiCommunicator(BaseCommunicator):
     devices = frozenset({"cpu"})
 
     def __init__(
-        self, comm: Any, *, owns: bool, cuda_aware: tuple[bool, str], **kwargs: Any
+        self,
+        comm: Any,
+        *,
+        owns: bool,
+        cuda_aware: tuple[bool, str],
+        side: SideChannel,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._comm = comm
@@ -166,27 +179,55 @@ class MpiCommunicator(BaseCommunicator):
             self.cpu_only_reason = f"this MPI is not CUDA-aware: {cuda_aware[1]}"
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
         self._allreduce = comm.Allreduce
-        #: The blocking operation in progress, for the watchdog (0: none).
+        #: The blocking call in progress, for the watchdog: the sequence number of the
+        #: collective (-1: a point-to-point wait, named by ``blocked_op``), 0 when none.
         self.blocked_seq = 0
         self.blocked_op = ""
-        watch(self)
+        self.p2p_marks = itertools.count(1)
+        self._side = side
+        self._key = side.register(self)
+        self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
+        self._blocked_since: tuple[int, float] | None = None
+        monitor.watch(self)
 
     @property
     def native(self) -> Any:
         """The mpi4py communicator."""
         return self._comm
 
-    def timed_out(self, op: str, seq: int, limit: float) -> DistTimeoutError:
-        """Retire this communicator after a timeout and return the error to raise."""
-        self.unusable = f"{op} (operation #{seq}) timed out after {limit:g} s"
-        return DistTimeoutError(
-            f"{op} (operation #{seq}) on {self.describe()} did not complete within {limit:g} s; "
-            "MPI cannot cancel it, so the communicator can no longer be used. HINT: a rank is "
-            "stuck or skipped this call; raise the timeout if it is merely slow.",
-            op=op,
-            seq=seq,
-            group=self.describe(),
+    # -- timeouts: the watchdog and the side channel ---------------------------------------------
+    def monitor_tick(self, now: float) -> None:
+        """The watchdog (the monitor thread calls it): a blocking call still pending under the
+        same mark past the timeout ends the job, with a diagnostic naming the missing ranks."""
+        seq = self.blocked_seq
+        if not seq or self.unusable == "finalized":
+            self._blocked_since = None
+            return
+        since = self._blocked_since
+        if since is None or since[0] != seq:
+            self._blocked_since = (seq, now)
+        elif now - since[1] >= self.timeout:
+            self._blocked_timeout(seq, now - since[1])
+
+    def _blocked_timeout(self, seq: int, waited: float) -> None:
+        label = f"{self.op} (operation #{seq})" if seq > 0 else self.blocked_op
+        detail = self._arrivals(seq)[1] if seq > 0 else ""
+        abort_job(
+            f"distcomm: rank {self.rank} of {self.describe()}: {label} has not completed after "
+            f"{waited:.0f} s (timeout {self.timeout:g} s){'; ' + detail if detail else ''}. MPI "
+            "cannot cancel it, so distcomm aborts the job (MPI_Abort). HINT: a rank is stuck, "
+            "died or skipped this call; if it is merely slow, raise init(timeout=...) or "
+            "DISTCOMM_TIMEOUT."
         )
+
+    def _peer_progress(self) -> dict[int, int]:
+        peers = [g for r, g in enumerate(self.global_ranks) if r != self.rank]
+        wait = 3 * monitor.interval() + 0.5
+        answers = self._side.ask(self._key, peers, wait)
+        return {self.global_ranks.index(g): seq for g, seq in answers.items()}
+
+    def _abort_job(self, message: str) -> None:
+        abort_job(message)
 
     def _check_tag(self, tag: Any) -> None:
         super()._check_tag(tag)
@@ -210,115 +251,100 @@ class MpiCommunicator(BaseCommunicator):
                 if mpi_type is not None and tensor.is_cpu and tensor.is_contiguous():
                     b = [_fromaddress(tensor.data_ptr(), tensor.nbytes), mpi_type]
             if b is not None:
-                self.blocked_op = "all_reduce"
+                self.op = "all_reduce"
                 self.blocked_seq = self.seq = self.seq + 1
                 try:
                     self._allreduce(_IN_PLACE, b, _MPI_SUM)
                 except BufferError:
                     self.seq -= 1  # not contiguous: nothing was sent; the general path copies
+                except MPI.Exception as exc:
+                    raise self.engine_failed("all_reduce", self.seq, exc) from exc
                 else:
                     return None
                 finally:
                     self.blocked_seq = 0
         return super().all_reduce(tensor, op, async_op)
 
-    def _async(self, request: Any, op: str, async_op: bool) -> Work | None:
-        work = MpiWork(request, self, op)
+    def _call(self, blocking: Any, starting: Any, async_op: bool, *args: Any) -> Work | None:
+        """Run a collective: ``blocking(*args)`` under the watchdog's mark, or (async) the
+        request ``starting(*args)`` in a Work that owns the buffers among ``args``."""
         if async_op:
-            return work
-        work.wait()
+            return MpiWork(starting(*args), self, *args)
+        self.blocked_seq = self.seq
+        try:
+            blocking(*args)
+        except MPI.Exception as exc:
+            raise self.engine_failed(self.op, self.seq, exc) from exc
+        finally:
+            self.blocked_seq = 0
         return None
 
     # -- primitives ---------------------------------------------------------------------------
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "all_reduce", self.seq
-            self._comm.Allreduce(MPI.IN_PLACE, buf(tensor), _OPS[op])
-            self.blocked_seq = 0
-            return None
-        return self._async(
-            self._comm.Iallreduce(MPI.IN_PLACE, buf(tensor), _OPS[op]), "all_reduce", True
-        )
+        c = self._comm
+        return self._call(c.Allreduce, c.Iallreduce, async_op, _IN_PLACE, buf(tensor), _OPS[op])
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "broadcast", self.seq
-            self._comm.Bcast(buf(tensor), src)
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Ibcast(buf(tensor), src), "broadcast", True)
+        return self._call(self._comm.Bcast, self._comm.Ibcast, async_op, buf(tensor), src)
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         send = MPI.IN_PLACE if self._rank == dst else buf(tensor)
         recv = buf(tensor) if self._rank == dst else None
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "reduce", self.seq
-            self._comm.Reduce(send, recv, _OPS[op], dst)
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Ireduce(send, recv, _OPS[op], dst), "reduce", True)
+        c = self._comm
+        return self._call(c.Reduce, c.Ireduce, async_op, send, recv, _OPS[op], dst)
 
     def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         recv = buf(output)
         send = in_place(buf(tensor), recv, self._rank)
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "all_gather", self.seq
-            self._comm.Allgather(send, recv)
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Iallgather(send, recv), "all_gather", True)
+        return self._call(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        args = (buf(input), buf(output), _OPS[op])
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "reduce_scatter", self.seq
-            self._comm.Reduce_scatter_block(*args)
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Ireduce_scatter_block(*args), "reduce_scatter", True)
+        c = self._comm
+        return self._call(
+            c.Reduce_scatter_block,
+            c.Ireduce_scatter_block,
+            async_op,
+            buf(input),
+            buf(output),
+            _OPS[op],
+        )
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         recv = buf(output) if output is not None else None
         send = buf(tensor) if recv is None else in_place(buf(tensor), recv, self._rank)
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "gather", self.seq
-            self._comm.Gather(send, recv, dst)
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Igather(send, recv, dst), "gather", True)
+        return self._call(self._comm.Gather, self._comm.Igather, async_op, send, recv, dst)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         send = buf(full) if full is not None else None
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "scatter", self.seq
-            self._comm.Scatter(send, buf(output), src)
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Iscatter(send, buf(output), src), "scatter", True)
+        c = self._comm
+        return self._call(c.Scatter, c.Iscatter, async_op, send, buf(output), src)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "all_to_all_single", self.seq
-            self._comm.Alltoall(buf(input), buf(output))
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Ialltoall(buf(input), buf(output)), "all_to_all_single", True)
+        c = self._comm
+        return self._call(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
 
     def _barrier(self, async_op: bool) -> Work | None:
-        if not async_op:
-            self.blocked_op, self.blocked_seq = "barrier", self.seq
-            self._comm.Barrier()
-            self.blocked_seq = 0
-            return None
-        return self._async(self._comm.Ibarrier(), "barrier", True)
+        return self._call(self._comm.Barrier, self._comm.Ibarrier, async_op)
 
     def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
-        return MpiWork(self._comm.Isend(buf(tensor), dst, tag), self, "send")
+        b = buf(tensor)
+        request = self._comm.Isend(b, dst, tag)
+        return MpiWork(request, self, tensor, b, op=f"send to rank {dst} (tag {tag})", seq=None)
 
     def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
         peer = MPI.ANY_SOURCE if src is None else src
         status = MPI.Status()
-        return MpiWork(self._comm.Irecv(buf(tensor), peer, tag), self, "recv", status)
+        b = buf(tensor)
+        sender = "any rank" if src is None else f"rank {src}"
+        return MpiWork(
+            self._comm.Irecv(b, peer, tag),
+            self,
+            tensor,
+            b,
+            status=status,
+            op=f"recv from {sender} (tag {tag})",
+            seq=None,
+        )
 
     def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
         color = MPI.UNDEFINED if index is None else index
@@ -330,6 +356,7 @@ class MpiCommunicator(BaseCommunicator):
             new,
             owns=True,
             cuda_aware=self.cuda_aware,
+            side=self._side,
             rank=new.Get_rank(),
             world_size=new.Get_size(),
             launch=self.launch,
@@ -339,6 +366,7 @@ class MpiCommunicator(BaseCommunicator):
         )
 
     def _finalize(self) -> None:
+        monitor.unwatch(self)
         if self._owns and self._comm != MPI.COMM_NULL:
             self._comm.Free()
 
@@ -388,10 +416,14 @@ def create(
             backend="mpi",
             reason="MPI world size differs from the launch",
         )
+    side = channel(world)
+    monitor.watch(side)
+    abort_on_uncaught_exception(world.Get_rank(), lambda: world.Abort(1), "MPI_Abort")
     return MpiCommunicator(
         world.Dup(),
         owns=True,
         cuda_aware=aware,
+        side=side,
         rank=world.Get_rank(),
         world_size=world.Get_size(),
         launch=launch,

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jobs
@@ -116,5 +117,43 @@ def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path, mpirun:
     script.write_text(textwrap.dedent(STUCK))
     done = run_job(mpirun, tmp_path, 2, sys.executable, str(script))  # 240 s limit: a hang fails
     assert done.returncode != 0
-    assert "distcomm: rank 0 of mpi 'world' (2 ranks): barrier (operation #" in done.stderr
+    assert "distcomm: rank 0 of mpi 'world' (2 ranks): barrier (operation #1)" in done.stderr
+    assert "ranks that had not arrived: [1] (rank 1 has run no collective)" in done.stderr
     assert "aborts the job (MPI_Abort)" in done.stderr
+
+
+DYING = Path(jobs.__file__).resolve().parent / "dying_rank.py"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize(("backend", "nprocs"), [("mpi", 4), ("gloo", 3)])
+def test_a_rank_that_raises_ends_the_job_at_once(
+    tmp_path: Path, mpirun: str, backend: str, nprocs: int
+) -> None:
+    """Plain mpirun, the default timeout (30 minutes): rank 1's uncaught exception ends the
+    whole job within seconds, with its traceback, on mpi and on gloo (rendezvous over MPI)."""
+    start = time.monotonic()
+    done = run_job(mpirun, tmp_path, nprocs, sys.executable, str(DYING), str(tmp_path), backend, "1")
+    assert time.monotonic() - start < 60
+    assert done.returncode != 0
+    assert done.stderr.count("ValueError: rank 1 breaks on purpose") == 1, done.stderr
+    assert "distcomm: rank 1 died of an uncaught ValueError (traceback above)" in done.stderr
+    assert "MPI_Abort" in done.stderr
+    assert not list(tmp_path.glob("rank-*.json")), "a survivor's all_reduce returned"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_without_abort_on_exception_the_watchdog_names_the_dead_rank(
+    tmp_path: Path, mpirun: str
+) -> None:
+    env = {**jobs.job_environment(), "DISTCOMM_ABORT_ON_EXCEPTION": "0", "DISTCOMM_TIMEOUT": "3"}
+    command = [mpirun, "-n", "3", sys.executable, str(DYING), str(tmp_path), "mpi", "2"]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
+    assert done.returncode != 0
+    assert "died of an uncaught" not in done.stderr
+    assert "all_reduce (operation #2) has not completed after" in done.stderr
+    assert "ranks that had not arrived: [2]" in done.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gc
 import inspect
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -19,15 +20,23 @@ from distcomm import (
     NON_MEMBER,
     BaseCommunicator,
     Capabilities,
-    DistTimeoutError,
     InvalidArgumentError,
     ReduceOp,
+    monitor,
 )
 from distcomm.arrays import as_torch
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm.work import BaseWork
 from distcomm_torch.plugin import GLOO, NCCL
+from distcomm_torch.progress import StoreProgress
 
-__all__ = ["GlooCommunicator", "NcclCommunicator", "TorchCommunicator", "TorchWork"]
+__all__ = [
+    "GlooCommunicator",
+    "NcclCommunicator",
+    "TorchCommunicator",
+    "TorchWork",
+    "engine_timeout",
+]
 
 _OPS = {
     ReduceOp.SUM: dist.ReduceOp.SUM,
@@ -47,48 +56,63 @@ _all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_ten
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
+def engine_timeout(backend: str, timeout: float) -> datetime.timedelta:
+    """torch's own timeout for a distcomm timeout. Gloo's is longer, so that distcomm's wait
+    ends first (Gloo's would raise its own RuntimeError and close connections under the other
+    ranks); NCCL's is the same, because a wait on NCCL returns once the GPU stream is told to
+    wait, and NCCL's watchdog is what ends a stuck collective there."""
+    seconds = timeout * 1.5 + 5 if backend == "gloo" else timeout
+    return datetime.timedelta(seconds=seconds)
+
+
 def flat(x: Any) -> torch.Tensor:
     """A 1-D view of a contiguous array (torch's gather/scatter family wants matching dims)."""
     view: torch.Tensor = as_torch(x).view(-1)
     return view
 
 
-class TorchWork:
-    """A torch Work seen through distcomm: timeouts raise DistTimeoutError, sources are local."""
+class TorchWork(BaseWork):
+    """A torch Work that owns its tensors; sources are ranks of the communicator."""
 
-    def __init__(self, work: Any, comm: TorchCommunicator, op: str) -> None:
+    def __init__(
+        self,
+        work: Any,
+        comm: TorchCommunicator,
+        *buffers: Any,
+        op: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(comm, *buffers, op=op, seq=seq)
         self._work = work
-        self._comm = comm
-        self._op = op
-        self._seq = comm.seq
-        self._done = False
+        self._torch_comm = comm
 
     @property
     def source(self) -> int | None:
         """For an irecv: the sender's rank in the communicator, once complete."""
+        if not self._done:
+            return None
         try:
             group_rank = int(self._work._source_rank())  # a rank of torch's group
         except RuntimeError:
             return None
-        group = self._comm._group
+        comm = self._torch_comm
+        group = comm._group
         world_rank = group_rank if group is None else dist.get_global_rank(group, group_rank)
-        return self._comm.global_ranks.index(world_rank)
+        return comm.global_ranks.index(world_rank)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        limit = self._comm.timeout if timeout is None else timeout
+    def _test(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def _block(self, timeout: float | None) -> bool:
+        comm = self._torch_comm
+        limit = comm.wait_limit if timeout is None else datetime.timedelta(seconds=timeout)
         try:
-            self._work.wait(datetime.timedelta(seconds=limit))
+            self._work.wait(limit)
         except RuntimeError as exc:
-            if "timed out" not in str(exc).lower() and "timeout" not in str(exc).lower():
-                raise
-            raise self._comm.timed_out(self._op, self._seq, limit) from exc
-        self._done = True
+            if "timed out" in str(exc).lower():
+                return False
+            raise
         return True
-
-    def is_completed(self) -> bool:
-        # Gloo's Work can report False for a while after wait() returned; distcomm's can't.
-        self._done = self._done or bool(self._work.is_completed())
-        return self._done
 
 
 class TorchCommunicator(BaseCommunicator):
@@ -102,6 +126,7 @@ class TorchCommunicator(BaseCommunicator):
         *,
         side: TorchCommunicator | None = None,
         owns_group: bool = False,
+        progress: StoreProgress | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -110,6 +135,15 @@ class TorchCommunicator(BaseCommunicator):
         self._owns_group = owns_group
         self.device: torch.device | None = None
         self._adopted: dict[int, tuple[Any, Communicator]] = {}
+        #: How long a blocking operation waits (torch's own timeout is longer, so that this
+        #: one fires first and the communicator can say who had not arrived).
+        self.wait_limit = datetime.timedelta(seconds=self.timeout)
+        self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
+        self._progress = progress
+        self._progress_key = "" if progress is None else progress.key(self.global_ranks)
+        self._published = 0
+        if progress is not None and self.world_size > 1:
+            monitor.watch(self)
 
     @property
     def native(self) -> Any:
@@ -142,6 +176,7 @@ class TorchCommunicator(BaseCommunicator):
             "launch": self.launch,
             "global_ranks": ranks,
             "timeout": self.timeout,
+            "progress": self._progress,
         }
         side = None
         if self._side is not None:
@@ -154,77 +189,99 @@ class TorchCommunicator(BaseCommunicator):
         self._adopted[id(native)] = (native, comm)
         return comm
 
-    def timed_out(self, op: str, seq: int, limit: float) -> DistTimeoutError:
-        """Mark this communicator unusable after a timeout and return the error to raise."""
-        self.unusable = f"{op} (operation #{seq}) timed out after {limit:g} s"
-        return DistTimeoutError(
-            f"{op} (operation #{seq}) on {self.describe()} did not complete within {limit:g} s; "
-            "the communicator can no longer be used. HINT: a rank is stuck or skipped this "
-            "call; raise the timeout with init(timeout=...) or DISTCOMM_TIMEOUT if it is slow.",
-            op=op,
-            seq=seq,
-            group=self.describe(),
-        )
+    def monitor_tick(self, now: float) -> None:
+        """Publish this rank's progress when it changed (the monitor thread calls it)."""
+        seq = self.seq  # published after a failure too: the other ranks read it then
+        if seq != self._published and self._progress is not None:
+            self._progress.publish(self._progress_key, self._rank, seq)
+            self._published = seq
 
-    def _done(self, work: Any, op: str, async_op: bool) -> Work | None:
-        if work is None:
+    def _peer_progress(self) -> dict[int, int] | None:
+        if self._progress is None:
             return None
-        wrapped = TorchWork(work, self, op)
+        return self._progress.read(self._progress_key, self._world_size)
+
+    def _issue(
+        self, start: Callable[..., Any], args: tuple[Any, ...], async_op: bool, *buffers: Any
+    ) -> Work | None:
+        """Start a collective with ``start(*args)`` (torch's, with async_op=True) and hand its
+        Work back (async), or wait for it here within this communicator's timeout."""
+        work = self._started(start, args, self.op, self.seq, buffers)
         if async_op:
-            return wrapped
-        wrapped.wait()
+            return work
+        work.wait()
         return None
 
+    def _started(
+        self,
+        start: Callable[..., Any],
+        args: tuple[Any, ...],
+        op: str,
+        seq: int | None,
+        buffers: tuple[Any, ...],
+    ) -> TorchWork:
+        try:
+            work = start(*args)
+        except RuntimeError as exc:  # e.g. a peer already gone: torch says so at once
+            raise self.engine_failed(op, seq, exc) from exc
+        return TorchWork(work, self, *buffers, args, op=op, seq=seq)
+
     # -- primitives ---------------------------------------------------------------------------
+    # torch is always called with async_op=True: a blocking call would wait with torch's own
+    # timeout and raise torch's RuntimeError; the Work is waited for in _issue instead.
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        work = dist.all_reduce(as_torch(tensor), _OPS[op], self._group, async_op)
-        return self._done(work, "all_reduce", async_op)
+        t = as_torch(tensor)
+        args = (t, _OPS[op], self._group, True)
+        return self._issue(dist.all_reduce, args, async_op, tensor, t)
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
-        work = dist.broadcast(as_torch(tensor), self._global_ranks[src], self._group, async_op)
-        return self._done(work, "broadcast", async_op)
+        t = as_torch(tensor)
+        args = (t, self._global_ranks[src], self._group, True)
+        return self._issue(dist.broadcast, args, async_op, tensor, t)
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
-        work = dist.reduce(
-            as_torch(tensor), self._global_ranks[dst], _OPS[op], self._group, async_op
-        )
-        return self._done(work, "reduce", async_op)
+        t = as_torch(tensor)
+        args = (t, self._global_ranks[dst], _OPS[op], self._group, True)
+        return self._issue(dist.reduce, args, async_op, tensor, t)
 
     def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
-        work = _all_gather_single(flat(output), flat(tensor), self._group, async_op)
-        return self._done(work, "all_gather", async_op)
+        out, inp = flat(output), flat(tensor)
+        args = (out, inp, self._group, True)
+        return self._issue(_all_gather_single, args, async_op, output, tensor)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
-        work = _reduce_scatter_single(flat(output), flat(input), _OPS[op], self._group, async_op)
-        return self._done(work, "reduce_scatter", async_op)
+        out, inp = flat(output), flat(input)
+        args = (out, inp, _OPS[op], self._group, True)
+        return self._issue(_reduce_scatter_single, args, async_op, output, input)
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         parts = None if output is None else list(flat(output).chunk(self._world_size))
-        work = dist.gather(flat(tensor), parts, self._global_ranks[dst], self._group, async_op)
-        return self._done(work, "gather", async_op)
+        args = (flat(tensor), parts, self._global_ranks[dst], self._group, True)
+        return self._issue(dist.gather, args, async_op, output, tensor)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         parts = None if full is None else list(flat(full).chunk(self._world_size))
-        work = dist.scatter(flat(output), parts, self._global_ranks[src], self._group, async_op)
-        return self._done(work, "scatter", async_op)
+        args = (flat(output), parts, self._global_ranks[src], self._group, True)
+        return self._issue(dist.scatter, args, async_op, output, full)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
-        work = dist.all_to_all_single(
-            flat(output), flat(input), group=self._group, async_op=async_op
-        )
-        return self._done(work, "all_to_all_single", async_op)
+        args = (flat(output), flat(input), None, None, self._group, True)
+        return self._issue(dist.all_to_all_single, args, async_op, output, input)
 
     def _barrier(self, async_op: bool) -> Work | None:
-        return self._done(dist.barrier(self._group, async_op), "barrier", async_op)
+        return self._issue(dist.barrier, (self._group, True), async_op)
 
     def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
-        work = dist.isend(as_torch(tensor), self._global_ranks[dst], self._group, tag)
-        return TorchWork(work, self, "send")
+        t = as_torch(tensor)
+        args = (t, self._global_ranks[dst], self._group, tag)
+        return self._started(dist.isend, args, f"send to rank {dst} (tag {tag})", None, (tensor,))
 
     def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
         peer = None if src is None else self._global_ranks[src]
-        work = dist.irecv(as_torch(tensor), peer, self._group, tag)
-        return TorchWork(work, self, "recv")
+        t = as_torch(tensor)
+        sender = "any rank" if src is None else f"rank {src}"
+        op = f"recv from {sender} (tag {tag})"
+        return self._started(dist.irecv, (t, peer, self._group, tag), op, None, (tensor,))
 
     def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
         world = [tuple(self._global_ranks[r] for r in group) for group in groups]
@@ -248,6 +305,7 @@ class TorchCommunicator(BaseCommunicator):
             "launch": self.launch,
             "global_ranks": world[index],
             "timeout": self.timeout,
+            "progress": self._progress,
         }
         side = None
         if side_pg is not None:
@@ -262,13 +320,15 @@ class TorchCommunicator(BaseCommunicator):
         """torch groups for ``ranks``: the engine's, and a Gloo one for objects where needed."""
         pg = dist.new_group(
             list(ranks),
-            timeout=datetime.timedelta(seconds=self.timeout),
+            timeout=engine_timeout(self.backend_name, self.timeout),
             use_local_synchronization=local,
             **_ORDER,
         )
         return pg, None
 
     def _finalize(self) -> None:
+        monitor.unwatch(self)
+        self._progress = None
         for _, adopted in self._adopted.values():
             adopted.finalize()
         self._adopted.clear()
@@ -301,9 +361,17 @@ class NcclCommunicator(TorchCommunicator):
         return self._side
 
     def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
-        timeout = datetime.timedelta(seconds=self.timeout)
-        pg = dist.new_group(list(ranks), timeout=timeout, use_local_synchronization=local, **_ORDER)
+        pg = dist.new_group(
+            list(ranks),
+            timeout=engine_timeout("nccl", self.timeout),
+            use_local_synchronization=local,
+            **_ORDER,
+        )
         side_pg = dist.new_group(
-            list(ranks), timeout=timeout, backend="gloo", use_local_synchronization=local, **_ORDER
+            list(ranks),
+            timeout=engine_timeout("gloo", self.timeout),
+            backend="gloo",
+            use_local_synchronization=local,
+            **_ORDER,
         )
         return pg, side_pg

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import datetime
 import socket
+import traceback
 from typing import Any
 
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
+from distcomm.aborts import abort_on_uncaught_exception
 from distcomm.devices import select_cuda_device
 from distcomm.launch import free_port
-from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
+from distcomm_torch import rendezvous
+from distcomm_torch.communicator import (
+    GlooCommunicator,
+    NcclCommunicator,
+    TorchCommunicator,
+    engine_timeout,
+)
+from distcomm_torch.progress import StoreProgress
 
 __all__ = ["create"]
 
@@ -57,10 +66,11 @@ def create(
         launch=launch,
         timeout=timeout,
         name="world",
+        progress=_progress(),
     )
     if name == "gloo":
         return GlooCommunicator(None, owns_group=not adopting, **kwargs)
-    side_pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    side_pg = dist.new_group(backend="gloo", timeout=engine_timeout("gloo", timeout))
     side = GlooCommunicator(side_pg, owns_group=True, **{**kwargs, "name": "objects of world"})
     comm = NcclCommunicator(None, side=side, owns_group=not adopting, **kwargs)
     comm.device = cuda_device
@@ -104,8 +114,13 @@ def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
 
 
 def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> LaunchInfo:
-    """Create torch's default group; return ``launch`` with the rendezvous it used."""
-    timeout = datetime.timedelta(seconds=timeout_s)
+    """Create torch's default group; return ``launch`` with the rendezvous it used.
+
+    Raises:
+        DistTimeoutError: the rendezvous did not complete within the timeout (the master
+            cannot be reached, or ranks never arrived: they are named).
+        BackendUnavailableError: the rendezvous cannot be served or reached at all.
+    """
     store: Any
     if launch.world_size == 1:
         store = dist.HashStore()  # type: ignore[attr-defined]  # re-exported from torch._C
@@ -126,28 +141,34 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> Laun
                 backend=name,
                 reason=f"{missing} unknown",
             )
-        try:
-            store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
-                addr,
-                port,
-                launch.world_size,
-                launch.rank == 0,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
-        except (RuntimeError, OSError) as exc:
-            role = "serve" if launch.rank == 0 else "reach"
-            raise BackendUnavailableError(
-                f"{name}: rank {launch.rank} could not {role} the rendezvous at {addr}:{port}: "
-                f"{exc}. HINT: check that MASTER_ADDR is rank 0's host and MASTER_PORT a free "
-                "port there; every rank must use the same values.",
-                backend=name,
-                reason=str(exc),
-            ) from exc
-    dist.init_process_group(
-        name, store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout
-    )
+        store = rendezvous.open_store(name, launch, addr, port, timeout_s)
+    try:  # the rendezvous waits at most the timeout; collectives get torch's longer one
+        dist.init_process_group(
+            name,
+            store=store,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except RuntimeError as exc:
+        error = rendezvous.failed(name, launch, store, timeout_s, exc)
+        # Let go of the store (rank 0's server port) even while the error is kept.
+        traceback.clear_frames(exc.__traceback__)
+        del store
+        raise error from exc
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if set_timeout is not None:  # torch >= 2.3; before, both end at the timeout: still ours
+        set_timeout(engine_timeout(name, timeout_s))
     return launch
+
+
+def _progress() -> StoreProgress | None:
+    """Progress publishing over the default group's store (None where torch hides it)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return StoreProgress(store)
 
 
 def _master_over_mpi(launch: LaunchInfo) -> tuple[str, int]:
@@ -166,6 +187,8 @@ def _master_over_mpi(launch: LaunchInfo) -> tuple[str, int]:
             f"{launch.world_size}. HINT: start every rank with the same mpirun.",
             reason="MPI world size mismatch",
         )
+    # An MPI job: a rank that dies of an exception must end it (the others would wait).
+    abort_on_uncaught_exception(world.Get_rank(), lambda: world.Abort(1), "MPI_Abort")
     found: tuple[str, int] | None = None
     if world.Get_rank() == 0:
         one_node = launch.num_nodes == 1 and launch.local_world_size == launch.world_size

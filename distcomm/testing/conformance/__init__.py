@@ -14,7 +14,8 @@ installed) torch, branch on ``comm.capabilities`` and the world size but never o
 name, and call the same collectives in the same order on every rank. A failure raises
 AssertionError naming the check and the rank. The checks are grouped by topic, in the order they
 run: arguments and getters, reductions, data movement, layouts and ``async_op``, point to point,
-groups, objects.
+groups, objects, and the adversarial checks (temporaries in async operations, churn, objects of
+every size).
 """
 
 import importlib
@@ -24,7 +25,16 @@ from distcomm.testing.conformance.registry import CHECKS, Check, check, run_all,
 __all__ = ["CHECKS", "TOPICS", "Check", "check", "run_all", "run_check"]
 
 #: The topic modules, in the order their checks run; importing one registers its checks.
-TOPICS = ("arguments", "reductions", "movement", "layouts", "p2p", "groups", "objects")
+TOPICS = (
+    "arguments",
+    "reductions",
+    "movement",
+    "layouts",
+    "p2p",
+    "groups",
+    "objects",
+    "adversarial",
+)
 
 for _topic in TOPICS:
     importlib.import_module(f"{__name__}.{_topic}")

@@ -1,0 +1,134 @@
+"""The TCPStore rendezvous of gloo and nccl: ended within the timeout, with errors that say who
+is missing.
+
+Rank 0 serves the store at the master address and port; the other ranks first wait for that port
+to accept connections (so that an unreachable master ends at the timeout with a DistTimeoutError
+naming rank 0, not with torch's retries and C++ message), then connect. Each rank marks its
+arrival in the store; when torch's rendezvous times out, the ranks without a mark are the ones
+named as missing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
+from distcomm.errors import DistcommError
+
+__all__ = ["failed", "open_store"]
+
+_ARRIVED = "distcomm/arrived/"
+
+
+def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: float) -> Any:
+    """Rank 0's TCPStore server, or another rank's client of it, within ``timeout`` seconds.
+
+    Raises:
+        DistTimeoutError: the master did not accept a connection in time (missing rank: 0).
+        BackendUnavailableError: the store cannot be served (the port is taken) or reached (an
+            address that does not resolve, or something other than a store at that port).
+    """
+    deadline = time.monotonic() + timeout
+    if launch.rank != 0:
+        _wait_for_master(name, launch, addr, port, timeout, deadline)
+    try:
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+            addr,
+            port,
+            launch.world_size,
+            launch.rank == 0,
+            timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as exc:
+        role = "serve" if launch.rank == 0 else "reach"
+        raise BackendUnavailableError(
+            f"{name}: rank {launch.rank} could not {role} the rendezvous at {addr}:{port}: "
+            f"{_first_line(exc)}. HINT: check that MASTER_ADDR is rank 0's host and "
+            "MASTER_PORT a free port there (another job may be using it); every rank must use "
+            "the same values.",
+            backend=name,
+            reason=str(exc),
+        ) from exc
+    store.set(f"{_ARRIVED}{launch.rank}", "1")
+    store.set_timeout(datetime.timedelta(seconds=timeout))
+    return store
+
+
+def failed(
+    name: str, launch: LaunchInfo, store: Any, timeout: float, exc: RuntimeError
+) -> DistcommError:
+    """The distcomm error for torch's ``init_process_group`` raising ``exc``."""
+    where = f"the {name} rendezvous at {launch.master_addr}:{launch.master_port}"
+    text = _first_line(exc)
+    if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+        return BackendUnavailableError(
+            f"{name}: rank {launch.rank} could not join {where}: {text}. HINT: every rank "
+            "must be started with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE.",
+            backend=name,
+            reason=text,
+        )
+    missing = _not_arrived(store, launch.world_size)
+    if missing is None:
+        who = "the ranks that had not arrived are unknown (the store did not answer)"
+    else:
+        who = f"ranks that had not arrived: {missing} (they never reached the rendezvous)"
+    return DistTimeoutError(
+        f"init (rendezvous) of {launch.world_size} ranks on {where} did not complete within "
+        f"{timeout:g} s; {who}. HINT: start every rank (WORLD_SIZE={launch.world_size}); if "
+        "they are merely slow to start, raise init(timeout=...) or DISTCOMM_TIMEOUT.",
+        op="init",
+        seq=0,
+        group=where,
+        missing_ranks=missing,
+    )
+
+
+def _wait_for_master(
+    name: str, launch: LaunchInfo, addr: str, port: int, timeout: float, deadline: float
+) -> None:
+    pause, reason = 0.05, "no answer"
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DistTimeoutError(
+                f"init: rank {launch.rank} could not reach the {name} rendezvous at "
+                f"{addr}:{port} within {timeout:g} s ({reason}); ranks that had not arrived: [0] "
+                "(rank 0 serves the rendezvous). HINT: check that rank 0 runs and that "
+                "MASTER_ADDR/MASTER_PORT are its host and port, reachable from here.",
+                op="init",
+                seq=0,
+                group=f"rendezvous at {addr}:{port}",
+                missing_ranks=[0],
+            )
+        try:
+            with socket.create_connection((addr, port), timeout=min(remaining, 2.0)):
+                return
+        except socket.gaierror as exc:
+            raise BackendUnavailableError(
+                f"{name}: MASTER_ADDR={addr!r} does not resolve ({exc}). HINT: set it to rank "
+                "0's host name or address.",
+                backend=name,
+                reason=str(exc),
+            ) from exc
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.5)
+
+
+def _not_arrived(store: Any, size: int) -> list[int] | None:
+    try:
+        return [r for r in range(size) if not store.check([f"{_ARRIVED}{r}"])]
+    except RuntimeError:
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,134 @@
+"""Ending the whole job from one rank, and the two policies that ask for it.
+
+- ``DISTCOMM_ON_TIMEOUT`` (``raise``, the default, or ``abort``): what a timed-out operation does.
+  ``abort`` prints the diagnostic and ends the job with a non-zero status.
+- ``DISTCOMM_ABORT_ON_EXCEPTION`` (default on; ``0`` turns it off): under MPI launchers a rank
+  that dies of an uncaught exception would otherwise leave the others waiting in their next
+  collective (and its own exit blocked in ``MPI_Finalize``). Backends whose job is an MPI job
+  call :func:`abort_on_uncaught_exception` at init: the rank's traceback prints once, then the
+  whole job ends, as mpi4py's ``python -m mpi4py`` runner does.
+
+How a job is ended is the backend's to say (:func:`set_job_abort`; ``MPI_Abort`` on MPI); by
+default the process exits with status 1, which every launcher (``distcomm run``, torchrun, srun)
+sees as a failed rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import NoReturn, TextIO
+
+from distcomm.errors import InvalidArgumentError
+
+__all__ = [
+    "ON_TIMEOUT_CHOICES",
+    "abort_job",
+    "abort_on_exception",
+    "abort_on_uncaught_exception",
+    "on_timeout",
+    "set_job_abort",
+]
+
+ON_TIMEOUT_CHOICES = ("raise", "abort")
+
+_job_abort: Callable[[], object] | None = None
+#: Seconds for the launcher to forward this rank's last output before the job ends.
+_FORWARD = 0.3
+_hook_lock = threading.Lock()
+_hooked = False
+
+
+def set_job_abort(abort: Callable[[], object]) -> None:
+    """Make ``abort`` the way to end every rank of this job (e.g. ``MPI.COMM_WORLD.Abort``)."""
+    global _job_abort
+    _job_abort = abort
+
+
+def abort_job(message: str) -> NoReturn:
+    """Print ``message`` on stderr and end the job: the backend's way, else exit status 1."""
+    stderr = _real_stderr()
+    stderr.write(message if message.endswith("\n") else message + "\n")
+    stderr.flush()
+    abort = _job_abort
+    if abort is not None:
+        time.sleep(_FORWARD)  # a launcher's output forwarding drops what is in flight at abort
+        abort()
+    os._exit(1)
+
+
+def _real_stderr() -> TextIO:
+    """The process's stderr, even while some code has swapped ``sys.stderr`` for a buffer."""
+    return sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+
+
+def on_timeout(environ: Mapping[str, str] | None = None) -> str:
+    """The ``DISTCOMM_ON_TIMEOUT`` policy: ``"raise"`` (default) or ``"abort"``.
+
+    Raises:
+        InvalidArgumentError: another value.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get("DISTCOMM_ON_TIMEOUT", "").strip().lower() or "raise"
+    if value not in ON_TIMEOUT_CHOICES:
+        raise InvalidArgumentError(
+            f"DISTCOMM_ON_TIMEOUT={environ['DISTCOMM_ON_TIMEOUT']!r} is not a policy; valid: "
+            f"{', '.join(ON_TIMEOUT_CHOICES)}. HINT: raise (a DistTimeoutError the program can "
+            "catch) or abort (print the diagnostic and end the job)."
+        )
+    return value
+
+
+def abort_on_exception(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``DISTCOMM_ABORT_ON_EXCEPTION`` lets a dying rank end an MPI job (default yes)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("DISTCOMM_ABORT_ON_EXCEPTION", "").strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise InvalidArgumentError(
+        f"DISTCOMM_ABORT_ON_EXCEPTION={value!r} must be 1 or 0. HINT: 0 keeps a rank that "
+        "raises from ending the MPI job (the others then wait until their timeout)."
+    )
+
+
+def abort_on_uncaught_exception(rank: int, abort: Callable[[], object], how: str) -> None:
+    """Make an uncaught exception on this rank end the job with ``abort`` (and make ``abort``
+    the job's abort), unless ``DISTCOMM_ABORT_ON_EXCEPTION=0``. Installed once per process.
+
+    Args:
+        rank: this process's global rank, for the message.
+        abort: ends every rank (``MPI.COMM_WORLD.Abort``).
+        how: names ``abort`` in the message, e.g. ``"MPI_Abort"``.
+    """
+    global _hooked
+    set_job_abort(abort)
+    if not abort_on_exception():
+        return
+    with _hook_lock:
+        if _hooked:
+            return
+        _hooked = True
+        previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        # Print through the real stderr: a hook wrapped around this one (torch's prefixes each
+        # line with the rank) collects the output to print after, which the abort would lose.
+        saved, sys.stderr = sys.stderr, _real_stderr()
+        try:
+            previous(kind, exc, tb)
+        finally:
+            sys.stderr = saved
+        abort_job(
+            f"distcomm: rank {rank} died of an uncaught {kind.__name__} (traceback above); "
+            f"ending the whole job ({how}) so that the other ranks do not wait for it. "
+            "HINT: DISTCOMM_ABORT_ON_EXCEPTION=0 keeps the job running (the others then stop "
+            "at their timeout)."
+        )
+
+    sys.excepthook = hook
