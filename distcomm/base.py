@@ -139,7 +139,8 @@ class BaseCommunicator(ArgumentChecks, Failures, Primitives):
 
     def describe(self) -> str:
         """A short label for messages: backend, name and size."""
-        return f"{self.backend_name} {self.name!r} ({self._world_size} ranks)"
+        ranks = "rank" if self._world_size == 1 else "ranks"
+        return f"{self.backend_name} {self.name!r} ({self._world_size} {ranks})"
 
     # -- tensor collectives ------------------------------------------------------------------
     def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False) -> Any:

@@ -184,53 +184,44 @@ def _deliver(req: _Recv, src: int, data: Any) -> None:
     req.done = True
 
 
-class _SlotWork(BaseWork):
-    def __init__(self, comm: FakeLinkCommunicator, slot: _Slot, inputs: tuple[Any, ...]) -> None:
-        super().__init__(comm, *inputs)
-        self._fabric, self._slot = comm.fabric, slot
+class _FabricWork(BaseWork):
+    """A Work on a fabric: complete when ``state`` (a collective's slot or a posted receive) is
+    done; its error, if any, is raised at wait()."""
+
+    def __init__(
+        self, comm: FakeLinkCommunicator, state: _Slot | _Recv, *buffers: Any, **names: Any
+    ) -> None:
+        super().__init__(comm, *buffers, **names)
+        self._fabric, self._state, self._limit = comm.fabric, state, comm.timeout
 
     def _test(self) -> bool:
-        if self._slot.error is not None:
-            raise self._slot.error
-        return self._slot.done
+        if self._state.error is not None:
+            raise self._state.error
+        return self._state.done
 
     def _block(self, timeout: float | None) -> bool:
-        slot = self._slot
-        limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
-        if not self._fabric.wait(lambda: slot.done, limit):
+        state = self._state
+        if not self._fabric.wait(lambda: state.done, self._limit if timeout is None else timeout):
             return False
-        if slot.error is not None:
-            raise slot.error
-        return True
+        return self._test()
 
 
-class _RecvWork(BaseWork):
+class _RecvWork(_FabricWork):
     def __init__(self, comm: FakeLinkCommunicator, req: _Recv) -> None:
-        super().__init__(comm, req.target, op="recv", seq=None)
-        self._fabric, self._req, self._world = comm.fabric, req, comm.world_size
+        super().__init__(comm, req, req.target, op="recv", seq=None)
+        self._req, self._world = req, comm.world_size
 
     @property
     def source(self) -> int | None:
         return self._req.source
 
-    def _test(self) -> bool:
-        if self._req.error is not None:
-            raise self._req.error
-        return self._req.done
-
     def _block(self, timeout: float | None) -> bool:
-        req = self._req
-        if not req.done and self._world == 1:
+        if not self._req.done and self._world == 1:
             raise InvalidArgumentError(
                 "recv in a world of 1 with no message sent to this rank can never complete. "
                 "HINT: isend to yourself first, or run several ranks (testing.run_threads)."
             )
-        limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
-        if not self._fabric.wait(lambda: req.done, limit):
-            return False
-        if req.error is not None:
-            raise req.error
-        return True
+        return super()._block(timeout)
 
     def _waiting_for(self) -> str:
         sender = "any rank" if self._req.src is None else f"rank {self._req.src}"
@@ -272,7 +263,7 @@ class FakeLinkCommunicator(BaseCommunicator):
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, op, inputs, compute)
-        work = _SlotWork(self, slot, inputs)
+        work = _FabricWork(self, slot, *inputs)
         if async_op:
             return work
         work.wait()
@@ -371,7 +362,7 @@ class FakeLinkCommunicator(BaseCommunicator):
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, "split", (), compute)
-        _SlotWork(self, slot, ()).wait()
+        _FabricWork(self, slot).wait()
         if index is None:
             return NON_MEMBER
         members = groups[index]

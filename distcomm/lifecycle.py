@@ -379,9 +379,7 @@ def _apply_overrides(
             f"world_size={size!r} must be at least 1. HINT: pass the number of processes."
         )
     if "rank" in changes and not 0 <= changes["rank"] < size:
-        where = (
-            "the argument" if "world_size" in changes else launch.sources.get("world_size", "?")
-        )
+        where = "the argument" if "world_size" in changes else launch.sources.get("world_size", "?")
         raise InvalidArgumentError(
             f"rank={changes['rank']!r} is not a rank of a world of {size} (world_size={size} "
             f"from {where}): valid ranks are 0..{size - 1}. HINT: ranks count from 0; pass "

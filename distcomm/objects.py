@@ -136,7 +136,8 @@ def check_scatter_list(objs: Any, world_size: int) -> None:
         got = len(objs) if isinstance(objs, Sequence) else type(objs).__name__
         raise InvalidArgumentError(
             f"scatter_object: the source rank must pass a list of {world_size} objects (one per "
-            f"rank), got {got!r}. HINT: other ranks may pass None."
+            f"rank), got {got!r}. HINT: on src, pass one object per rank, e.g. "
+            "[obj_for(r) for r in range(world_size)]; other ranks may pass None."
         )
 
 

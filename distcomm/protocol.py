@@ -24,7 +24,8 @@ __all__ = ["NON_MEMBER", "Communicator", "NonMember", "ReduceOp", "Work"]
 
 class ReduceOp(enum.Enum):
     """Reduction operations. Accepted wherever an op is: a member, its name in any case, the
-    aliases ``"prod"`` and ``"mean"``, or a ``torch.distributed.ReduceOp`` member."""
+    aliases ``"prod"`` (PRODUCT), ``"mean"`` and ``"average"`` (AVG), or a
+    ``torch.distributed.ReduceOp`` member of those names."""
 
     SUM = "sum"
     PRODUCT = "product"

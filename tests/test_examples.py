@@ -100,3 +100,24 @@ def test_rank_zero_example_alone_and_under_mpirun() -> None:
     expected += [f"[rank: {r}] 4 ranks, vocabulary of 3" for r in range(4)]
     assert all(done.stdout.count(line) == 1 for line in expected), done.stdout
     assert len(done.stdout) == sum(len(line) + 1 for line in expected)
+
+
+def test_timeouts_example_names_the_skipped_barrier_and_the_missing_rank() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "distcomm", "run", "-n", "3", "examples/timeouts.py"],
+        cwd=ROOT,
+        env={**job_environment(), "DISTCOMM_TIMEOUT": "3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for rank in (0, 2):
+        assert f"[rank {rank}] rank {rank}: op='barrier' seq=2 missing_ranks=(1,)" in lines
+        error = next(line for line in lines if line.startswith(f"[rank {rank}] rank {rank}: Dist"))
+        assert "barrier (operation #2) on gloo 'world' (3 ranks) did not complete within 3 s" in (
+            error
+        )
+        assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in error
+    assert "[rank 1] rank 1: woke up after the others gave up" in lines

@@ -43,6 +43,34 @@ def skipped_barrier() -> tuple[str, Any, Any, Any, str, float]:
     return ("returned", None, None, None, "", 0.0)
 
 
+def skipped_group_barrier() -> tuple[str, Any, Any, Any]:
+    """In a group of world ranks 0 and 2 (its ranks 0 and 1), world rank 2 skips a barrier."""
+    comm = distcomm.get_communicator()
+    group = distcomm.new_group([0, 2])
+    distcomm.barrier()
+    if comm.rank != 0:
+        if comm.rank == 2:
+            time.sleep(comm.timeout * 2)  # type: ignore[attr-defined]
+        return ("skipped", None, None, None)
+    try:
+        group.barrier()  # type: ignore[union-attr]
+    except DistTimeoutError as exc:
+        return (type(exc).__name__, exc.op, exc.seq, exc.missing_ranks)
+    return ("returned", None, None, None)
+
+
+def test_a_skipped_group_barrier_names_the_missing_rank_of_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", "1")
+    assert run_threads(skipped_group_barrier, 3, timeout=30)[0] == (
+        "DistTimeoutError",
+        "barrier",
+        1,
+        (1,),
+    )
+
+
 def test_a_skipped_barrier_names_the_op_its_seq_and_the_missing_rank_on_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

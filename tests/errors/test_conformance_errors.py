@@ -108,7 +108,8 @@ EXACT = {
     ),
     "scatter_object 1 of 2": (
         "scatter_object: the source rank must pass a list of 2 objects (one per rank), got 1. "
-        "HINT: other ranks may pass None."
+        "HINT: on src, pass one object per rank, e.g. [obj_for(r) for r in range(world_size)]; "
+        "other ranks may pass None."
     ),
 }
 

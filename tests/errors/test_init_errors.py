@@ -191,7 +191,8 @@ def test_gloo_with_a_cuda_device() -> None:
     pytest.importorskip("distcomm_torch")
     message = message_of(InvalidArgumentError, distcomm.init, backend="gloo", device="cuda")
     assert message == (
-        "backend 'gloo' moves CPU tensors; device='cuda' is not for it. HINT: omit device "
+        "backend 'gloo' moves CPU tensors; device='cuda' is not for it (valid: None or 'cpu'). "
+        "HINT: omit device "
         "(CUDA tensors are staged through host memory), or use backend='nccl'."
     )
     message = message_of(InvalidArgumentError, distcomm.init, device="gpu")
@@ -312,7 +313,7 @@ def test_calls_on_a_finalized_communicator() -> None:
     ):
         message = message_of(DistcommError, fn, *args)
         assert message == (
-            "communicator fakelink 'world' (1 ranks) can no longer be used: finalized. "
+            "communicator fakelink 'world' (1 rank) can no longer be used: finalized. "
             "HINT: create a new one with distcomm.init() after distcomm.finalize()."
         )
 
@@ -346,8 +347,11 @@ def test_master_port_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
         started = time.monotonic()
         message = message_of(BackendUnavailableError, distcomm.init, backend="gloo", timeout=20)
     assert time.monotonic() - started < 10, "the refusal waited for the timeout"
-    # distcomm_torch's factory writes this message (it is being reworked): the essentials.
     assert message.startswith(f"gloo: rank 0 could not serve the rendezvous at 127.0.0.1:{port}: ")
     assert "EADDRINUSE" in message
-    assert "HINT: check that MASTER_ADDR is rank 0's host and MASTER_PORT a free port" in message
+    assert f"HINT: MASTER_PORT={port} is taken on 127.0.0.1 (another job may be using it): " in (
+        message
+    )
+    suggested = int(message.split("e.g. MASTER_PORT=")[1].split(",")[0])
+    assert suggested != port and "the same on every rank." in message
     assert not distcomm.is_initialized()

@@ -58,7 +58,10 @@ def describe(tag: str) -> dict[str, Any]:
 
 
 def record_pid(directory: str) -> None:
-    Path(directory, f"{distcomm.get_rank()}.pid").write_text(str(os.getpid()))
+    """Write this rank's pid file whole (a rank killed mid-write must not leave an empty one)."""
+    part = Path(directory, f"{distcomm.get_rank()}.part")
+    part.write_text(str(os.getpid()))
+    part.replace(part.with_suffix(".pid"))
 
 
 def wait_for_pids(directory: str, count: int) -> None:

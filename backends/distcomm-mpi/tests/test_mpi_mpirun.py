@@ -102,10 +102,11 @@ def test_detection_under_mpirun_imports_no_mpi4py(tmp_path: Path, mpirun: str) -
 
 
 STUCK = """
-import time, distcomm
-comm = distcomm.init(backend="mpi", timeout=2)
+import pathlib, sys, time, distcomm
+comm = distcomm.init(backend="mpi", timeout=3)
 if comm.rank == 1:
     time.sleep(60)  # skips the barrier: rank 0 would wait forever
+pathlib.Path(sys.argv[1]).write_text(str(time.time()))
 distcomm.barrier()
 """
 
@@ -115,7 +116,9 @@ distcomm.barrier()
 def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path, mpirun: str) -> None:
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent(STUCK))
-    done = run_job(mpirun, tmp_path, 2, sys.executable, str(script))  # 240 s limit: a hang fails
+    entered = tmp_path / "entered"
+    done = run_job(mpirun, tmp_path, 2, sys.executable, str(script), str(entered))
+    assert time.time() - float(entered.read_text()) < 2 * 3, "not ended within twice the timeout"
     assert done.returncode != 0
     assert "distcomm: rank 0 of mpi 'world' (2 ranks): barrier (operation #1)" in done.stderr
     assert "ranks that had not arrived: [1] (rank 1 has run no collective)" in done.stderr
@@ -134,7 +137,9 @@ def test_a_rank_that_raises_ends_the_job_at_once(
     """Plain mpirun, the default timeout (30 minutes): rank 1's uncaught exception ends the
     whole job within seconds, with its traceback, on mpi and on gloo (rendezvous over MPI)."""
     start = time.monotonic()
-    done = run_job(mpirun, tmp_path, nprocs, sys.executable, str(DYING), str(tmp_path), backend, "1")
+    done = run_job(
+        mpirun, tmp_path, nprocs, sys.executable, str(DYING), str(tmp_path), backend, "1"
+    )
     assert time.monotonic() - start < 60
     assert done.returncode != 0
     assert done.stderr.count("ValueError: rank 1 breaks on purpose") == 1, done.stderr

@@ -140,7 +140,7 @@ class TorchCommunicator(BaseCommunicator):
         self.wait_limit = datetime.timedelta(seconds=self.timeout)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
         self._progress = progress
-        self._progress_key = "" if progress is None else progress.key(self.global_ranks)
+        self._progress_key = "" if progress is None else progress.key(self.native)
         self._published = 0
         if progress is not None and self.world_size > 1:
             monitor.watch(self)

@@ -82,7 +82,8 @@ def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
         return select_cuda_device(name, launch, device, "use backend='gloo' for CPU tensors.")
     if device not in (None, "cpu"):
         raise InvalidArgumentError(
-            f"backend 'gloo' moves CPU tensors; device={device!r} is not for it. HINT: omit "
+            f"backend 'gloo' moves CPU tensors; device={device!r} is not for it (valid: None or "
+            "'cpu'). HINT: omit "
             "device (CUDA tensors are staged through host memory), or use backend='nccl'."
         )
     return None

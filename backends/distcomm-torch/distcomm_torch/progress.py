@@ -8,9 +8,8 @@ one tick pass and reads every member's value: the members behind the operation a
 that had not arrived. Reads run in a helper thread with a deadline, so a store that cannot
 answer (its server, rank 0, died) gives "unknown", never a hang.
 
-Communicators are named by a key every member computes alike: their world ranks and how many
-communicators of the same ranks this process made before (groups are made collectively, in the
-same order on every member).
+Communicators are named by their torch group's name, which torch makes the same on every
+member.
 """
 
 from __future__ import annotations
@@ -32,15 +31,11 @@ class StoreProgress:
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._made: dict[tuple[int, ...], int] = {}
-        self._lock = threading.Lock()
 
-    def key(self, global_ranks: tuple[int, ...]) -> str:
-        """The store key prefix of the next communicator of ``global_ranks``."""
-        with self._lock:
-            index = self._made.get(global_ranks, 0)
-            self._made[global_ranks] = index + 1
-        return f"distcomm/progress/{','.join(map(str, global_ranks))}#{index}"
+    @staticmethod
+    def key(group: Any) -> str:
+        """The store key prefix of the communicator over torch group ``group``."""
+        return f"distcomm/progress/{group.group_name}"
 
     def publish(self, key: str, rank: int, seq: int) -> None:
         """Record that member ``rank`` of ``key`` has entered collective ``seq``."""

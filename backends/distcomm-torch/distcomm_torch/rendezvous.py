@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
 from distcomm.errors import DistcommError
+from distcomm.launch import free_port
 
 __all__ = ["failed", "open_store"]
 
@@ -47,11 +48,19 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
         )
     except (RuntimeError, OSError) as exc:
         role = "serve" if launch.rank == 0 else "reach"
+        if "address already in use" in str(exc).lower() or "eaddrinuse" in str(exc).lower():
+            hint = (
+                f"MASTER_PORT={port} is taken on {addr} (another job may be using it): pick a "
+                f"free port, e.g. MASTER_PORT={free_port()}, the same on every rank"
+            )
+        else:
+            hint = (
+                "check that MASTER_ADDR is rank 0's host and MASTER_PORT a free port there; "
+                "every rank must use the same values"
+            )
         raise BackendUnavailableError(
             f"{name}: rank {launch.rank} could not {role} the rendezvous at {addr}:{port}: "
-            f"{_first_line(exc)}. HINT: check that MASTER_ADDR is rank 0's host and "
-            "MASTER_PORT a free port there (another job may be using it); every rank must use "
-            "the same values.",
+            f"{_first_line(exc)}. HINT: {hint}.",
             backend=name,
             reason=str(exc),
         ) from exc

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from test_failures import skipped_barrier
+from test_failures import skipped_barrier, skipped_group_barrier
 
 import distcomm
 from distcomm.launch import free_port
@@ -41,6 +41,15 @@ def test_a_skipped_barrier_names_the_op_its_seq_and_the_missing_rank(
         assert "barrier (operation #2) on gloo 'world' (3 ranks)" in message
         assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in message
         assert elapsed < 2 * TIMEOUT, f"rank {rank} waited {elapsed:.1f} s"
+
+
+@pytest.mark.timeout(120)
+def test_a_skipped_group_barrier_names_the_missing_rank_of_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", "2")
+    results = spawn(skipped_group_barrier, 3, backend="gloo", timeout=60)
+    assert results[0] == ("DistTimeoutError", "barrier", 1, (1,))
 
 
 @pytest.mark.timeout(120)
@@ -109,6 +118,19 @@ def test_an_unreachable_master_ends_init_within_the_timeout(
     assert "within 3 s" in message and "ranks that had not arrived: [0]" in message
     assert "HINT:" in message
     assert not dist.is_initialized()
+
+
+@pytest.mark.timeout(60)
+def test_a_master_address_that_does_not_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    _launch(monkeypatch, rank=1, port=free_port())
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    start = time.monotonic()
+    with pytest.raises(distcomm.BackendUnavailableError) as info:
+        distcomm.init(backend="gloo", timeout=20)
+    assert time.monotonic() - start < 20, "a name that does not resolve fails at once"
+    message = str(info.value)
+    assert "gloo: MASTER_ADDR='no-such-host.invalid' does not resolve" in message
+    assert "HINT: set it to rank 0's host name or address" in message
 
 
 @pytest.mark.timeout(60)

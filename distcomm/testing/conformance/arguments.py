@@ -185,7 +185,6 @@ def not_a_tensor() -> None:
             raises(InvalidArgumentError, distcomm.send, bad, 1 % world)
 
 
-
 @check
 def unknown_reduce_op() -> None:
     """A misspelt op names itself, every accepted spelling, a did-you-mean and a HINT."""

@@ -1,0 +1,30 @@
+"""What a hang looks like with distcomm: rank 1 skips a barrier, and every other rank gets a
+DistTimeoutError naming the barrier, its sequence number and rank 1, within the timeout.
+
+    DISTCOMM_TIMEOUT=3 distcomm run -n 3 examples/timeouts.py
+
+Under ``mpirun -n 3`` (the mpi backend) MPI cannot cancel the blocked barrier: the watchdog
+prints the same diagnostic and ends the job (MPI_Abort). The first collective is an async
+all-reduce of a temporary: the Work owns it, so nothing can free it under the engine.
+"""
+
+import time
+
+import numpy as np
+
+import distcomm
+
+comm = distcomm.init()
+rank = comm.rank
+work = distcomm.all_reduce(np.full(4, rank + 1.0), async_op=True)  # a temporary, owned by work
+work.wait()
+if rank == 1:
+    time.sleep(comm.timeout + 2)  # skips the barrier the others wait in
+    print(f"rank {rank}: woke up after the others gave up")
+else:
+    try:
+        distcomm.barrier()
+    except distcomm.DistTimeoutError as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}")
+        print(f"rank {rank}: op={exc.op!r} seq={exc.seq} missing_ranks={exc.missing_ranks}")
+distcomm.finalize()
