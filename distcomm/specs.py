@@ -68,6 +68,9 @@ class Capabilities:
         reduce_ops: ReduceOp names the engine has; AVG is emulated with SUM where missing.
         async_ops: whether ``async_op=True`` overlaps with the caller (else it completes eagerly).
         timeouts: whether a blocked operation ends with DistTimeoutError.
+        cancellable: whether a blocking call past its timeout can be given up (it raises
+            DistTimeoutError); False for engines that cannot (MPI), where distcomm ends the
+            job with the same diagnostic instead. ``Work.wait(timeout)`` raises either way.
         any_source: whether ``recv(src=None)`` is supported.
         p2p: whether point-to-point messages (send, recv, isend, irecv) exist at all.
         subgroup_split: whether a sub-communicator can itself be split (``new_group(...,
@@ -81,6 +84,7 @@ class Capabilities:
     )
     async_ops: bool = True
     timeouts: bool = True
+    cancellable: bool = True
     any_source: bool = True
     p2p: bool = True
     subgroup_split: bool = True

@@ -125,13 +125,10 @@ class BaseWork:
             return True
         try:
             finished = self._block(timeout)
-        except DistcommError:
-            _RETAINED.append(self)
-            raise
-        except Exception as exc:
+        except BaseException as exc:  # a Ctrl-C too: the engine may still use the buffers
             _RETAINED.append(self)
             comm = self._comm
-            if comm is None:
+            if comm is None or isinstance(exc, DistcommError) or not isinstance(exc, Exception):
                 raise
             raise comm.engine_failed(self.op, self.seq, exc) from exc
         if not finished:

@@ -11,6 +11,12 @@ python=${PYTHON:-python3}
     -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi \
     -e ./backends/distcomm-linklink ./examples/plugin
 
+# Temporary files of the run (pytest's tmp_path, torch's caches, MPICH's files in TMPDIR) go to
+# one private directory, removed at the end: the run leaves nothing behind in /tmp.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/distcomm-tests-XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR="$scratch"
+
 # pytest exits 5 when it collected no test: a failure here.
 check() {
     local status=$1 what=$2

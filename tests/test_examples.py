@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from jobs import find_mpirun, job_environment, run_job
+
+from distcomm.registry import get_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,22 +105,49 @@ def test_rank_zero_example_alone_and_under_mpirun() -> None:
     assert len(done.stdout) == sum(len(line) + 1 for line in expected)
 
 
-def test_timeouts_example_names_the_skipped_barrier_and_the_missing_rank() -> None:
+#: (launcher, backend): the timeouts example under each; gloo under mpirun has its rendezvous
+#: over MPI.
+TIMEOUT_LAUNCHES = [("distcomm run", "gloo"), ("mpirun", "mpi"), ("mpirun", "gloo")]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize(("launcher", "backend"), TIMEOUT_LAUNCHES)
+def test_timeouts_example_names_the_skipped_barrier_under_every_launcher(
+    launcher: str, backend: str
+) -> None:
+    """Where the engine can give up a blocked call, ranks 0 and 2 raise DistTimeoutError and
+    carry on; where it cannot (capabilities.cancellable is False), the job ends with the same
+    diagnostic. Either way the barrier, its sequence number and rank 1 are named."""
+    if launcher == "mpirun":
+        mpirun = find_mpirun()
+        assert mpirun is not None, "mpirun is not installed (pip install mpich)"
+        command = [mpirun, "-n", "3", sys.executable, "examples/timeouts.py"]
+    else:
+        command = [sys.executable, "-m", "distcomm", "run", "-n", "3", "examples/timeouts.py"]
     done = subprocess.run(
-        [sys.executable, "-m", "distcomm", "run", "-n", "3", "examples/timeouts.py"],
+        command,
         cwd=ROOT,
-        env={**job_environment(), "DISTCOMM_TIMEOUT": "3"},
+        env={**job_environment(), "DISTCOMM_TIMEOUT": "3", "DISTCOMM_BACKEND": backend},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=150,
+        stdin=subprocess.DEVNULL,
     )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    for rank in (0, 2):
-        assert f"[rank {rank}] rank {rank}: op='barrier' seq=2 missing_ranks=(1,)" in lines
-        error = next(line for line in lines if line.startswith(f"[rank {rank}] rank {rank}: Dist"))
-        assert "barrier (operation #2) on gloo 'world' (3 ranks) did not complete within 3 s" in (
-            error
+    if get_registry().backends[backend].capabilities.cancellable:
+        assert done.returncode == 0, done.stderr
+        for rank in (0, 2):
+            assert f"rank {rank}: op='barrier' seq=2 missing_ranks=(1,)" in done.stdout
+            assert (
+                f"rank {rank}: DistTimeoutError: barrier (operation #2) on {backend} 'world'"
+                in (done.stdout)
+            )
+        assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in done.stdout
+        assert "rank 1: woke up after the others gave up" in done.stdout
+    else:
+        assert done.returncode != 0
+        assert f"of {backend} 'world' (3 ranks): barrier (operation #2) has not completed" in (
+            done.stderr
         )
-        assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in error
-    assert "[rank 1] rank 1: woke up after the others gave up" in lines
+        assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in done.stderr
+        assert "aborts the job (MPI_Abort)" in done.stderr

@@ -10,10 +10,12 @@ from distcomm.registry import Registry
 
 __all__ = ["MPI_CAPABILITIES", "distcomm_register_backends", "is_available"]
 
-#: MPI has no bool, float16 or bfloat16 type: distcomm bridges them through wider ones.
+#: MPI has no bool, float16 or bfloat16 type: distcomm bridges them through wider ones. A
+#: blocking MPI call cannot be cancelled: past its timeout the watchdog ends the job.
 MPI_CAPABILITIES = Capabilities(
     dtypes=frozenset({"uint8", "int8", "int16", "int32", "int64", "float32", "float64"}),
     reduce_ops=frozenset({"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"}),
+    cancellable=False,
 )
 
 
