@@ -19,6 +19,7 @@ from distcomm import (
     NON_MEMBER,
     BackendUnavailableError,
     BaseCommunicator,
+    BaseWork,
     Capabilities,
     InvalidArgumentError,
     LaunchInfo,
@@ -28,7 +29,6 @@ from distcomm import (
 from distcomm.aborts import abort_job, abort_on_uncaught_exception
 from distcomm.devices import select_cuda_device
 from distcomm.protocol import Communicator, NonMember, Work
-from distcomm.work import BaseWork
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.sidechannel import SideChannel, channel
@@ -418,7 +418,8 @@ def create(
         )
     side = channel(world)
     monitor.watch(side)
-    abort_on_uncaught_exception(world.Get_rank(), lambda: world.Abort(1), "MPI_Abort")
+    if world.Get_size() > 1:  # a dying rank would leave the others waiting: it ends the job
+        abort_on_uncaught_exception(world.Get_rank(), lambda: world.Abort(1), "MPI_Abort")
     return MpiCommunicator(
         world.Dup(),
         owns=True,

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from distcomm import (
     NON_MEMBER,
     BaseCommunicator,
+    BaseWork,
     Capabilities,
     InvalidArgumentError,
     ReduceOp,
@@ -26,7 +27,6 @@ from distcomm import (
 )
 from distcomm.arrays import as_torch
 from distcomm.protocol import Communicator, NonMember, Work
-from distcomm.work import BaseWork
 from distcomm_torch.plugin import GLOO, NCCL
 from distcomm_torch.progress import StoreProgress
 
@@ -35,7 +35,6 @@ __all__ = [
     "NcclCommunicator",
     "TorchCommunicator",
     "TorchWork",
-    "engine_timeout",
 ]
 
 _OPS = {
@@ -54,15 +53,6 @@ _ORDER: dict[str, Any] = {"sort_ranks": False} if _KEEPS_ORDER else {}
 # torch 2.13 renamed the "_tensor" collectives; the old names warn there.
 _all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-
-
-def engine_timeout(backend: str, timeout: float) -> datetime.timedelta:
-    """torch's own timeout for a distcomm timeout. Gloo's is longer, so that distcomm's wait
-    ends first (Gloo's would raise its own RuntimeError and close connections under the other
-    ranks); NCCL's is the same, because a wait on NCCL returns once the GPU stream is told to
-    wait, and NCCL's watchdog is what ends a stuck collective there."""
-    seconds = timeout * 1.5 + 5 if backend == "gloo" else timeout
-    return datetime.timedelta(seconds=seconds)
 
 
 def flat(x: Any) -> torch.Tensor:
@@ -104,10 +94,11 @@ class TorchWork(BaseWork):
         return bool(self._work.is_completed())
 
     def _block(self, timeout: float | None) -> bool:
-        comm = self._torch_comm
-        limit = comm.wait_limit if timeout is None else datetime.timedelta(seconds=timeout)
-        try:
-            self._work.wait(limit)
+        try:  # torch's own timeout is the communicator's: it raises "Timed out ..." then
+            if timeout is None:
+                self._work.wait()
+            else:
+                self._work.wait(datetime.timedelta(seconds=timeout))
         except RuntimeError as exc:
             if "timed out" in str(exc).lower():
                 return False
@@ -135,9 +126,6 @@ class TorchCommunicator(BaseCommunicator):
         self._owns_group = owns_group
         self.device: torch.device | None = None
         self._adopted: dict[int, tuple[Any, Communicator]] = {}
-        #: How long a blocking operation waits (torch's own timeout is longer, so that this
-        #: one fires first and the communicator can say who had not arrived).
-        self.wait_limit = datetime.timedelta(seconds=self.timeout)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
         self._progress = progress
         self._progress_key = "" if progress is None else progress.key(self.native)
@@ -320,7 +308,7 @@ class TorchCommunicator(BaseCommunicator):
         """torch groups for ``ranks``: the engine's, and a Gloo one for objects where needed."""
         pg = dist.new_group(
             list(ranks),
-            timeout=engine_timeout(self.backend_name, self.timeout),
+            timeout=datetime.timedelta(seconds=self.timeout),
             use_local_synchronization=local,
             **_ORDER,
         )
@@ -363,13 +351,13 @@ class NcclCommunicator(TorchCommunicator):
     def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
         pg = dist.new_group(
             list(ranks),
-            timeout=engine_timeout("nccl", self.timeout),
+            timeout=datetime.timedelta(seconds=self.timeout),
             use_local_synchronization=local,
             **_ORDER,
         )
         side_pg = dist.new_group(
             list(ranks),
-            timeout=engine_timeout("gloo", self.timeout),
+            timeout=datetime.timedelta(seconds=self.timeout),
             backend="gloo",
             use_local_synchronization=local,
             **_ORDER,

@@ -19,12 +19,7 @@ from distcomm.aborts import abort_on_uncaught_exception
 from distcomm.devices import select_cuda_device
 from distcomm.launch import free_port
 from distcomm_torch import rendezvous
-from distcomm_torch.communicator import (
-    GlooCommunicator,
-    NcclCommunicator,
-    TorchCommunicator,
-    engine_timeout,
-)
+from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
 from distcomm_torch.progress import StoreProgress
 
 __all__ = ["create"]
@@ -70,7 +65,7 @@ def create(
     )
     if name == "gloo":
         return GlooCommunicator(None, owns_group=not adopting, **kwargs)
-    side_pg = dist.new_group(backend="gloo", timeout=engine_timeout("gloo", timeout))
+    side_pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
     side = GlooCommunicator(side_pg, owns_group=True, **{**kwargs, "name": "objects of world"})
     comm = NcclCommunicator(None, side=side, owns_group=not adopting, **kwargs)
     comm.device = cuda_device
@@ -143,7 +138,7 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> Laun
                 reason=f"{missing} unknown",
             )
         store = rendezvous.open_store(name, launch, addr, port, timeout_s)
-    try:  # the rendezvous waits at most the timeout; collectives get torch's longer one
+    try:
         dist.init_process_group(
             name,
             store=store,
@@ -157,9 +152,6 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> Laun
         traceback.clear_frames(exc.__traceback__)
         del store
         raise error from exc
-    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    if set_timeout is not None:  # torch >= 2.3; before, both end at the timeout: still ours
-        set_timeout(engine_timeout(name, timeout_s))
     return launch
 
 
