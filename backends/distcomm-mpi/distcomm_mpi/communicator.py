@@ -142,7 +142,7 @@ class MpiWork(BaseWork):
         try:
             self._request.Wait(self._status)
         finally:
-            comm.blocked_seq = 0
+            comm.blocked_seq, comm.blocked_op = 0, ""
         return True
 
     def _label(self) -> str:
@@ -180,7 +180,8 @@ class MpiCommunicator(BaseCommunicator):
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
         self._allreduce = comm.Allreduce
         #: The blocking call in progress, for the watchdog: the sequence number of the
-        #: collective (-1: a point-to-point wait, named by ``blocked_op``), 0 when none.
+        #: collective (negative: a point-to-point wait), 0 when none; ``blocked_op`` names a
+        #: Work being waited for (else the call is the current collective, ``op``).
         self.blocked_seq = 0
         self.blocked_op = ""
         self.p2p_marks = itertools.count(1)
@@ -210,7 +211,7 @@ class MpiCommunicator(BaseCommunicator):
             self._blocked_timeout(seq, now - since[1])
 
     def _blocked_timeout(self, seq: int, waited: float) -> None:
-        label = f"{self.op} (operation #{seq})" if seq > 0 else self.blocked_op
+        label = self.blocked_op or f"{self.op} (operation #{seq})"
         detail = self._arrivals(seq)[1] if seq > 0 else ""
         abort_job(
             f"distcomm: rank {self.rank} of {self.describe()}: {label} has not completed after "
@@ -225,9 +226,6 @@ class MpiCommunicator(BaseCommunicator):
         wait = 3 * monitor.interval() + 0.5
         answers = self._side.ask(self._key, peers, wait)
         return {self.global_ranks.index(g): seq for g, seq in answers.items()}
-
-    def _abort_job(self, message: str) -> None:
-        abort_job(message)
 
     def _check_tag(self, tag: Any) -> None:
         super()._check_tag(tag)
@@ -268,10 +266,11 @@ class MpiCommunicator(BaseCommunicator):
     def _call(self, blocking: Any, starting: Any, async_op: bool, *args: Any) -> Work | None:
         """Run a collective: ``blocking(*args)`` under the watchdog's mark, or (async) the
         request ``starting(*args)`` in a Work that owns the buffers among ``args``."""
-        if async_op:
-            return MpiWork(starting(*args), self, *args)
-        self.blocked_seq = self.seq
+        if not async_op:
+            self.blocked_seq = self.seq
         try:
+            if async_op:
+                return MpiWork(starting(*args), self, *args)
             blocking(*args)
         except MPI.Exception as exc:
             raise self.engine_failed(self.op, self.seq, exc) from exc

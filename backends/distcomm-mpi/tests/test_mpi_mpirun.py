@@ -125,6 +125,35 @@ def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path, mpirun:
     assert "aborts the job (MPI_Abort)" in done.stderr
 
 
+STUCK_WAITS = """
+import time, numpy as np, distcomm
+comm = distcomm.init(backend="mpi", timeout=2)
+if comm.rank == 0:
+    late = distcomm.all_reduce(np.ones(2), async_op=True)  # operation #1
+    distcomm.recv(np.zeros(1), src=1, tag=5) if {recv} else late.wait()
+else:
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize(
+    ("recv", "label"),
+    [(True, "recv from rank 1 (tag 5)"), (False, "all_reduce (operation #1)")],
+)
+def test_the_watchdog_names_a_blocked_wait(
+    tmp_path: Path, mpirun: str, recv: bool, label: str
+) -> None:
+    """A receive, or an async collective's Work, waited for past the timeout: the diagnostic
+    names that wait, not whatever collective came last."""
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(STUCK_WAITS.format(recv=recv)))
+    done = run_job(mpirun, tmp_path, 2, sys.executable, str(script))
+    assert done.returncode != 0
+    assert f"distcomm: rank 0 of mpi 'world' (2 ranks): {label} has not completed" in done.stderr
+
+
 DYING = Path(jobs.__file__).resolve().parent / "dying_rank.py"
 
 
