@@ -75,7 +75,7 @@ def conformance() -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("standin")
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_conformance_on_the_stand_in(nprocs: int) -> None:
     results = spawn(conformance, nprocs, backend="linklink", timeout=240)
     for seen in results:
