@@ -32,7 +32,7 @@ from distcomm.primitives import Primitives
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 from distcomm.specs import Capabilities
 from distcomm.staging import Staged, stage
-from distcomm.work import BaseWork, CompletedWork, PendingWorks, WrappedWork, retained
+from distcomm.work import BaseWork, CompletedWork, PendingWorks, retained
 
 if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
@@ -642,15 +642,11 @@ class BaseCommunicator(ArgumentChecks, Failures, Primitives):
     def _handed(
         self, work: Work | None, keep: tuple[Any, ...], after: Callable[[], None] | None
     ) -> BaseWork:
-        """The Work the caller gets: it owns ``keep`` and runs ``after`` once complete."""
-        if work is None:
-            if after is not None:
-                after()
+        """The Work the caller gets: it owns ``keep``, runs ``after`` once complete, and is
+        remembered until it completes."""
+        handed = self._then(work, after, *keep)
+        if handed is None:
             return _DONE
-        handed = work if isinstance(work, BaseWork) else WrappedWork(self, work)
-        handed.own(*keep)
-        if after is not None:
-            handed.then(after)
         self._pending.add(handed)
         return handed
 

@@ -136,7 +136,7 @@ class Primitives:
     # -- for the defaults ----------------------------------------------------------------------
     def _then(
         self, work: Work | None, finish: Callable[[], None] | None, *buffers: Any
-    ) -> Work | None:
+    ) -> BaseWork | None:
         """``work`` owning ``buffers`` and running ``finish`` once complete (at once, and None,
         when there is no Work: the primitive completed)."""
         if work is None:
