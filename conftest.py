@@ -7,7 +7,9 @@ With CI=true a skipped test is a failure: every engine and tool the suite needs 
 the example plugin, mpi4py, mpirun, and Slurm, which the tests install and start as root) is
 there, so a skip means a broken install, not a missing machine. Only skips for what CI cannot
 have are allowed: a GPU, an MPI world of the wrong size, or root (CI runs as root, so the Slurm
-and network-namespace tests run there); their reasons start with one of ``ALLOWED_SKIPS``.
+and network-namespace tests run there); their reasons start with one of ``ALLOWED_SKIPS``. A test
+that needs a tool (mpirun, ...) gets its path from :func:`require_tool`, which skips outside CI
+and fails under CI=true; the ``mpirun`` fixture asks it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 
 import distcomm
-from distcomm.registry import Registry, set_registry
+from distcomm._plugins.loader import PluginRegistry, set_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # multirank.py, jobs.py
 from jobs import find_mpirun, job_environment
@@ -32,11 +34,31 @@ pytest_plugins = ("pytester",)  # for testing distcomm's own pytest plugin
 ALLOWED_SKIPS = ("needs CUDA", "needs world size", "Test requires", "needs root")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    outcome = yield
-    report = outcome.get_result()
-    if os.environ.get("CI") != "true" or not report.skipped:
+def under_ci() -> bool:
+    """Whether this is a CI run (CI=true), which must have every engine and tool."""
+    return os.environ.get("CI") == "true"
+
+
+def require_tool(name: str, found: str | None, install: str) -> str:
+    """``found``, the path of tool ``name``. Where it is None the test cannot run: outside CI it
+    is skipped, and under CI=true it fails (every test that needs a tool asks here).
+
+    Args:
+        name: the tool, e.g. ``"mpirun"``.
+        found: its path, or None where it is missing.
+        install: how to get it, e.g. ``"pip install mpich"``.
+    """
+    if found is not None:
+        return found
+    reason = f"{name} is not installed ({install})"
+    if under_ci():
+        pytest.fail(f"{reason}, but CI=true must have every tool", pytrace=False)
+    pytest.skip(reason)
+
+
+def _fail_a_skip_under_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under CI=true, make a skip whose reason is not in ALLOWED_SKIPS a failure."""
+    if not under_ci() or not report.skipped:
         return
     reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
     if reason.startswith("Skipped: "):
@@ -44,6 +66,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if not reason.startswith(ALLOWED_SKIPS):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run everything: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _fail_a_skip_under_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    """A module skipped as a whole (``pytest.importorskip`` at its top) follows the rule too."""
+    outcome = yield
+    _fail_a_skip_under_ci(outcome.get_result())
 
 
 #: Launcher variables read by distcomm's launch detection (plus the ones ``init`` exports).
@@ -83,9 +118,9 @@ def plain_machine(
 
 
 @pytest.fixture
-def core_registry() -> Iterator[Registry]:
+def core_registry() -> Iterator[PluginRegistry]:
     """Make the process's registry hold the core's plugins only, whatever else is installed."""
-    registry = Registry.load(entry_points=[], environ={})
+    registry = PluginRegistry.load(entry_points=[], environ={})
     previous = set_registry(registry)
     try:
         yield registry
@@ -95,7 +130,8 @@ def core_registry() -> Iterator[Registry]:
 
 @pytest.fixture
 def mpirun() -> str:
-    """The path of ``mpirun`` (the venv's MPICH first); skipped where there is none."""
+    """The path of ``mpirun`` (the venv's MPICH first); see :func:`require_tool` where there is
+    none. A test that needs it for one parameter only asks ``request.getfixturevalue("mpirun")``."""
     return _mpirun()
 
 
@@ -163,7 +199,4 @@ def scenario_worlds(
 
 
 def _mpirun() -> str:
-    found = find_mpirun()
-    if found is None:
-        pytest.skip("mpirun is not installed (pip install mpich)")
-    return found
+    return require_tool("mpirun", find_mpirun(), "pip install mpich")

@@ -6,8 +6,7 @@ same on every backend.
 Importing distcomm imports neither torch, numpy nor mpi4py, and loads no plugin.
 """
 
-from distcomm.base import BaseCommunicator
-from distcomm.collectives import (
+from distcomm._runtime.collectives import (
     all_gather,
     all_gather_into_tensor,
     all_gather_object,
@@ -28,7 +27,28 @@ from distcomm.collectives import (
     scatter_object,
     send,
 )
-from distcomm.environment import LaunchInfo, detect_environment
+from distcomm._runtime.detection import detect_environment
+from distcomm._runtime.doors import DistContext, dist_finalize, dist_init, dist_mode
+from distcomm._runtime.getters import (
+    get_backend,
+    get_communicator,
+    get_local_rank,
+    get_local_world_size,
+    get_node_rank,
+    get_rank,
+    get_world_size,
+    is_distributed,
+    is_initialized,
+    is_local_main_process,
+    is_main_process,
+)
+from distcomm._runtime.lifecycle import finalize, init
+from distcomm._version import __version__
+from distcomm.backend.communicator import BaseCommunicator
+from distcomm.backend.hooks import hookimpl, hookspec
+from distcomm.backend.specs import BackendSpec, Capabilities, EnvironmentSpec
+from distcomm.backend.work import BaseWork
+from distcomm.environment import LaunchInfo
 from distcomm.errors import (
     AlreadyInitializedError,
     BackendNotFoundError,
@@ -44,31 +64,7 @@ from distcomm.errors import (
     RankFailedError,
 )
 from distcomm.helpers import main_process_only, rank_prefixed_message, run_on_main, zero_first
-from distcomm.hookspecs import hookimpl, hookspec
-from distcomm.lifecycle import (
-    DistContext,
-    dist_finalize,
-    dist_init,
-    dist_mode,
-    finalize,
-    get_backend,
-    get_communicator,
-    get_local_rank,
-    get_local_world_size,
-    get_node_rank,
-    get_rank,
-    get_world_size,
-    init,
-    is_distributed,
-    is_initialized,
-    is_local_main_process,
-    is_main_process,
-)
 from distcomm.protocol import NON_MEMBER, Communicator, ReduceOp, Work
-from distcomm.specs import BackendSpec, Capabilities, EnvironmentSpec
-from distcomm.work import BaseWork
-
-__version__ = "0.1.0"
 
 __all__ = [
     "NON_MEMBER",

@@ -5,7 +5,7 @@ and why, every backend with its availability, and every plugin with its load err
 initialising anything.
 
 ``distcomm run -n N [--backend B] [--grace SECONDS] [--] script.py args`` (or ``-m module args``)
-starts N ranks on this node; the process management lives in :mod:`distcomm.launch`.
+starts N ranks on this node; the process management lives in :mod:`distcomm._processes.supervisor`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def collect_info() -> dict[str, Any]:
         DistcommError: the plugins could not be loaded (e.g. a bad DISTCOMM_LOG_LEVEL).
     """
     from distcomm import __version__
-    from distcomm.environment import detect_environment
+    from distcomm._plugins.loader import get_registry
+    from distcomm._runtime.detection import detect_environment
+    from distcomm._runtime.selection import select_backend
     from distcomm.errors import DistcommError
-    from distcomm.registry import get_registry
-    from distcomm.selection import select_backend
 
     registry = get_registry()
     info: dict[str, Any] = {
@@ -187,8 +187,9 @@ def _split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    from distcomm._plugins.loader import check_backend
+    from distcomm._processes.supervisor import run
     from distcomm.errors import DistcommError
-    from distcomm.launch import check_backend, run
 
     options, command = _split_run_argv(argv)
     args = run_parser.parse_args(options)

@@ -14,138 +14,17 @@ default 1800 s): raise it for long data preparation.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import pickle
-import threading
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from distcomm import objects
-from distcomm.collectives import resolve_group
-from distcomm.errors import InvalidArgumentError, RankFailedError
-from distcomm.lifecycle import get_rank, get_world_size, is_initialized
+from distcomm._runtime.getters import get_rank, get_world_size, is_initialized
+from distcomm._sharing import Failure, main_only_section, peers, settle, share_from
 from distcomm.protocol import Communicator
 
-__all__ = [
-    "Failure",
-    "in_main_only_section",
-    "main_only_section",
-    "main_process_only",
-    "rank_prefixed_message",
-    "run_on_main",
-    "settle",
-    "share_from",
-    "zero_first",
-]
+__all__ = ["main_process_only", "rank_prefixed_message", "run_on_main", "zero_first"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _Sections(threading.local):
-    depth = 0
-
-
-_sections = _Sections()
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """What a rank sends its peers when the code a helper ran there raised."""
-
-    rank: int
-    traceback: str
-
-    @classmethod
-    def now(cls, rank: int) -> Failure:
-        """The exception being handled, on ``rank``."""
-        return cls(rank, traceback.format_exc())
-
-    def error(self, where: str) -> RankFailedError:
-        """The error the other ranks raise."""
-        return RankFailedError(
-            self.rank,
-            self.traceback,
-            f"rank {self.rank} raised inside {where}, so this rank stops too. "
-            f"Rank {self.rank}'s traceback:\n{self.traceback.rstrip()}",
-        )
-
-
-def in_main_only_section() -> bool:
-    """Whether this thread is inside a main-only section (:func:`main_process_only`'s body).
-
-    Only main runs there, so helpers and compat functions must not synchronise with the other
-    ranks: they run the code locally instead.
-    """
-    return _sections.depth > 0
-
-
-@contextlib.contextmanager
-def main_only_section() -> Iterator[None]:
-    """Mark a main-only section for this thread (nested sections count)."""
-    _sections.depth += 1
-    try:
-        yield
-    finally:
-        _sections.depth -= 1
-
-
-def peers(group: Any = None) -> Communicator | None:
-    """The communicator a helper synchronises on; None when there is no one to wait for.
-
-    None inside a main-only section and in a world of 1. Before ``init()`` under a launch of
-    several ranks, NotInitializedError with the hint (as every collective).
-    """
-    if _sections.depth > 0:
-        return None
-    comm = resolve_group(group)
-    return comm if comm.world_size > 1 else None
-
-
-def settle(comm: Communicator, failure: Failure | None, where: str) -> None:
-    """Every rank says whether it failed; a rank that did not, but learns of one, raises.
-
-    A rank that failed passes its :class:`Failure` and re-raises its own exception afterwards.
-    """
-    outcomes = comm.all_gather_object(failure)
-    if failure is None:
-        failed = next((f for f in outcomes if f is not None), None)
-        if failed is not None:
-            raise failed.error(where)
-
-
-def share_from(comm: Communicator, src: int, fn: Callable[[], Any], where: str) -> Any:
-    """Run ``fn`` on rank ``src`` only; every rank returns its result (others: a copy).
-
-    When ``fn`` raises on ``src``, the other ranks raise RankFailedError at once. A result that
-    cannot be pickled is an InvalidArgumentError on every rank.
-    """
-    if comm.rank != src:
-        got = comm.broadcast_object(None, src)
-        if isinstance(got, Failure):
-            raise got.error(where)
-        return objects.unpack(memoryview(got))
-    try:
-        value = fn()
-    except RankFailedError as exc:  # fn found another rank's failure: pass that one on
-        comm.broadcast_object(Failure(exc.rank, exc.traceback), src)
-        raise
-    except BaseException:
-        comm.broadcast_object(Failure.now(comm.rank), src)
-        raise
-    try:
-        payload = objects.pack(value)
-    except Exception as exc:
-        text = (
-            f"{where} returned {type(value).__name__!r}, which cannot be pickled to send to "
-            f"the other ranks: {exc}. HINT: return plain data (numbers, strings, lists, dicts, "
-            "arrays, tensors)."
-        )
-        comm.broadcast_object(Failure(comm.rank, text), src)
-        raise InvalidArgumentError(text) from exc
-    comm.broadcast_object(pickle.PickleBuffer(payload), src)
-    return value
 
 
 def _is_main(comm: Communicator | None) -> bool:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from distcomm.backend.specs import Capabilities
     from distcomm.environment import LaunchInfo
-    from distcomm.specs import Capabilities
 
 __all__ = ["NON_MEMBER", "Communicator", "NonMember", "ReduceOp", "Work"]
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import itertools
 import mmap
 import os
@@ -37,16 +35,15 @@ import re
 import secrets
 import signal
 import socket
-import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from distcomm import objects
-from distcomm.collectives import resolve_group
+from distcomm import _value_codecs as codecs
+from distcomm._runtime.collectives import resolve_group
+from distcomm._sharing import Failure
 from distcomm.errors import InvalidArgumentError
-from distcomm.helpers import Failure
 from distcomm.protocol import Communicator
 
 __all__ = ["gather_objects", "gather_tensors", "live_files", "shared_memory_dir"]
@@ -66,21 +63,6 @@ class _Note:
     nbytes: int
     meta: Any
     ranks: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Codec:
-    """How one kind of value becomes bytes and back.
-
-    ``encode(value) -> (meta, bytes)``; ``allocate(meta, nbytes) -> (holder, writable bytes)``
-    makes room the bytes are copied into, and ``finish(holder)`` is the value;
-    ``from_buffer(meta, buffer)`` is the value over a buffer it keeps (a private mapping).
-    """
-
-    encode: Callable[[Any], tuple[Any, memoryview]]
-    allocate: Callable[[Any, int], tuple[Any, memoryview]]
-    finish: Callable[[Any], Any]
-    from_buffer: Callable[[Any, Any], Any]
 
 
 def gather_tensors(
@@ -108,7 +90,7 @@ def gather_tensors(
         InvalidArgumentError: ``ranks`` is not a list of distinct ranks of the group.
         RankFailedError: another rank failed to hand its tensor over.
     """
-    return _gather(tensor, _TENSORS, ranks, group, directory, "gather_tensors")
+    return _gather(tensor, codecs.TENSORS, ranks, group, directory, "gather_tensors")
 
 
 def gather_objects(
@@ -123,7 +105,7 @@ def gather_objects(
     As :func:`gather_tensors`; objects travel pickled (protocol 5), and ``ranks[0]`` gets
     unpickled copies, its own included.
     """
-    return _gather(obj, _OBJECTS, ranks, group, directory, "gather_objects")
+    return _gather(obj, codecs.OBJECTS, ranks, group, directory, "gather_objects")
 
 
 def live_files() -> list[str]:
@@ -143,7 +125,7 @@ def shared_memory_dir() -> str:
 # -- the exchange --------------------------------------------------------------------------------
 def _gather(
     value: Any,
-    codec: _Codec,
+    codec: codecs.Codec,
     ranks: Sequence[int] | None,
     group: Any,
     directory: str | os.PathLike[str] | None,
@@ -154,14 +136,14 @@ def _gather(
     folder = shared_memory_dir() if directory is None else os.fspath(directory)
     me, first = comm.rank, members[0]
     if comm.world_size == 1:
-        return [_copy(codec, value)]
+        return [codecs.copy(codec, value)]
     note: _Note | Failure | None = None
     own: Any = None
     error: BaseException | None = None
     if me in members:
         try:
             if me == first:
-                own = _copy(codec, value)
+                own = codecs.copy(codec, value)
             else:
                 note = _write(codec, value, folder, comm, members, directory is not None)
         except BaseException as exc:
@@ -190,7 +172,7 @@ def _gather(
 
 def _read_all(
     comm: Communicator,
-    codec: _Codec,
+    codec: codecs.Codec,
     members: tuple[int, ...],
     notes: list[Any],
     mine: tuple[Any, Failure | None, BaseException | None],
@@ -279,7 +261,7 @@ def _check_ranks(ranks: Sequence[int] | None, world_size: int) -> tuple[int, ...
 
 # -- files ---------------------------------------------------------------------------------------
 def _write(
-    codec: _Codec,
+    codec: codecs.Codec,
     value: Any,
     folder: str,
     comm: Communicator,
@@ -305,7 +287,7 @@ def _write(
     return _Note(_host(), path, data.nbytes, meta, members)
 
 
-def _load(codec: _Codec, note: _Note, shared_dir: bool) -> Any:
+def _load(codec: codecs.Codec, note: _Note, shared_dir: bool) -> Any:
     """The value in a writer's file: a private mapping of shared memory (no copy; the pages
     stay this process's after the file is removed), or a read copy from a shared directory
     (a mapping there would keep a network file system's file alive)."""
@@ -402,95 +384,3 @@ def _job(comm: Communicator) -> str:
     launch = getattr(comm, "launch", None)
     job = getattr(launch, "job_id", None) or f"pid{os.getpid()}"
     return re.sub(r"[^A-Za-z0-9_.]", "_", str(job))[:40]
-
-
-# -- codecs --------------------------------------------------------------------------------------
-def _copy(codec: _Codec, value: Any) -> Any:
-    meta, data = codec.encode(value)
-    holder, view = codec.allocate(meta, data.nbytes)
-    view[:] = data
-    return codec.finish(holder)
-
-
-def _encode_tensor(tensor: Any) -> tuple[Any, memoryview]:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(tensor, torch.Tensor):
-        t = tensor.detach().cpu().contiguous()
-        meta = ("torch", str(t.dtype).removeprefix("torch."), tuple(t.shape))
-        return meta, _address_view(t, writable=False)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(tensor, numpy.ndarray):
-        if tensor.dtype.hasobject:
-            raise InvalidArgumentError(
-                f"a numpy array of dtype {tensor.dtype} holds Python objects, not data. "
-                "HINT: use distcomm.workspace.gather_objects for it."
-            )
-        a = numpy.ascontiguousarray(tensor)
-        return ("numpy", a.dtype.str, a.shape), a.reshape(-1).view(numpy.uint8).data
-    raise InvalidArgumentError(
-        f"tensor={type(tensor).__name__!r} is not a torch.Tensor or a numpy.ndarray. "
-        "HINT: use distcomm.workspace.gather_objects for other values."
-    )
-
-
-def _allocate_tensor(meta: Any, nbytes: int) -> tuple[Any, memoryview]:
-    kind, dtype, shape = meta
-    if kind == "torch":
-        import torch
-
-        t = torch.empty(shape, dtype=getattr(torch, dtype))
-        return t, _address_view(t, writable=True)
-    import numpy
-
-    a = numpy.empty(shape, dtype=numpy.dtype(dtype))
-    return a, a.reshape(-1).view(numpy.uint8).data
-
-
-def _tensor_from_buffer(meta: Any, buffer: Any) -> Any:
-    kind, dtype, shape = meta
-    if kind == "torch":
-        import torch
-
-        torch_dtype = getattr(torch, dtype)
-        if not len(buffer):
-            return torch.empty(shape, dtype=torch_dtype)
-        return torch.frombuffer(buffer, dtype=torch_dtype).reshape(shape)
-    import numpy
-
-    return numpy.frombuffer(buffer, dtype=numpy.dtype(dtype)).reshape(shape)
-
-
-def _address_view(tensor: Any, writable: bool) -> memoryview:
-    """The bytes of a contiguous CPU torch tensor (kept alive by the view), without numpy."""
-    if tensor.nbytes == 0:
-        return memoryview(b"")
-    array = (ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())
-    array.owner = tensor
-    view = memoryview(array).cast("B")
-    return view if writable else view.toreadonly()
-
-
-def _encode_object(obj: Any) -> tuple[Any, memoryview]:
-    return None, memoryview(objects.pack(obj))
-
-
-def _allocate_object(meta: Any, nbytes: int) -> tuple[Any, memoryview]:
-    payload = bytearray(nbytes)
-    return payload, memoryview(payload)
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _object_from_buffer(meta: Any, buffer: Any) -> Any:
-    return objects.unpack(memoryview(buffer))
-
-
-_TENSORS = _Codec(_encode_tensor, _allocate_tensor, _identity, _tensor_from_buffer)
-_OBJECTS = _Codec(
-    _encode_object,
-    _allocate_object,
-    functools.partial(_object_from_buffer, None),
-    _object_from_buffer,
-)

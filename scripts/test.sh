@@ -52,4 +52,10 @@ if [ "$#" -eq 0 ]; then
             --timeout=300 --timeout-method=thread backends/distcomm-mpi/mpi_tests || status=$?
         check "$status" "mpirun -n $n pytest"
     done
+
+    # The API reference, generated from the docstrings of every public module's __all__: a
+    # warning (a docstring naming a parameter that does not exist, a broken link, a name of
+    # __all__ the reference does not show) fails the run. Installs the docs extra if missing.
+    echo "scripts/test.sh: the API reference (mkdocs build --strict)"
+    bash scripts/docs.sh
 fi

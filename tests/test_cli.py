@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import distcomm
+from distcomm._plugins.names import FIRST_PARTY_BACKENDS
 from distcomm.cli import main
 from distcomm.environment import LaunchInfo
-from distcomm.registry import FIRST_PARTY_BACKENDS
 
 LAUNCH_FIELDS = {field.name for field in dataclasses.fields(LaunchInfo)}
 

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobs import find_mpirun, job_environment, run_job
+from jobs import job_environment, run_job
 
-from distcomm.registry import get_registry
+from distcomm._plugins.loader import get_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,13 +89,12 @@ def test_workspace_benchmark_runs() -> None:
     ]
 
 
-def test_rank_zero_example_alone_and_under_mpirun() -> None:
+def test_rank_zero_example_alone_and_under_mpirun(request: pytest.FixtureRequest) -> None:
     assert run("examples/rank_zero.py").splitlines() == [
         "rank 0 merged 1 shards: sum 0",
         "[rank: 0] 1 ranks, vocabulary of 3",
     ]
-    mpirun = find_mpirun()
-    assert mpirun is not None, "mpirun is not installed (pip install mpich)"
+    mpirun = request.getfixturevalue("mpirun")
     done = run_job([mpirun, "-n", "4", sys.executable, "examples/rank_zero.py"], cwd=ROOT)
     assert done.returncode == 0, done.stderr
     # MPICH's launcher may join the ranks' lines in any order, even a line and its newline
@@ -114,14 +113,13 @@ TIMEOUT_LAUNCHES = [("distcomm run", "gloo"), ("mpirun", "mpi"), ("mpirun", "glo
 @pytest.mark.usefixtures("aborted_mpich_job")
 @pytest.mark.parametrize(("launcher", "backend"), TIMEOUT_LAUNCHES)
 def test_timeouts_example_names_the_skipped_barrier_under_every_launcher(
-    launcher: str, backend: str
+    launcher: str, backend: str, request: pytest.FixtureRequest
 ) -> None:
     """Where the engine can give up a blocked call, ranks 0 and 2 raise DistTimeoutError and
     carry on; where it cannot (capabilities.cancellable is False), the job ends with the same
     diagnostic. Either way the barrier, its sequence number and rank 1 are named."""
     if launcher == "mpirun":
-        mpirun = find_mpirun()
-        assert mpirun is not None, "mpirun is not installed (pip install mpich)"
+        mpirun = request.getfixturevalue("mpirun")
         command = [mpirun, "-n", "3", sys.executable, "examples/timeouts.py"]
     else:
         command = [sys.executable, "-m", "distcomm", "run", "-n", "3", "examples/timeouts.py"]

@@ -15,7 +15,7 @@ before = dict(os.environ)
 import distcomm
 print(json.dumps({
     "heavy": sorted(m for m in ("torch", "numpy", "mpi4py") if m in sys.modules),
-    "registry_created": distcomm.registry._registry is not None,
+    "registry_created": distcomm._plugins.loader._registry is not None,
     "initialised": distcomm.is_initialized(),
     "environ_changed": sorted(set(before.items()) ^ set(os.environ.items())),
 }))

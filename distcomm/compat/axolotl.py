@@ -32,9 +32,9 @@ from types import TracebackType
 from typing import Any
 
 import distcomm
-from distcomm import helpers
+from distcomm import _sharing, helpers
+from distcomm._sharing import Failure
 from distcomm.errors import InvalidArgumentError, RankFailedError
-from distcomm.helpers import Failure
 from distcomm.protocol import Communicator
 
 __all__ = [
@@ -54,7 +54,7 @@ def _peers() -> Communicator | None:
     """Initialise on first use under a multi-rank launch; the communicator, or None alone."""
     if not distcomm.is_initialized() and distcomm.detect_environment().world_size > 1:
         distcomm.init()
-    return helpers.peers()
+    return _sharing.peers()
 
 
 def is_distributed() -> bool:
@@ -159,7 +159,7 @@ def compute_and_broadcast(fn: Callable[[], Any]) -> Any:
     comm = _peers()
     if comm is None:
         return _scalar(fn())
-    return helpers.share_from(comm, 0, lambda: _scalar(fn()), "compute_and_broadcast")
+    return _sharing.share_from(comm, 0, lambda: _scalar(fn()), "compute_and_broadcast")
 
 
 def reduce_and_broadcast(fn1: Callable[[], Any], fn2: Callable[[list[Any]], Any]) -> Any:
@@ -182,7 +182,7 @@ def reduce_and_broadcast(fn1: Callable[[], Any], fn2: Callable[[list[Any]], Any]
         return fn2(values)
 
     try:
-        return helpers.share_from(comm, 0, reduce, "reduce_and_broadcast")
+        return _sharing.share_from(comm, 0, reduce, "reduce_and_broadcast")
     except RankFailedError:
         if error is not None:
             raise error from None

@@ -49,9 +49,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import distcomm
+from distcomm._plugins.loader import check_backend
+from distcomm._processes.workers import run_processes
+from distcomm.backend.ports import free_port
 from distcomm.errors import InvalidArgumentError
-from distcomm.launch import check_backend, free_port
-from distcomm.processes import run_processes
 
 __all__ = [
     "DistOptions",

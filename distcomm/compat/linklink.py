@@ -96,7 +96,7 @@ _worlds: weakref.WeakKeyDictionary[Any, _World] = weakref.WeakKeyDictionary()
 def _world() -> _World:
     comm = distcomm.get_communicator() if distcomm.is_initialized() else None
     if comm is None:
-        from distcomm.collectives import resolve_group
+        from distcomm._runtime.collectives import resolve_group
 
         comm = resolve_group(None)  # a world of 1 before init; NotInitializedError otherwise
     found = _worlds.get(comm)

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import distcomm
-from distcomm import objects, workspace
-from distcomm.collectives import resolve_group
+from distcomm import workspace
+from distcomm._runtime.collectives import resolve_group
+from distcomm.backend._pipeline import objects
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator, NonMember
 

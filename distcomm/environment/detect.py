@@ -1,9 +1,10 @@
 """Launch detection: which launcher started this process, and what it says about the job.
 
-:func:`detect_environment` asks each registered environment (built-in or from a plugin) in
-priority order and returns the first :class:`~distcomm.environment.info.LaunchInfo` one gives;
-:func:`explain_detection` says in words what each was asked and answered. Detection is pure: it
-reads a snapshot of the environment and writes nothing.
+:func:`detect_launch` asks each given environment (built-in or from a plugin) in priority order
+and returns the first :class:`~distcomm.environment.info.LaunchInfo` one gives;
+:func:`explain_launch` says in words what each was asked and answered. Detection is pure: it
+reads a snapshot of the environment and writes nothing, and it is given the environments to ask
+(``distcomm.detect_environment`` passes the registered ones).
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ from __future__ import annotations
 import os
 import types
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import EnvironmentDetectionError, InvalidArgumentError, did_you_mean
-from distcomm.specs import EnvironmentSpec
 
-__all__ = ["REQUIRED_VARIABLES", "detect_environment", "explain_detection"]
+if TYPE_CHECKING:
+    from distcomm.backend.specs import EnvironmentSpec
+
+__all__ = ["REQUIRED_VARIABLES", "detect_launch", "explain_launch"]
+
+#: The environments to ask, by name (what plugins registered).
+Specs = Mapping[str, "EnvironmentSpec"]
 
 #: What each built-in method needs to find, for the error when it was asked for but not found.
 REQUIRED_VARIABLES = {
@@ -26,26 +33,13 @@ REQUIRED_VARIABLES = {
 }
 
 
-def detect_environment(
-    method: str | None = None, environ: Mapping[str, str] | None = None
+def detect_launch(
+    specs: Specs, method: str | None = None, environ: Mapping[str, str] | None = None
 ) -> LaunchInfo:
-    """Detect how this process was launched.
+    """Detect how this process was launched, asking ``specs`` (environments by name).
 
-    Args:
-        method: the launch method to use (``"env"``, ``"slurm"``, ``"mpi"``, ``"single_node"``
-            or a plugin's); None means ``DISTCOMM_INIT_METHOD`` from ``environ`` if set, else
-            every registered method by descending priority (ties by name), the first that
-            matches. ``single_node`` always matches, last.
-        environ: the environment to read; defaults to ``os.environ``. It is only read.
-
-    Returns:
-        The detected launch; ``sources`` says where each field came from, and
-        ``sources["method"]`` why this method matched.
-
-    Raises:
-        InvalidArgumentError: ``method`` names no registered environment.
-        EnvironmentDetectionError: ``method`` was given but its launcher did not start this
-            process, or a launcher variable is present but malformed.
+    ``distcomm.detect_environment(method, environ)`` is this over the registered environments;
+    its docstring says what ``method`` and ``environ`` mean, what is returned and raised.
     """
     snapshot = _snapshot(environ)
     origin = "method"
@@ -53,7 +47,7 @@ def detect_environment(
         method = snapshot.get("DISTCOMM_INIT_METHOD", "").strip() or None
         origin = "DISTCOMM_INIT_METHOD"
     if method is not None:
-        spec = _spec(method, origin)
+        spec = _spec(specs, method, origin)
         info = spec.detect(snapshot)
         if info is None:
             needs = REQUIRED_VARIABLES.get(spec.name, "the variables its plugin documents")
@@ -65,7 +59,7 @@ def detect_environment(
                 value=method,
             )
         return info
-    for spec in _ordered_specs():
+    for spec in _ordered(specs):
         info = spec.detect(snapshot)
         if info is not None:
             return info
@@ -75,7 +69,7 @@ def detect_environment(
     )
 
 
-def explain_detection(environ: Mapping[str, str] | None = None) -> list[str]:
+def explain_launch(specs: Specs, environ: Mapping[str, str] | None = None) -> list[str]:
     """Say, one line per environment in detection order, what automatic detection finds.
 
     Lines read ``"env: not detected"``, ``"slurm: detected (<why>)"`` or
@@ -83,11 +77,12 @@ def explain_detection(environ: Mapping[str, str] | None = None) -> list[str]:
     that is detected or raises.
 
     Args:
+        specs: the environments to ask, by name.
         environ: the environment to read; defaults to ``os.environ``. It is only read.
     """
     snapshot = _snapshot(environ)
     lines: list[str] = []
-    for spec in _ordered_specs():
+    for spec in _ordered(specs):
         try:
             info = spec.detect(snapshot)
         except EnvironmentDetectionError as exc:
@@ -105,26 +100,20 @@ def _snapshot(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return types.MappingProxyType(dict(os.environ if environ is None else environ))
 
 
-def _registered() -> dict[str, EnvironmentSpec]:
-    from distcomm.registry import get_registry
-
-    return get_registry().environments
-
-
-def _ordered_specs() -> list[EnvironmentSpec]:
-    """Return the registered environments by descending priority, ties by name."""
-    return sorted(_registered().values(), key=lambda spec: (-spec.priority, spec.name))
+def _ordered(specs: Specs) -> list[EnvironmentSpec]:
+    """Return the environments by descending priority, ties by name."""
+    return sorted(specs.values(), key=lambda spec: (-spec.priority, spec.name))
 
 
-def _spec(method: str, origin: str = "method") -> EnvironmentSpec:
+def _spec(specs: Specs, method: str, origin: str = "method") -> EnvironmentSpec:
     """Return the environment registered as ``method`` (case-insensitive).
 
     Args:
+        specs: the environments, by name.
         method: the method's name.
         origin: where the name came from (``"method"``, the argument, or
             ``"DISTCOMM_INIT_METHOD"``), for the message.
     """
-    specs = _registered()
     if not isinstance(method, str):
         raise InvalidArgumentError(
             f"method must be a string, not {method!r}. HINT: use one of {', '.join(sorted(specs))}."

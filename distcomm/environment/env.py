@@ -75,7 +75,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_addr=address,
         master_port=port,
         job_id=job_id,
-        mpi_wireup=None,  # MPI's own launch
+        mpi_wireup=None,  # torchrun and `distcomm run` set no MPI variables
         sources=sources,
     )
 

@@ -5,7 +5,7 @@ backend conformance suite.
 inside already-running ranks (threads here; processes or mpirun ranks for other backends).
 """
 
-from distcomm.testing.spawn import spawn
+from distcomm.testing._spawn import spawn
 from distcomm.testing.threads import run_threads
 
 __all__ = ["run_threads", "spawn"]

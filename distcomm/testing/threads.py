@@ -10,11 +10,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from distcomm import state
+from distcomm._runtime import state
+from distcomm._runtime.request import resolve_timeout
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
-from distcomm.lifecycle import resolve_timeout
 
 __all__ = ["run_threads"]
 

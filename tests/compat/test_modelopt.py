@@ -82,7 +82,8 @@ def modelopt_exchanges(workdir: str) -> dict[str, Any]:
         with modelopt.get_tensors_parallel(torch.tensor([rank]), [3, 1], odd) as tensors:
             seen["group"] = [t.tolist() for t in tensors]
     native = distcomm.get_communicator().native
-    if isinstance(native, torch.distributed.ProcessGroup):  # an engine with torch groups
+    seen["torch_groups"] = isinstance(native, torch.distributed.ProcessGroup)
+    if seen["torch_groups"]:  # an engine with torch groups
         pg = torch.distributed.new_group([0, 2])
         if rank in (0, 2):
             with modelopt.get_tensors_parallel(torch.tensor([rank]), [2, 0], pg) as tensors:
@@ -135,8 +136,13 @@ def test_exchanges_on_four_ranks(backend: str, scenario_worlds: Any) -> None:
     for rank, seen in enumerate(results):
         other = (rank + 1) % 4
         assert seen["nfs_workspace"] == ({"rank": other}, [other])
-    if backend == "gloo":  # torch ProcessGroups exist there: they were used as the group
+    torch_groups = {seen["torch_groups"] for seen in results}
+    assert len(torch_groups) == 1, "every rank of a world sees the same engine"
+    if torch_groups.pop():  # torch ProcessGroups exist there: they were used as the group
         assert results[2]["torch_group"] == [[2], [0]] and results[0]["torch_group"] == []
+        assert "torch_group" not in results[1] and "torch_group" not in results[3]
+    else:
+        assert all("torch_group" not in seen for seen in results)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,13 +4,14 @@ backend (fakelink threads, gloo processes, mpirun; scenarios in tests/multirank.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from jobs import find_mpirun, run_job
+from jobs import run_job
 from multirank import outcome, scenario
 
 import distcomm
@@ -75,19 +76,31 @@ distcomm.finalize()
 """
 
 
+def distcomm_run(request: pytest.FixtureRequest) -> list[str]:
+    """``distcomm run`` starting 2 ranks of the script that follows."""
+    return [sys.executable, "-m", "distcomm", "run", "-n", "2"]
+
+
+def mpirun_job(request: pytest.FixtureRequest) -> list[str]:
+    """``mpirun`` starting 2 ranks of the script that follows (the ``mpirun`` fixture's)."""
+    return [request.getfixturevalue("mpirun"), "-n", "2", sys.executable]
+
+
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", id="mpirun")])
-def test_init_group_initialises_under_a_launcher(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "backend"),
+    [pytest.param(distcomm_run, "gloo", id="gloo"), pytest.param(mpirun_job, "mpi", id="mpirun")],
+)
+def test_init_group_initialises_under_a_launcher(
+    launcher: Callable[[pytest.FixtureRequest], list[str]],
+    backend: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
     """As a speechbrain recipe: launched (distcomm run / mpirun), ddp_init_group inits."""
     script = tmp_path / "recipe.py"
     script.write_text(RECIPE)
-    if backend == "mpi":
-        mpirun = find_mpirun()
-        assert mpirun is not None, "mpirun is not installed (pip install mpich)"
-        launcher = [mpirun, "-n", "2", sys.executable]
-    else:
-        launcher = [sys.executable, "-m", "distcomm", "run", "-n", "2"]
-    done = run_job([*launcher, str(script), backend])
+    done = run_job([*launcher(request), str(script), backend])
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(2):
         assert f"[rank: {rank}] {backend} 2" in done.stdout

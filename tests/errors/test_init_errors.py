@@ -25,8 +25,8 @@ from distcomm import (
     LaunchInfo,
     NotInitializedError,
 )
-from distcomm.base import BaseCommunicator
-from distcomm.launch import free_port
+from distcomm.backend import free_port
+from distcomm.backend.communicator import BaseCommunicator
 from distcomm.protocol import _OP_NAMES, ReduceOp
 
 
@@ -168,8 +168,8 @@ def test_cpu_tensor_staged_for_nccl() -> None:
     from distcomm_torch.communicator import NcclCommunicator
     from distcomm_torch.plugin import NCCL
 
-    from distcomm.arrays import adapter_for
-    from distcomm.staging import stage
+    from distcomm.backend._pipeline.staging import stage
+    from distcomm.backend.arrays import adapter_for
 
     x = torch.ones(3)
     message = message_of(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobs import find_mpirun, job_environment
+from jobs import job_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm.sh"
@@ -147,11 +147,9 @@ def sbatch(conf: str, script: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(300)
-def test_mpirun_inside_an_sbatch_script(slurm: str, tmp_path: Path) -> None:
+def test_mpirun_inside_an_sbatch_script(slurm: str, mpirun: str, tmp_path: Path) -> None:
     """Hydra starts its proxies through srun: every rank sees SLURM_PROCID=0, and MPI's
     variables take the launch (DESIGN section 3)."""
-    mpirun = find_mpirun()
-    assert mpirun is not None, "mpirun is not installed (pip install mpich)"
     script = tmp_path / "job.sbatch"
     script.write_text(
         f"#!/bin/bash\n#SBATCH -n {TASKS}\n#SBATCH --overcommit\n#SBATCH -o {tmp_path}/job.out\n"

@@ -21,7 +21,7 @@ from distcomm import (
     LaunchInfo,
     ReduceOp,
 )
-from distcomm.arrays import adapter_for, as_torch
+from distcomm.backend import adapter_for, as_torch
 from distcomm.errors import NotSupportedError
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_linklink.plugin import LINKLINK_CAPABILITIES, find_module

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
-from distcomm.registry import Registry
+from distcomm.backend import Registry
 
 __all__ = ["LINKLINK_CAPABILITIES", "distcomm_register_backends", "find_module", "is_available"]
 

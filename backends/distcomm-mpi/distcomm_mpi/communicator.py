@@ -8,7 +8,6 @@ frees the communicators distcomm created.
 
 from __future__ import annotations
 
-import itertools
 import sys
 from typing import Any, ClassVar
 
@@ -24,10 +23,8 @@ from distcomm import (
     InvalidArgumentError,
     LaunchInfo,
     ReduceOp,
-    monitor,
 )
-from distcomm.aborts import abort_job, abort_on_uncaught_exception
-from distcomm.devices import select_cuda_device
+from distcomm.backend import abort_job, abort_on_uncaught_exception, monitor, select_cuda_device
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.plugin import MPI_CAPABILITIES
@@ -136,17 +133,8 @@ class MpiWork(BaseWork):
     def _block(self, timeout: float | None) -> bool:
         if timeout is not None:
             return super()._block(timeout)
-        comm = self._mpi
-        comm.blocked_op = self._label()
-        comm.blocked_seq = self.seq or -next(comm.p2p_marks)
-        try:
-            self._request.Wait(self._status)
-        finally:
-            comm.blocked_seq, comm.blocked_op = 0, ""
+        self._request.Wait(self._status)  # under the watchdog (BaseWork set the mark)
         return True
-
-    def _label(self) -> str:
-        return self.op if self.seq is None else f"{self.op} (operation #{self.seq})"
 
     def _waiting_for(self) -> str:
         return "" if self.seq is not None else "the matching message did not arrive"
@@ -157,6 +145,7 @@ class MpiCommunicator(BaseCommunicator):
 
     backend_name: ClassVar[str] = "mpi"
     capabilities: ClassVar[Capabilities] = MPI_CAPABILITIES
+    engine_errors: ClassVar[tuple[type[BaseException], ...]] = (MPI.Exception,)
     devices = frozenset({"cpu"})
 
     def __init__(
@@ -179,12 +168,6 @@ class MpiCommunicator(BaseCommunicator):
             self.cpu_only_reason = f"this MPI is not CUDA-aware: {cuda_aware[1]}"
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
         self._allreduce = comm.Allreduce
-        #: The blocking call in progress, for the watchdog: the sequence number of the
-        #: collective (negative: a point-to-point wait), 0 when none; ``blocked_op`` names a
-        #: Work being waited for (else the call is the current collective, ``op``).
-        self.blocked_seq = 0
-        self.blocked_op = ""
-        self.p2p_marks = itertools.count(1)
         self._side = side
         self._key = side.register(self)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
@@ -234,72 +217,58 @@ class MpiCommunicator(BaseCommunicator):
                 f"tag={tag!r} is above this MPI's largest tag (MPI_TAG_UB={self._tag_ub})"
             )
 
-    def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
-        """As BaseCommunicator's, with a shortcut for the commonest call: a blocking SUM of a
-        contiguous CPU array of a native dtype (numpy array or torch tensor) goes straight to
-        ``Allreduce`` with no wrapper; a tensor as a buffer at its address, not ``.numpy()``."""
-        if op is _SUM and not async_op and self.unusable is None:
-            cls = tensor.__class__
-            b: Any = None
-            if cls is _ndarray:
-                if tensor.dtype in _DIRECT:
-                    b = tensor  # mpi4py raises BufferError for a non-contiguous array
-            elif cls is _torch.tensor or _torch.bind(cls):
-                mpi_type = _torch.types.get(tensor.dtype)
-                if mpi_type is not None and tensor.is_cpu and tensor.is_contiguous():
-                    b = [_fromaddress(tensor.data_ptr(), tensor.nbytes), mpi_type]
-            if b is not None:
-                self.op = "all_reduce"
-                self.blocked_seq = self.seq = self.seq + 1
-                try:
-                    self._allreduce(_IN_PLACE, b, _MPI_SUM)
-                except BufferError:
-                    self.seq -= 1  # not contiguous: nothing was sent; the general path copies
-                except MPI.Exception as exc:
-                    raise self.engine_failed("all_reduce", self.seq, exc) from exc
-                else:
-                    return None
-                finally:
-                    self.blocked_seq = 0
-        return super().all_reduce(tensor, op, async_op)
-
-    def _call(self, blocking: Any, starting: Any, async_op: bool, *args: Any) -> Work | None:
-        """Run a collective: ``blocking(*args)`` under the watchdog's mark, or (async) the
-        request ``starting(*args)`` in a Work that owns the buffers among ``args``."""
-        if not async_op:
-            self.blocked_seq = self.seq
-        try:
-            if async_op:
-                return MpiWork(starting(*args), self, *args)
-            blocking(*args)
-        except MPI.Exception as exc:
-            raise self.engine_failed(self.op, self.seq, exc) from exc
-        finally:
-            self.blocked_seq = 0
+    def _run(self, blocking: Any, starting: Any, async_op: bool, *args: Any) -> Work | None:
+        """``blocking(*args)``, or (async) the request ``starting(*args)`` in a Work that owns
+        the buffers among ``args``."""
+        if async_op:
+            return MpiWork(starting(*args), self, *args)
+        blocking(*args)
         return None
 
     # -- primitives ---------------------------------------------------------------------------
+    def _all_reduce_plain(self, tensor: Any) -> bool:
+        """The commonest call: a blocking SUM of a contiguous CPU array of a native dtype (numpy
+        array or torch tensor) goes straight to ``Allreduce``, a tensor as a buffer at its
+        address (not ``.numpy()``)."""
+        cls = tensor.__class__
+        if cls is _ndarray:
+            if tensor.dtype not in _DIRECT:
+                return False
+            b: Any = tensor
+        elif cls is _torch.tensor or _torch.bind(cls):
+            mpi_type = _torch.types.get(tensor.dtype)
+            if mpi_type is None or not tensor.is_cpu or not tensor.is_contiguous():
+                return False
+            b = [_fromaddress(tensor.data_ptr(), tensor.nbytes), mpi_type]
+        else:
+            return False
+        try:
+            self._allreduce(_IN_PLACE, b, _MPI_SUM)
+        except BufferError:  # a non-contiguous array: nothing was sent; the pipeline copies
+            return False
+        return True
+
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         c = self._comm
-        return self._call(c.Allreduce, c.Iallreduce, async_op, _IN_PLACE, buf(tensor), _OPS[op])
+        return self._run(c.Allreduce, c.Iallreduce, async_op, _IN_PLACE, buf(tensor), _OPS[op])
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
-        return self._call(self._comm.Bcast, self._comm.Ibcast, async_op, buf(tensor), src)
+        return self._run(self._comm.Bcast, self._comm.Ibcast, async_op, buf(tensor), src)
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         send = MPI.IN_PLACE if self._rank == dst else buf(tensor)
         recv = buf(tensor) if self._rank == dst else None
         c = self._comm
-        return self._call(c.Reduce, c.Ireduce, async_op, send, recv, _OPS[op], dst)
+        return self._run(c.Reduce, c.Ireduce, async_op, send, recv, _OPS[op], dst)
 
     def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         recv = buf(output)
         send = in_place(buf(tensor), recv, self._rank)
-        return self._call(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
+        return self._run(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         c = self._comm
-        return self._call(
+        return self._run(
             c.Reduce_scatter_block,
             c.Ireduce_scatter_block,
             async_op,
@@ -311,19 +280,19 @@ class MpiCommunicator(BaseCommunicator):
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         recv = buf(output) if output is not None else None
         send = buf(tensor) if recv is None else in_place(buf(tensor), recv, self._rank)
-        return self._call(self._comm.Gather, self._comm.Igather, async_op, send, recv, dst)
+        return self._run(self._comm.Gather, self._comm.Igather, async_op, send, recv, dst)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         send = buf(full) if full is not None else None
         c = self._comm
-        return self._call(c.Scatter, c.Iscatter, async_op, send, buf(output), src)
+        return self._run(c.Scatter, c.Iscatter, async_op, send, buf(output), src)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         c = self._comm
-        return self._call(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
+        return self._run(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
 
     def _barrier(self, async_op: bool) -> Work | None:
-        return self._call(self._comm.Barrier, self._comm.Ibarrier, async_op)
+        return self._run(self._comm.Barrier, self._comm.Ibarrier, async_op)
 
     def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
         b = buf(tensor)

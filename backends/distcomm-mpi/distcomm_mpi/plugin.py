@@ -6,7 +6,7 @@ import importlib.util
 from typing import Any
 
 from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
-from distcomm.registry import Registry
+from distcomm.backend import Registry
 
 __all__ = ["MPI_CAPABILITIES", "distcomm_register_backends", "is_available"]
 

@@ -21,7 +21,7 @@ from distcomm_mpi.communicator import create
 from distcomm_mpi.cuda import query_cuda_support
 
 import distcomm
-from distcomm import arrays
+from distcomm.backend import arrays
 from distcomm.protocol import Communicator
 
 pytestmark = pytest.mark.mpi

@@ -74,8 +74,8 @@ def test_info_under_mpirun_shows_mpi(tmp_path: Path, mpirun: str) -> None:
 DETECT = """
 import json, sys
 import distcomm
-from distcomm.registry import get_registry
-from distcomm.selection import select_backend
+from distcomm._plugins.loader import get_registry
+from distcomm._runtime.selection import select_backend
 
 launch = distcomm.detect_environment()
 selection = select_backend(get_registry(), launch)

@@ -23,9 +23,8 @@ from distcomm import (
     Capabilities,
     InvalidArgumentError,
     ReduceOp,
-    monitor,
 )
-from distcomm.arrays import as_torch
+from distcomm.backend import as_torch, monitor
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_torch.plugin import GLOO, NCCL
 from distcomm_torch.progress import StoreProgress
@@ -138,7 +137,7 @@ class TorchCommunicator(BaseCommunicator):
         """The torch ProcessGroup (for DDP's ``process_group=``, FSDP, ...)."""
         return dist.group.WORLD if self._group is None else self._group
 
-    def adopt(self, native: Any) -> Communicator | NonMember:
+    def _adopt(self, native: Any) -> Communicator | NonMember:
         """A communicator over ``native``, a torch ProcessGroup made with torch.distributed.
 
         Made once per group and kept; the group stays its creator's. Every member calls it

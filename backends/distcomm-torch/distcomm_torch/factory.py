@@ -15,9 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
-from distcomm.aborts import abort_on_uncaught_exception
-from distcomm.devices import select_cuda_device
-from distcomm.launch import free_port
+from distcomm.backend import abort_on_uncaught_exception, free_port, select_cuda_device
 from distcomm_torch import rendezvous
 from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
 from distcomm_torch.progress import StoreProgress

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
-from distcomm.registry import Registry
+from distcomm.backend import Registry
 
 __all__ = ["GLOO", "NCCL", "distcomm_register_backends"]
 

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from distcomm import monitor
+from distcomm.backend import monitor
 
 __all__ = ["StoreProgress"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
+from distcomm.backend import free_port
 from distcomm.errors import DistcommError
-from distcomm.launch import free_port
 
 __all__ = ["failed", "open_store"]
 

@@ -69,7 +69,7 @@ def test_timeout_reaches_the_communicator() -> None:
 
 
 def test_numpy_arrays_are_reduced_in_place_without_copies() -> None:
-    from distcomm.arrays import as_torch
+    from distcomm.backend.arrays import as_torch
 
     a = np.arange(4, dtype=np.float32)
     assert as_torch(a).data_ptr() == a.ctypes.data, "torch.from_numpy shares the memory"

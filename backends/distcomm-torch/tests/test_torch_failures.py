@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from test_failures import skipped_barrier, skipped_group_barrier
+from skipped_ranks import skipped_barrier, skipped_group_barrier
 
 import distcomm
-from distcomm.launch import free_port
+from distcomm.backend import free_port
 from distcomm.testing import spawn
 
 TIMEOUT = 3

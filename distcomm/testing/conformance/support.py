@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import distcomm
+from distcomm.backend.specs import DTYPE_NAMES, FLOAT_DTYPES
 from distcomm.protocol import Communicator, ReduceOp
-from distcomm.specs import DTYPE_NAMES, FLOAT_DTYPES
 
 __all__ = [
     "FLOATS",

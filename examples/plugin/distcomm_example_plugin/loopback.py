@@ -1,8 +1,8 @@
 """``loopback``: the smallest complete distcomm backend, for a world of 1.
 
-It shows what a backend author writes: a BaseCommunicator subclass overriding the engine
-primitives (distcomm.primitives lists them). BaseCommunicator already answers every collective of
-a world of 1 locally, so only point-to-point messages (to oneself) and group creation reach the
+It shows what a backend author writes: a BaseCommunicator subclass overriding the engine primitives
+(distcomm.backend.primitives lists them). BaseCommunicator already answers every collective of a
+world of 1 locally, so only point-to-point messages (to oneself) and group creation reach the
 primitives here. It passes distcomm's conformance suite at world size 1.
 """
 
@@ -12,8 +12,7 @@ import collections
 from typing import Any
 
 import distcomm
-from distcomm.arrays import adapter_for
-from distcomm.work import CompletedWork
+from distcomm.backend import CompletedWork, adapter_for
 
 
 class LoopbackCommunicator(distcomm.BaseCommunicator):

@@ -1,0 +1,38 @@
+"""What makes a process one rank of a single-node job, and how a rank's exit reads in a shell.
+
+Shared by ``distcomm run`` (:mod:`distcomm._processes.supervisor`), ``distcomm.testing.spawn``
+and flame's ``run_local`` (:mod:`distcomm._processes.workers`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["exit_status", "launch_variables"]
+
+
+def launch_variables(
+    rank: int, nprocs: int, master_port: int, backend: str | None = None
+) -> dict[str, str]:
+    """The variables that make a process rank ``rank`` of a single-node job of ``nprocs``.
+
+    They are what torchrun sets on one node (read by distcomm's ``env`` detection), plus
+    ``PYTHONUNBUFFERED=1`` and, when ``backend`` is given, ``DISTCOMM_BACKEND``.
+    """
+    variables = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if backend is not None:
+        variables["DISTCOMM_BACKEND"] = backend
+    return variables
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a child's return code: 128 + N for a child killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode

@@ -1,0 +1,142 @@
+"""Starting and stopping distcomm: ``init`` and ``finalize``.
+
+``init`` parses its arguments (:class:`~distcomm._runtime.request.InitRequest`), resolves the
+launch method (argument, ``DISTCOMM_INIT_METHOD``, detection) and the backend (argument,
+``DISTCOMM_BACKEND``, automatic), and creates the default communicator; the trace of why is kept
+for ``distcomm info --explain``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+from distcomm._logs import logger
+from distcomm._plugins.loader import get_registry
+from distcomm._runtime import exports, state
+from distcomm._runtime.detection import detect_environment
+from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
+from distcomm._runtime.selection import select_backend
+from distcomm.backend import aborts
+from distcomm.errors import AlreadyInitializedError
+from distcomm.protocol import Communicator
+
+__all__ = ["finalize", "init"]
+
+_lock = threading.RLock()
+
+
+def init(
+    backend: str | None = None,
+    method: str | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout: float | datetime.timedelta | None = None,
+    device: Any = None,
+    export_env: bool = True,
+    **options: Any,
+) -> Communicator:
+    """Initialise distcomm and return the default communicator.
+
+    Args:
+        backend: a backend name; default ``DISTCOMM_BACKEND``, else chosen automatically.
+        method: a launch method (``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's);
+            default ``DISTCOMM_INIT_METHOD``, else detected.
+        rank: this process's rank, where no launcher says it (with ``world_size``); under a
+            launcher it may only repeat the launcher's.
+        world_size: the number of ranks, likewise.
+        master_addr: the rendezvous host, instead of the launch's.
+        master_port: the rendezvous port, instead of the launch's.
+        timeout: seconds (or a timedelta) an operation may block; default ``DISTCOMM_TIMEOUT``
+            or 1800.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device, for GPU backends.
+        export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+            MASTER_PORT where absent, so env-reading code agrees; ``finalize`` removes them.
+        **options: passed to the backend's factory.
+
+    Calling ``init`` again returns the running communicator; arguments that are given and
+    differ from it raise AlreadyInitializedError. After ``finalize()`` it may be called again.
+
+    Raises:
+        BackendNotFoundError: no such backend, or none available for this launch.
+        BackendUnavailableError: the backend cannot run here (the reason says why).
+        EnvironmentDetectionError: a launcher variable is malformed.
+    """
+    request = InitRequest.parse(
+        backend,
+        method,
+        rank=rank,
+        world_size=world_size,
+        master_addr=master_addr,
+        master_port=master_port,
+        timeout=timeout,
+        device=device,
+        options=options,
+    )
+    requested = request.given()
+    with _lock:
+        ctx = state.current()
+        if ctx is not None:
+            _check_same(ctx, requested)
+            return ctx.comm
+        timeout_s = request.timeout or resolve_timeout(None)
+        aborts.on_timeout()  # a malformed policy is an error now, not at the first timeout
+        aborts.abort_on_exception()
+        launch = apply_overrides(detect_environment(method), request)
+        trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
+        selection = select_backend(get_registry(), launch, request.backend)
+        trace += selection.trace
+        if selection.error is not None:
+            raise selection.error
+        assert selection.spec is not None
+        comm = selection.spec.factory(
+            launch, timeout=timeout_s, device=request.device, **request.options
+        )
+        effective = {
+            "backend": comm.backend,
+            "method": launch.method,
+            "rank": comm.rank,
+            "world_size": comm.world_size,
+            "master_addr": launch.master_addr,
+            "master_port": launch.master_port,
+            "timeout": timeout_s,
+            **requested,
+        }
+        ctx = state.Context(comm, launch, trace, effective)
+        if export_env:
+            ctx.exported = exports.export_env(launch)
+        state.set_process(ctx)
+        logger.info("initialised %r: %s", comm, "; ".join(trace))
+        return comm
+
+
+def finalize() -> None:
+    """Shut down the default communicator and remove the variables ``init`` exported.
+
+    A no-op when not initialised, and inside ``run_threads`` (which owns its world).
+    """
+    with _lock:
+        ctx = state.current()
+        if ctx is None or ctx.thread_owned:
+            return
+        state.set_process(None)
+        try:
+            ctx.comm.finalize()
+        finally:
+            exports.unexport_env(ctx.exported)
+
+
+def _check_same(ctx: state.Context, requested: dict[str, Any]) -> None:
+    differs = {
+        k: (v, ctx.requested.get(k)) for k, v in requested.items() if ctx.requested.get(k) != v
+    }
+    if differs:
+        detail = ", ".join(f"{k}={new!r} (running: {old!r})" for k, (new, old) in differs.items())
+        raise AlreadyInitializedError(
+            f"distcomm is already initialised with other arguments: {detail}. HINT: call "
+            "distcomm.finalize() first, or omit the arguments to get the running communicator."
+        )

@@ -1,0 +1,284 @@
+"""Choosing a backend for a launch, and recording why every candidate was taken or not.
+
+Order (DESIGN section 4): the ``backend`` argument, else ``DISTCOMM_BACKEND``, else automatic:
+adopt an existing torch default process group; a world of 1 with no launcher runs on fakelink;
+otherwise the available backend of highest priority (nccl 300, mpi 200, gloo 100, plugins by their
+own; 0 means only when asked for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+
+from distcomm._plugins.names import (
+    FIRST_PARTY_BACKENDS,
+    FIRST_PARTY_PRIORITIES,
+    install_hint,
+    normalise_backend,
+)
+from distcomm.backend.registry import Registry
+from distcomm.backend.specs import BackendSpec
+from distcomm.environment.info import LaunchInfo
+from distcomm.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
+
+__all__ = ["Candidate", "Selection", "select_backend"]
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One backend as the selection saw it (``distcomm info``'s "backends" entries)."""
+
+    name: str
+    distribution: str
+    available: bool
+    reason: str
+    selected: bool = False
+    priority: int = 0
+    description: str = ""
+
+
+@dataclasses.dataclass
+class Selection:
+    """The outcome: the chosen backend (or the error) and the trace of why."""
+
+    backend: str | None
+    spec: BackendSpec | None
+    candidates: list[Candidate]
+    trace: list[str]
+    error: Exception | None = None
+
+
+def select_backend(
+    registry: Registry,
+    launch: LaunchInfo,
+    requested: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Selection:
+    """Choose a backend for ``launch``; never raises: a failure is ``Selection.error``."""
+    environ = os.environ if environ is None else environ
+    trace: list[str] = []
+    origin = "argument"
+    if requested is not None:
+        trace.append(f"backend {requested!r} requested by the backend argument")
+    elif environ.get("DISTCOMM_BACKEND", "").strip():
+        requested, origin = environ["DISTCOMM_BACKEND"], "DISTCOMM_BACKEND"
+        trace.append(f"backend {requested.strip()!r} requested by DISTCOMM_BACKEND")
+    candidates = _candidates(registry, launch)
+    by_name = {c.name: c for c in candidates}
+    specs = registry.backends
+    if requested is not None:
+        name = normalise_backend(str(requested))
+        choice = by_name.get(name) if name in specs else None
+        if choice is None:
+            return _fail(candidates, trace, _not_found(name, specs, by_name, origin))
+        if not choice.available:
+            return _fail(candidates, trace, _unavailable(choice, specs, candidates, origin))
+        return _chosen(choice, specs, candidates, trace, "was requested")
+    adopted = _torch_default_backend()
+    if adopted is not None:
+        trace.append(f"a torch default process group exists (backend {adopted!r}): adopting it")
+        choice = by_name.get(adopted)
+        if choice is None or adopted not in specs:
+            return _fail(candidates, trace, _not_found(adopted, specs, by_name))
+        return _chosen(choice, specs, candidates, trace, "adopts the existing torch process group")
+    if launch.method == "single_node" and launch.world_size == 1:
+        return _chosen(
+            by_name["fakelink"],
+            specs,
+            candidates,
+            trace,
+            "because a world of 1 with no launcher runs in-process",
+        )
+    ranked = sorted(
+        (c for c in candidates if c.name in specs and c.priority > 0),
+        key=lambda c: (-c.priority, c.name),
+    )
+    for choice in ranked:
+        if choice.available:
+            return _chosen(
+                choice,
+                specs,
+                candidates,
+                trace,
+                f"is the highest-priority available backend (priority {choice.priority})",
+            )
+    reasons = "; ".join(f"{c.name}: {c.reason}" for c in candidates if not c.selected)
+    return _fail(
+        candidates,
+        trace,
+        BackendNotFoundError(
+            f"no backend can run a world of {launch.world_size} launched by {launch.method!r}: "
+            f"{reasons}. HINT: install one ({install_hint('distcomm-torch')} or "
+            f"{install_hint('distcomm-mpi')}), or name one "
+            "with init(backend=...) / DISTCOMM_BACKEND."
+        ),
+    )
+
+
+def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
+    out = []
+    failed = {p.distribution: p.error for p in registry.plugins if p.error}
+    blocked = {p.distribution for p in registry.plugins if p.blocked}
+    for name, spec in sorted(registry.backends.items()):
+        distribution = registry.distribution_of(name) or "?"
+        if ("backend", name) in registry.conflicts:
+            available, reason = False, registry.conflicts[("backend", name)]
+        else:
+            try:
+                available, reason = spec.is_available(launch)
+            except Exception as exc:
+                available, reason = False, f"is_available() raised {type(exc).__name__}: {exc}"
+        out.append(
+            Candidate(
+                name,
+                distribution,
+                bool(available),
+                reason,
+                priority=spec.priority,
+                description=spec.description,
+            )
+        )
+    for name, distribution in FIRST_PARTY_BACKENDS.items():
+        if name in registry.backends:
+            continue
+        if distribution in failed:
+            reason = f"{distribution} is installed but failed to load: {failed[distribution]}"
+        elif distribution in blocked:
+            reason = f"{distribution} is blocked by DISTCOMM_DISABLE_PLUGINS"
+        else:
+            reason = f"not installed ({install_hint(distribution)})"
+        out.append(
+            Candidate(name, distribution, False, reason, priority=FIRST_PARTY_PRIORITIES[name])
+        )
+    return out
+
+
+def _chosen(
+    choice: Candidate,
+    specs: dict[str, BackendSpec],
+    candidates: list[Candidate],
+    trace: list[str],
+    why: str,
+) -> Selection:
+    choice.selected = True
+    trace.append(f"{choice.name}: selected: {why}")
+    for c in candidates:
+        if c.selected:
+            continue
+        if c.available:
+            trace.append(
+                f"{c.name}: available, not chosen (priority {c.priority}; {choice.name} {why})"
+            )
+        else:
+            trace.append(f"{c.name}: not available: {c.reason}")
+    return Selection(choice.name, specs[choice.name], candidates, trace)
+
+
+def _fail(candidates: list[Candidate], trace: list[str], error: Exception) -> Selection:
+    trace.extend(
+        f"{c.name}: {'available' if c.available else 'not available: ' + c.reason}"
+        for c in candidates
+    )
+    trace.append(f"no backend selected: {error}")
+    return Selection(None, None, candidates, trace, error)
+
+
+def _named(name: str, origin: str | None) -> str:
+    """``'name'``, followed by where the name came from unless it is the ``backend`` argument."""
+    return f"{name!r}" if origin in (None, "argument") else f"{name!r} (from {origin})"
+
+
+def _unavailable(
+    choice: Candidate,
+    specs: Mapping[str, BackendSpec],
+    candidates: list[Candidate],
+    origin: str,
+) -> BackendUnavailableError:
+    """The error for a requested backend that is registered but cannot run this launch.
+
+    The message gives the backend's reason and, unless the reason carries its own HINT, one
+    naming the backends that can run here (for a GPU-only backend: those that move CPU memory).
+    """
+    name, reason = choice.name, choice.reason.strip().rstrip(".")
+    message = f"backend {_named(name, origin)} cannot run here: {reason}."
+    if "HINT:" not in reason:
+        message += " " + _unavailable_hint(name, specs, candidates, origin)
+    return BackendUnavailableError(message, backend=name, reason=choice.reason)
+
+
+def _unavailable_hint(
+    name: str, specs: Mapping[str, BackendSpec], candidates: list[Candidate], origin: str
+) -> str:
+    """``HINT: ...`` naming the backends that can run this launch instead of ``name``."""
+    usable = sorted(
+        (c for c in candidates if c.available and c.name in specs and c.name != name),
+        key=lambda c: (-c.priority, c.name),
+    )
+    if not usable:
+        return "HINT: run `distcomm info --explain` to see why each backend is (not) available."
+    if origin == "DISTCOMM_BACKEND":
+        fix = "set DISTCOMM_BACKEND={}, or unset DISTCOMM_BACKEND to choose automatically."
+    else:
+        fix = "pass init(backend={!r}), or omit backend to choose automatically."
+    devices = specs[name].devices
+    if "cpu" not in devices:
+        cpu = [c.name for c in usable if c.priority > 0 and "cpu" in specs[c.name].devices]
+        if cpu:
+            moves = "/".join(sorted(d.upper() for d in devices))
+            return (
+                f"HINT: {name} moves {moves} tensors only; for CPU tensors use "
+                f"{' or '.join(cpu)}: {fix.format(cpu[0])}"
+            )
+    names = ", ".join(c.name for c in usable)
+    return f"HINT: backends that can run here: {names}; {fix.format(usable[0].name)}"
+
+
+def _not_found(
+    name: str,
+    specs: Mapping[str, BackendSpec],
+    by_name: dict[str, Candidate],
+    origin: str | None = None,
+) -> BackendNotFoundError:
+    available = ", ".join(sorted(specs)) or "none"
+    hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
+    guess = hint.split("'")[1] if hint else name
+    if name in FIRST_PARTY_BACKENDS and name not in specs:
+        dist = FIRST_PARTY_BACKENDS[name]
+        why = by_name[name].reason if name in by_name else "not installed"
+        return BackendNotFoundError(
+            f"backend {_named(name, origin)} is provided by {dist}: {why}; available: "
+            f"{available}. HINT: {install_hint(dist)}"
+        )
+    missing = sorted({d for b, d in FIRST_PARTY_BACKENDS.items() if b not in specs})
+    not_installed = "; ".join(
+        f"{', '.join(sorted(b for b, d in FIRST_PARTY_BACKENDS.items() if d == dist))} ({dist})"
+        for dist in missing
+    )
+    parts = [f"unknown backend {_named(name, origin)}; available: {available}."]
+    if not_installed:
+        parts.append(f"Not installed: {not_installed}.")
+    if guess in FIRST_PARTY_BACKENDS and guess not in specs:
+        dist = FIRST_PARTY_BACKENDS[guess]
+        lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"
+        parts.append(
+            f"{lead} is provided by {dist}, which is not installed ({install_hint(dist)})."
+        )
+    elif hint:
+        parts.append(f"HINT: {hint}")
+    else:
+        parts.append(
+            "HINT: run `distcomm info` to see every backend and why it is (not) available."
+        )
+    return BackendNotFoundError(" ".join(parts))
+
+
+def _torch_default_backend() -> str | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    raw = str(dist.get_backend()).lower()
+    names = [part.split(":")[-1] for part in raw.split(",")]
+    return "nccl" if "nccl" in names else names[0]

@@ -1,0 +1,55 @@
+"""The public kit for backend and plugin authors.
+
+A backend is a :class:`BaseCommunicator` subclass that overrides engine primitives (listed in
+:mod:`distcomm.backend.primitives`), a factory that builds it from a :class:`LaunchInfo`, and a
+:class:`BackendSpec` registered from a ``distcomm_register_backends`` hook (marked
+:data:`hookimpl`) on the :class:`Registry`. Backend and plugin packages import only ``distcomm``,
+``distcomm.backend`` (and its modules), ``distcomm.errors``, ``distcomm.protocol`` and
+``distcomm.testing``; everything else in distcomm is private and may change. The guide:
+docs/plugins.md.
+"""
+
+from distcomm.backend.aborts import abort_job, abort_on_uncaught_exception
+from distcomm.backend.arrays import Adapter, adapter_for, as_torch
+from distcomm.backend.communicator import BaseCommunicator
+from distcomm.backend.devices import select_cuda_device
+from distcomm.backend.hooks import hookimpl, hookspec
+from distcomm.backend.ports import free_port
+from distcomm.backend.registry import PluginRecord, Registry
+from distcomm.backend.specs import (
+    ALL_DTYPES,
+    DTYPE_NAMES,
+    FLOAT_DTYPES,
+    BackendSpec,
+    Capabilities,
+    EnvironmentSpec,
+)
+from distcomm.backend.work import AllOf, BaseWork, CompletedWork, WrappedWork
+from distcomm.environment.info import LaunchInfo, read_int
+
+__all__ = [
+    "ALL_DTYPES",
+    "DTYPE_NAMES",
+    "FLOAT_DTYPES",
+    "Adapter",
+    "AllOf",
+    "BackendSpec",
+    "BaseCommunicator",
+    "BaseWork",
+    "Capabilities",
+    "CompletedWork",
+    "EnvironmentSpec",
+    "LaunchInfo",
+    "PluginRecord",
+    "Registry",
+    "WrappedWork",
+    "abort_job",
+    "abort_on_uncaught_exception",
+    "adapter_for",
+    "as_torch",
+    "free_port",
+    "hookimpl",
+    "hookspec",
+    "read_int",
+    "select_cuda_device",
+]

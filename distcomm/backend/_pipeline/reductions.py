@@ -1,0 +1,167 @@
+"""The reductions pipeline: all_reduce, reduce and reduce_scatter_tensor.
+
+Beyond the common steps: op names are normalised to :class:`~distcomm.protocol.ReduceOp`, bool
+data reduces as logical or / and, AVG is emulated (SUM, then a division) where the engine lacks
+it, and an op the engine lacks altogether is computed from an all-gather. The commonest call, a
+blocking SUM, first tries the backend's ``_all_reduce_plain`` shortcut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distcomm.backend._pipeline import objects
+from distcomm.backend._pipeline.staging import Staged
+from distcomm.backend._pipeline.steps import DONE, Steps
+from distcomm.backend.arrays import (
+    Adapter,
+    adapter_for,
+    cached_adapter,
+    check_op_dtype,
+    normalise_bool_op,
+)
+from distcomm.protocol import ReduceOp, Work
+
+__all__ = ["Reductions"]
+
+_SUM = ReduceOp.SUM
+# Tuples, not sets: `in` finds enum members by identity, without Enum's Python-level __hash__.
+_TYPED_OPS = (ReduceOp.AVG, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+class Reductions(Steps):
+    """all_reduce, reduce, reduce_scatter_tensor (module docstring)."""
+
+    def all_reduce(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
+        """Reduce ``tensor`` across ranks, in place on every rank.
+
+        A plain int or float is reduced and the result returned (exactly, through objects).
+        """
+        if op is _SUM and not async_op and self.unusable is None:
+            plain = self._all_reduce_plain
+            if plain is not None:
+                self.op = "all_reduce"
+                self.blocked_seq = self.seq = self.seq + 1
+                try:
+                    done = plain(tensor)
+                except self.engine_errors as exc:
+                    raise self.engine_failed("all_reduce", self.seq, exc) from exc
+                finally:
+                    self.blocked_seq = 0
+                if done:
+                    return None
+                self.seq -= 1  # nothing was sent: the general pipeline counts it
+        op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
+        adapter = cached_adapter(tensor)
+        if adapter is None and isinstance(tensor, (int, float)):
+            return self._all_reduce_number(tensor, op)
+        adapter, dtype = self._begin(tensor, "tensor", adapter)
+        if op in _TYPED_OPS:
+            check_op_dtype(op, dtype)
+        self._count("all_reduce")
+        if self._world_size == 1:
+            return DONE if async_op else None
+        if (
+            dtype in self._direct_dtypes
+            and adapter.is_plain(tensor, self.devices)
+            and op in self._native_ops
+        ):
+            work = self._call(self._all_reduce, async_op, tensor, op)
+            return self._complete(work, async_op, tensor)
+        staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
+        if engine_op in self._native_ops:
+            work = self._call(self._all_reduce, async_op, staged.engine, engine_op)
+        else:
+            self._reduce_by_gathering(staged.engine, engine_op)
+            work = None
+        return self._finish(work, async_op, staged, divide)
+
+    def reduce(
+        self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
+    ) -> Work | None:
+        """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
+        op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
+        adapter, dtype = self._begin(tensor, "tensor")
+        check_op_dtype(op, dtype)
+        self._check_rank(dst, "dst")
+        self._count("reduce")
+        if self._world_size == 1:
+            return DONE if async_op else None
+        staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
+        if engine_op in self._native_ops:
+            work = self._call(self._reduce, async_op, staged.engine, dst, engine_op)
+        else:
+            self._reduce_by_gathering(staged.engine, engine_op)
+            work = None
+        if self._rank != dst:
+            staged.copied, divide = False, None
+        return self._finish(work, async_op, staged, divide)
+
+    def reduce_scatter_tensor(
+        self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
+    ) -> Work | None:
+        """Reduce ``input`` (world_size chunks) across ranks; rank r gets chunk r in ``output``."""
+        op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
+        adapter, dtype = self._begin(input, "input")
+        check_op_dtype(op, dtype)
+        self._check_pair(output, "output", adapter, dtype, None)
+        if adapter.numel(input) != adapter.numel(output) * self._world_size:
+            raise self._size_error(
+                "input",
+                adapter.numel(input),
+                "world_size x output's",
+                adapter.numel(output) * self._world_size,
+            )
+        self._count("reduce_scatter_tensor")
+        if self._world_size == 1:
+            adapter.copy_(output, input)
+            return DONE if async_op else None
+        staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)
+        staged_out = self._stage(adapter, output, dtype, "output")
+        divide = self._world_size if op is ReduceOp.AVG and not self._native_avg else None
+        if engine_op in self._native_ops:
+            work = self._call(
+                self._reduce_scatter, async_op, staged_out.engine, staged_in.engine, engine_op
+            )
+        else:
+            scratch = adapter.clone(staged_in.engine)
+            self._reduce_by_gathering(scratch, engine_op)
+            numel = adapter.numel(output)
+            chunk = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
+            adapter.copy_(staged_out.engine, chunk)
+            work = None
+        return self._finish(work, async_op, staged_out, divide, staged_in)
+
+    # -- the emulations --------------------------------------------------------------------------
+    def _stage_reduction(
+        self, adapter: Adapter, x: Any, dtype: str, op: ReduceOp
+    ) -> tuple[Staged, ReduceOp, int | None]:
+        """Stage ``x``; return it with the op the engine runs and the divisor of an emulated
+        AVG (None when the engine averages itself)."""
+        staged = self._stage(adapter, x, dtype)
+        if dtype == "bool":
+            op = normalise_bool_op(op)
+        divide = None
+        if op is ReduceOp.AVG and not self._native_avg:
+            op, divide = ReduceOp.SUM, self._world_size
+        return staged, op, divide
+
+    def _reduce_by_gathering(self, engine: Any, op: ReduceOp) -> None:
+        """Reduce with an op the engine lacks: all-gather every rank's data, combine locally."""
+        adapter = adapter_for(engine)
+        numel = adapter.numel(engine)
+        gathered = adapter.empty(engine, numel * self._world_size)
+        self._call(self._all_gather_into, False, gathered, engine)
+        flat = adapter.flat(gathered)
+        result = adapter.clone(flat[0:numel])
+        for r in range(1, self._world_size):
+            adapter.combine_(result, flat[r * numel : (r + 1) * numel], op)
+        adapter.copy_(engine, result)
+
+    def _all_reduce_number(self, value: int | float, op: ReduceOp) -> int | float:
+        """Reduce a Python number exactly: gathered as an object, combined locally."""
+        self._check_usable()
+        channel = self._objects("all_reduce")
+        if channel is None:
+            return value / 1 if op is ReduceOp.AVG else value
+        return objects.reduce_numbers(objects.all_gather_object(channel, value), op)

@@ -1,0 +1,236 @@
+"""The steps every pipeline of :class:`~distcomm.backend.BaseCommunicator` is made of.
+
+Each public operation runs validate -> normalise -> world of 1 -> stage -> primitive -> finish:
+
+- :meth:`Steps._begin` checks the communicator is usable and finds the array adapter (validate,
+  normalise); :meth:`Steps._count` numbers the operation once it passed validation (``seq``);
+- a world of 1 answers locally, with no engine call;
+- :meth:`Steps._stage` gives the engine contiguous memory of a native dtype on a native device;
+- :meth:`Steps._call` runs the primitive: blocking under this rank's "blocked in" mark (set and
+  cleared here, in a ``try/finally``), or started with ``async_op``; an engine's own exception
+  becomes :class:`~distcomm.errors.EngineError`;
+- :meth:`Steps._finish` (and :meth:`Steps._complete`, :meth:`Steps._finish_split`) copies results
+  back where the engine worked on a copy, or hands the caller a Work that owns every buffer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from distcomm.backend._pipeline.checks import ArgumentChecks
+from distcomm.backend._pipeline.failures import Failures
+from distcomm.backend._pipeline.staging import Staged, stage
+from distcomm.backend.arrays import Adapter, adapter_for
+from distcomm.backend.primitives import Primitives
+from distcomm.backend.specs import Capabilities
+from distcomm.backend.work import BaseWork, CompletedWork, PendingWorks
+from distcomm.errors import DistcommError, DistcommWarning
+from distcomm.protocol import ReduceOp, Work
+
+if TYPE_CHECKING:
+    from distcomm.backend.communicator import BaseCommunicator
+    from distcomm.environment.info import LaunchInfo
+
+__all__ = ["DONE", "Steps"]
+
+#: What an async operation of a world of 1 returns.
+DONE = CompletedWork()
+
+
+class Steps(ArgumentChecks, Failures, Primitives):
+    """The state of a communicator and the steps its pipelines share (module docstring)."""
+
+    backend_name: ClassVar[str] = "base"
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: Exceptions of the engine's own that mean it failed (e.g. ``MPI.Exception``): raised by a
+    #: primitive, they become :class:`~distcomm.errors.EngineError`.
+    engine_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: The devices whose memory the engine moves (an instance may widen it, e.g. CUDA-aware MPI).
+    devices: frozenset[str] = frozenset({"cpu"})
+    #: Why the engine moves no GPU memory, for the one staging warning (e.g. what MPI said).
+    cpu_only_reason: str = ""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        launch: LaunchInfo,
+        global_ranks: Sequence[int] | None = None,
+        timeout: float = 1800.0,
+        name: str = "world",
+    ) -> None:
+        self._rank = rank
+        self._world_size = world_size
+        self._launch = launch
+        self._global_ranks = (
+            tuple(global_ranks) if global_ranks is not None else tuple(range(world_size))
+        )
+        self.timeout = float(timeout)
+        self.name = name
+        self.seq = 0
+        self.op = ""
+        self.unusable: str | None = None
+        #: What this rank is blocked in: the sequence number of the collective (negative for a
+        #: point-to-point wait), 0 when none; ``blocked_op`` names a Work being waited for.
+        self.blocked_seq = 0
+        self.blocked_op = ""
+        self.p2p_marks = itertools.count(1)
+        #: The Works handed to the caller that may not have completed.
+        self._pending = PendingWorks()
+        self._warned_staging = False
+        self._native_dtypes = self.capabilities.dtypes
+        self._native_ops = tuple(op for op in ReduceOp if op.name in self.capabilities.reduce_ops)
+        self._native_avg = ReduceOp.AVG in self._native_ops
+        self._direct_dtypes = self._native_dtypes - {"bool"}
+
+    def describe(self) -> str:
+        """A short label for messages: backend, name and size."""
+        ranks = "rank" if self._world_size == 1 else "ranks"
+        return f"{self.backend_name} {self.name!r} ({self._world_size} {ranks})"
+
+    # -- validate, normalise -------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self.unusable is not None:
+            raise DistcommError(
+                f"communicator {self.describe()} can no longer be used: {self.unusable}. "
+                "HINT: create a new one with distcomm.init() after distcomm.finalize()."
+            )
+
+    def _begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
+        if self.unusable is not None:
+            self._check_usable()
+        if adapter is None:
+            adapter = adapter_for(x, what)
+        return adapter, adapter.dtype(x)
+
+    def _count(self, op: str) -> None:
+        """Count collective ``op``, which passed validation (see BaseCommunicator)."""
+        self.seq += 1
+        self.op = op
+
+    # -- stage ---------------------------------------------------------------------------------
+    def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
+        return stage(
+            adapter,
+            x,
+            dtype,
+            native_dtypes=self._native_dtypes,
+            devices=self.devices,
+            backend=self.backend_name,
+            warn_staging=self._warn_staging,
+            what=what,
+        )
+
+    def _warn_staging(self, device: str) -> None:
+        if not self._warned_staging:
+            self._warned_staging = True
+            why = f" ({self.cpu_only_reason})" if self.cpu_only_reason else ""
+            warnings.warn(
+                f"backend {self.backend_name!r} moves CPU memory only{why}: {device} tensors are "
+                "copied through host memory (slower). HINT: use a GPU backend such as nccl.",
+                DistcommWarning,
+                stacklevel=5,
+            )
+
+    # -- primitive -----------------------------------------------------------------------------
+    def _call(self, primitive: Callable[..., Work | None], async_op: bool, *args: Any) -> Any:
+        """Run ``primitive(*args, async_op)``: blocking (and waited for) under this rank's
+        "blocked in" mark, or started, returning its Work. An engine exception (one of
+        ``engine_errors``) becomes EngineError naming the operation."""
+        if async_op:
+            try:
+                return primitive(*args, True)
+            except self.engine_errors as exc:
+                raise self.engine_failed(self.op, self.seq, exc) from exc
+        self.blocked_seq = self.seq
+        try:
+            work = primitive(*args, False)
+            if work is not None:
+                work.wait()
+        except self.engine_errors as exc:
+            raise self.engine_failed(self.op, self.seq, exc) from exc
+        finally:
+            self.blocked_seq = 0
+        return None
+
+    # -- finish --------------------------------------------------------------------------------
+    def _complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
+        """A primitive's outcome for the caller: done, or (async) a Work owning ``keep``."""
+        if not async_op:
+            return None
+        return self._handed(work, keep, None)
+
+    def _finish(
+        self,
+        work: Work | None,
+        async_op: bool,
+        staged: Staged,
+        divide: int | None = None,
+        *keep: Any,
+    ) -> Work | None:
+        """As :meth:`_complete`, then copy the result back into the caller's tensor where it was
+        staged (and divide an emulated AVG)."""
+        after: Callable[[], None] | None = None
+        if divide is not None:
+            engine, adapter = staged.engine, staged.adapter
+
+            def after() -> None:
+                adapter.divide_(engine, divide)
+                staged.write_back()
+
+        elif staged.copied:
+            after = staged.write_back
+        if async_op:
+            return self._handed(work, (staged.user, staged.engine, *keep), after)
+        if after is not None:
+            after()
+        return None
+
+    def _finish_split(
+        self, work: Work | None, async_op: bool, staged: Staged, out: Any, parts: list[Any]
+    ) -> Work | None:
+        """As :meth:`_complete`, then copy the chunks of ``out`` into ``parts``."""
+        adapter = staged.adapter
+
+        def after() -> None:
+            flat = adapter.flat(out)
+            numel = adapter.numel(out) // len(parts)
+            for r, part in enumerate(parts):
+                adapter.copy_(part, flat[r * numel : (r + 1) * numel])
+
+        if async_op:
+            return self._handed(work, (staged.user, staged.engine, out, *parts), after)
+        after()
+        return None
+
+    def _handed(
+        self, work: Work | None, keep: tuple[Any, ...], after: Callable[[], None] | None
+    ) -> BaseWork:
+        """The Work the caller gets: it owns ``keep``, runs ``after`` once complete, and is
+        remembered until it completes."""
+        handed = self._then(work, after, *keep)
+        if handed is None:
+            return DONE
+        self._pending.add(handed)
+        return handed
+
+    # -- the channel of internal traffic -------------------------------------------------------
+    def _object_channel(self) -> BaseCommunicator:
+        """The communicator object bytes travel on (a GPU engine returns a CPU side channel)."""
+        return self  # type: ignore[return-value]
+
+    def _objects(self, op: str) -> BaseCommunicator | None:
+        """Count object collective ``op`` here (and on the object channel); return the channel
+        its bytes travel on, or None in a world of 1."""
+        self._count(op)
+        if self._world_size == 1:
+            return None
+        channel = self._object_channel()
+        if channel is not self:
+            channel._check_usable()
+            channel._count(op)
+        return channel

@@ -1,0 +1,115 @@
+"""`BaseCommunicator`: the public collectives, written once over a few engine primitives.
+
+A backend derives from :class:`BaseCommunicator` and overrides the ``_primitive`` methods
+(:mod:`distcomm.backend.primitives` lists them, which are required and the defaults of the
+others); it never overrides a public method. Each public method is one pipeline of shared steps
+(validate, normalise, world of 1, stage, primitive, finish; see
+:mod:`distcomm.backend._pipeline.steps`), one module per kind of operation: reductions, data
+movement, gathers and scatters, point to point, objects and groups. The steps accept torch
+tensors and numpy arrays, answer worlds of 1 locally, stage CUDA tensors through host memory for
+CPU-only engines, bridge dtypes the engine lacks through wider ones, emulate AVG, and copy
+results back into non-contiguous tensors. A primitive receives contiguous arrays of a native
+dtype on a native device and, with ``async_op=True``, may return a
+:class:`~distcomm.protocol.Work` (None means done). A contiguous CPU tensor of a native dtype
+(the common case) goes to the primitive as it is, with no copy and no wrapper.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from distcomm.backend._pipeline.groups import Groups
+from distcomm.backend._pipeline.movement import Movement
+from distcomm.backend._pipeline.object_collectives import ObjectCollectives
+from distcomm.backend._pipeline.p2p import PointToPoint
+from distcomm.backend._pipeline.reductions import Reductions
+from distcomm.backend._pipeline.rooted import Rooted
+from distcomm.backend.work import retained
+from distcomm.environment.info import LaunchInfo
+from distcomm.errors import DistcommWarning
+
+__all__ = ["BaseCommunicator"]
+
+
+class BaseCommunicator(Reductions, Movement, Rooted, PointToPoint, ObjectCollectives, Groups):
+    """Template for backends; see the module docstring.
+
+    ``seq`` counts the collectives called on this communicator that passed validation (object
+    collectives, ``new_group`` and ``split`` count once each; point-to-point messages do not):
+    it is the same on every member, and timeouts and failures name operations by it. ``op`` is
+    the name of the latest of them. ``blocked_seq`` and ``blocked_op`` say what this rank is
+    blocked in (0 and "" when it is not), for watchdogs and diagnostics.
+
+    Args:
+        rank: this process's rank in the communicator.
+        world_size: the number of ranks.
+        launch: how the job was launched.
+        global_ranks: the world rank of each member (default: ``range(world_size)``).
+        timeout: seconds an operation may block.
+        name: a label for messages (``"world"``, ``"group 1"``).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "uint8" not in cls.capabilities.dtypes:
+            raise TypeError(
+                f"{cls.__qualname__}.capabilities.dtypes must include 'uint8': object "
+                "collectives, new_group and split travel as bytes"
+            )
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        return self._global_ranks
+
+    @property
+    def backend(self) -> str:
+        return self.backend_name
+
+    @property
+    def native(self) -> Any:
+        """The engine's own handle (None for engines without one)."""
+        return None
+
+    @property
+    def launch(self) -> LaunchInfo:
+        return self._launch
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.backend_name} {self.name!r} "
+            f"rank {self._rank} of {self._world_size}>"
+        )
+
+    def finalize(self) -> None:
+        """Release the engine's resources for this communicator. Idempotent.
+
+        Waits (up to the timeout) for the Works handed out that have not completed; if one
+        still has not, the engine may yet use its memory and the communicator, so both are
+        kept until the process exits instead of freed (with a warning).
+        """
+        if self.unusable == "finalized":
+            return
+        left = self._pending.settle(self.timeout if self.unusable is None else 0.0)
+        if left:
+            retained().append(self)
+            warnings.warn(
+                f"finalize: {len(left)} operation(s) on {self.describe()} had not completed "
+                f"({', '.join(map(repr, left))}); the engine may still use their memory, so the "
+                "communicator and their buffers are kept until the process exits. HINT: wait() "
+                "for every Work before finalize().",
+                DistcommWarning,
+                stacklevel=2,
+            )
+        else:
+            self._finalize()
+        self.unusable = "finalized"

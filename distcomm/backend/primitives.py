@@ -1,0 +1,167 @@
+"""The engine primitives a backend overrides, and correct (slower) defaults for the optional ones.
+
+BaseCommunicator's public methods call these with contiguous arrays of a native dtype on a
+native device. With ``async_op=True`` a primitive may return a Work; None means it is complete.
+
+Required: ``_all_reduce``, ``_broadcast``, ``_all_gather_into``, ``_isend``, ``_irecv``, ``_split``.
+Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``, ``_gather``,
+``_scatter``, ``_all_to_all``, ``_barrier``, ``_adopt``, ``_finalize``; and
+``_all_reduce_plain``, the shortcut of the commonest call (no default: the general pipeline).
+
+Every backend moves uint8 natively: object collectives, ``new_group`` and ``split`` travel as bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from distcomm.backend.arrays import adapter_for
+from distcomm.backend.work import AllOf, BaseWork, WrappedWork
+from distcomm.errors import NotSupportedError
+from distcomm.protocol import ReduceOp, Work
+
+if TYPE_CHECKING:
+    from distcomm.protocol import Communicator, NonMember
+
+__all__ = ["INTERNAL_TAG", "Primitives"]
+
+#: The tag the default ``_all_to_all`` uses; user tags stay below it.
+INTERNAL_TAG = 2**30
+
+
+class Primitives:
+    """Mixin of BaseCommunicator holding the primitives (see the module docstring)."""
+
+    _rank: int
+    _world_size: int
+    backend_name: ClassVar[str]
+
+    #: Optional shortcut of the commonest call, ``_all_reduce_plain(tensor) -> bool``: a blocking
+    #: SUM, in place, of ``tensor`` exactly as the caller passed it (a numpy array or a torch
+    #: tensor). Return False, having sent nothing, when ``tensor`` is not plain for the engine
+    #: (not contiguous, not in CPU memory, not a native dtype): the general pipeline then runs.
+    #: ``all_reduce`` calls it inside its sequence number and "blocked in" mark, and turns
+    #: ``engine_errors`` into EngineError, like every primitive.
+    _all_reduce_plain: Callable[[Any], bool] | None = None
+
+    def _missing(self, name: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"backend {self.backend_name!r} ({type(self).__qualname__}) does not implement the "
+            f"primitive {name}(); every backend must (see distcomm.backend.primitives)"
+        )
+
+    # -- required ----------------------------------------------------------------------------
+    def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
+        """Reduce ``tensor`` in place on every rank (bool data comes with MAX/MIN/BXOR only)."""
+        raise self._missing("_all_reduce")
+
+    def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+        """Copy ``src``'s ``tensor`` into every rank's."""
+        raise self._missing("_broadcast")
+
+    def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
+        """Concatenate every rank's ``tensor`` into ``output`` (world_size times larger)."""
+        raise self._missing("_all_gather_into")
+
+    def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
+        """Start sending ``tensor`` to ``dst``."""
+        raise self._missing("_isend")
+
+    def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
+        """Start receiving into ``tensor``; the Work has ``source`` once complete."""
+        raise self._missing("_irecv")
+
+    def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
+        """Create one communicator per group (ranks of this communicator, in member order).
+
+        Called on every rank with the same ``groups``; ``index`` is this rank's group, or None.
+        Return the new communicator, or NON_MEMBER when ``index`` is None.
+        """
+        raise self._missing("_split")
+
+    # -- optional, with defaults -------------------------------------------------------------
+    # Each honours async_op: it starts the required primitives and returns a Work that owns
+    # the scratch buffers and finishes the result (a slice copied out) when it completes.
+    def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
+        """Reduce into ``dst``'s ``tensor``. Default: all-reduce (a scratch copy off ``dst``)."""
+        target = tensor if self._rank == dst else adapter_for(tensor).clone(tensor)
+        return self._then(self._all_reduce(target, op, async_op), None, target)
+
+    def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
+        """Reduce ``input``; rank r gets chunk r. Default: all-reduce a copy, keep a slice."""
+        adapter = adapter_for(input)
+        scratch = adapter.clone(input)
+        numel = adapter.numel(output)
+
+        def keep_mine() -> None:
+            mine = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
+            adapter.copy_(output, mine)
+
+        return self._then(self._all_reduce(scratch, op, async_op), keep_mine, scratch, output)
+
+    def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
+        """Concatenate every rank's ``tensor`` into ``dst``'s ``output``. Default: all-gather."""
+        adapter = adapter_for(tensor)
+        if output is None:
+            output = adapter.empty(tensor, adapter.numel(tensor) * self._world_size)
+        return self._then(self._all_gather_into(output, tensor, async_op), None, output, tensor)
+
+    def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
+        """Rank r gets chunk r of ``src``'s ``full``. Default: broadcast ``full``, keep a slice."""
+        adapter = adapter_for(output)
+        numel = adapter.numel(output)
+        if full is None:
+            full = adapter.empty(output, numel * self._world_size)
+
+        def keep_mine() -> None:
+            mine = adapter.flat(full)[self._rank * numel : (self._rank + 1) * numel]
+            adapter.copy_(output, mine)
+
+        return self._then(self._broadcast(full, src, async_op), keep_mine, full, output)
+
+    def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
+        """Chunk r of ``input`` goes to rank r. Default: point-to-point with INTERNAL_TAG."""
+        adapter = adapter_for(input)
+        size = self._world_size
+        chunk = adapter.numel(input) // size
+        src_flat, out_flat = adapter.flat(input), adapter.flat(output)
+        peers = [r for r in range(size) if r != self._rank]
+        works = [self._irecv(out_flat[r * chunk : (r + 1) * chunk], r, INTERNAL_TAG) for r in peers]
+        works += [
+            self._isend(src_flat[r * chunk : (r + 1) * chunk], r, INTERNAL_TAG) for r in peers
+        ]
+        me = slice(self._rank * chunk, (self._rank + 1) * chunk)
+        adapter.copy_(out_flat[me], src_flat[me])
+        return AllOf(self, works, input, output)  # type: ignore[arg-type]
+
+    def _barrier(self, async_op: bool) -> Work | None:
+        """Wait for every rank. Default: all-gather one byte."""
+        out, one = bytearray(self._world_size), bytearray(1)
+        return self._then(self._all_gather_into(out, one, async_op), None, out, one)
+
+    def _adopt(self, native: Any) -> Communicator | NonMember:
+        """Wrap a group the engine's own API made. Default: NotSupportedError."""
+        raise NotSupportedError(
+            f"the {self.backend_name} backend cannot use {type(native).__name__!r} as a group. "
+            "HINT: make the group with distcomm.new_group(ranks) instead."
+        )
+
+    def _finalize(self) -> None:
+        """Free the engine's resources for this communicator. Default: nothing to free."""
+
+    # -- for the defaults ----------------------------------------------------------------------
+    def _then(
+        self, work: Work | None, finish: Callable[[], None] | None, *buffers: Any
+    ) -> BaseWork | None:
+        """``work`` owning ``buffers`` and running ``finish`` once complete (at once, and None,
+        when there is no Work: the primitive completed)."""
+        if work is None:
+            if finish is not None:
+                finish()
+            return None
+        owner = work if isinstance(work, BaseWork) else WrappedWork(self, work)  # type: ignore[arg-type]
+        owner.own(*buffers)
+        if finish is not None:
+            owner.then(finish)
+        return owner

@@ -1,0 +1,81 @@
+"""`spawn`: N processes on this node, each an initialised rank, for tests of real backends.
+
+The multi-process sibling of :func:`distcomm.testing.run_threads`: the launcher variables that
+``distcomm run`` sets, over the process machinery of :mod:`distcomm._processes.workers`
+(multiprocessing's ``spawn`` method, never ``fork``; a result or a traceback back from each rank
+through a pipe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from distcomm._plugins.loader import check_backend
+from distcomm._processes.variables import launch_variables
+from distcomm._processes.workers import run_processes
+from distcomm.backend.ports import free_port
+from distcomm.errors import InvalidArgumentError
+
+__all__ = ["spawn"]
+
+T = TypeVar("T")
+
+
+def spawn(
+    fn: Callable[..., T],
+    nprocs: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout: float = 120.0,
+) -> list[T]:
+    """Run ``fn(*args)`` in ``nprocs`` processes, each an initialised rank; return the results.
+
+    Each process gets the variables that ``distcomm run`` sets (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR=127.0.0.1, one free MASTER_PORT,
+    PYTHONUNBUFFERED=1) plus ``DISTCOMM_BACKEND=backend``, calls
+    ``distcomm.init(backend=backend)``, runs ``fn(*args)``, calls ``distcomm.finalize()`` and
+    sends the result back. Processes start with multiprocessing's ``spawn`` method: each one is
+    a fresh interpreter that imports the module defining ``fn`` (and re-imports the parent's
+    main script, as multiprocessing does, so a script needs ``if __name__ == "__main__":``).
+    ``fn`` must therefore be importable by name: defined at the top level of a module, not a
+    lambda or a nested function. ``fn``, ``args`` and the results are pickled. The processes'
+    stdin is ``/dev/null``; their stdout and stderr are this process's.
+
+    Args:
+        fn: the function every rank runs.
+        nprocs: the number of processes (at least 1).
+        *args: passed to ``fn``.
+        backend: the backend every rank initialises (``"fakelink"`` runs only at nprocs=1).
+        timeout: seconds for the whole run. Operations inside time out after
+            ``DISTCOMM_TIMEOUT`` seconds when it is set (their DistTimeoutError names the ranks
+            that had not arrived), else a few seconds after the run, so that a stuck run ends
+            with this function's DistTimeoutError.
+
+    Returns:
+        ``fn``'s return values in rank order.
+
+    Raises:
+        InvalidArgumentError: ``fn`` is not callable or cannot be pickled, ``args`` cannot be
+            pickled, or ``nprocs`` or ``timeout`` is invalid; nothing was started.
+        BackendNotFoundError: ``backend`` names no backend; nothing was started.
+        RankFailedError: a rank raised (its traceback), or died without reporting (its exit
+            code); the first one seen is reported as soon as it fails, and the others are
+            killed.
+        DistTimeoutError: the run took longer than ``timeout``; ``missing_ranks`` are those
+            that had not finished, and the message shows their stacks. All are killed.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidArgumentError(
+            f"timeout={timeout!r} must be a positive number of seconds. HINT: the default is 120."
+        )
+    name = check_backend(backend)
+    port = free_port()
+    return run_processes(
+        fn,
+        nprocs,
+        args,
+        variables=lambda rank: launch_variables(rank, nprocs, port, name),
+        backend=name,
+        timeout=timeout,
+    )

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Build the documentation (docs/*.md and the API reference that mkdocstrings generates from the
+# docstrings of each public module's __all__, docs/reference/) with `mkdocs build --strict`, and
+# fail on anything that would let the docs drift from the code:
+#   - any mkdocs or mkdocstrings warning (strict mode): a docstring that documents a parameter
+#     the signature lacks (griffe), a broken #anchor, a page missing from the nav, ...;
+#   - a relative link that mkdocs cannot resolve: one inside docs/ is broken, one that leaves
+#     docs/ (../README.md) must name a file or directory of the repository;
+#   - a module documented in docs/reference/ without __all__, a name of its __all__ that the
+#     page does not render, or a private name (_x) that it does.
+# The site goes to a temporary directory, removed at the end: nothing is left behind.
+# Used by scripts/test.sh; installs the docs extra into ./.venv when it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+if ! .venv/bin/python -c 'import griffe, mkdocs, mkdocstrings, mkdocstrings_handlers.python' \
+    2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[docs]'
+fi
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/distcomm-docs-XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+
+status=0
+.venv/bin/python -m mkdocs build --strict --clean --config-file mkdocs.yml \
+    --site-dir "$scratch/site" 2>&1 | tee "$scratch/mkdocs.log" || status=$?
+
+# The checks mkdocs cannot make; they read its log and whatever pages it wrote, so they run even
+# when the build failed, to report everything at once.
+checks=0
+.venv/bin/python - "$scratch/site" "$scratch/mkdocs.log" <<'EOF' || checks=$?
+import posixpath
+import re
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import griffe
+
+site, log = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
+docs = Path("docs")
+errors = []
+
+# Links mkdocs logged (at "info", see mkdocs.yml) as not found among the documentation files.
+link = re.compile(
+    r"Doc file '(?P<doc>[^']+)' contains (?:a link '(?P<url>[^']+)', but the target"
+    r"|an unrecognized relative link '(?P<other>[^']+)', it was left as is)"
+)
+for match in link.finditer(log):
+    doc, url = match["doc"], match["url"] or match["other"]
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(doc), unquote(urlsplit(url).path)))
+    if not target.startswith("../"):
+        errors.append(f"docs/{doc}: broken link {url!r}: docs/{target} is not a page of the site")
+    elif not (docs / target).exists():
+        missing = posixpath.normpath("docs/" + target)
+        errors.append(f"docs/{doc}: broken link {url!r}: the repository has no {missing}")
+
+# Every name of a documented module's __all__ has its heading on the page; no private name does.
+loader = griffe.GriffeLoader(search_paths=["."])
+packages = {}
+for page in sorted((docs / "reference").glob("*.md")):
+    html_file = site / "reference" / page.stem / "index.html"
+    if not html_file.exists():
+        errors.append(f"{page}: not built (see the mkdocs errors above)")
+        continue
+    ids = set(re.findall(r'\bid="([^"]+)"', html_file.read_text()))
+    for private in sorted(i for i in ids if re.search(r"\._(?!_)|\.__\w*[^_\W]_?$", i)):
+        errors.append(f"{page}: renders the private name {private}")
+    for directive in re.finditer(r"^::: *([\w.]+)", page.read_text(), re.MULTILINE):
+        path = directive[1]
+        try:
+            top = path.partition(".")[0]
+            if top not in packages:
+                packages[top] = loader.load(top)
+            module = packages[top] if path == top else packages[top][path.partition(".")[2]]
+        except Exception as exc:  # ImportError, KeyError, ...: griffe's message says which
+            errors.append(f"{page}: cannot load {path}: {type(exc).__name__}: {exc}")
+            continue
+        if not module.is_module:
+            continue
+        if module.exports is None:
+            errors.append(f"{page}: {path} has no __all__ ({module.relative_filepath})")
+            continue
+        for name in map(str, module.exports):
+            if f"{path}.{name}" in ids:
+                continue
+            member = module.members.get(name)
+            why = ""
+            if member is not None and member.is_module:
+                why = (
+                    f" (griffe sees the submodule {path}.{name}, not the object of that name"
+                    " imported over it: rename the submodule)"
+                )
+            errors.append(f"{page}: {path}.__all__ names {name!r}, not rendered{why}")
+
+for error in errors:
+    print(f"scripts/docs.sh: {error}", file=sys.stderr)
+sys.exit(1 if errors else 0)
+EOF
+
+[ "$status" -eq 0 ] || exit "$status"
+[ "$checks" -eq 0 ] || exit "$checks"
+echo "scripts/docs.sh: the documentation builds (mkdocs build --strict) and matches every __all__"

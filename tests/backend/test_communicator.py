@@ -1,0 +1,101 @@
+"""BaseCommunicator's contract with backend authors, beyond what the conformance suite runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import distcomm
+from distcomm.backend.specs import Capabilities
+from distcomm.environment import LaunchInfo
+from distcomm.fakelink import Fabric, FakeLinkCommunicator
+from distcomm.testing import run_threads
+
+LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
+
+
+def test_a_backend_must_move_bytes() -> None:
+    with pytest.raises(TypeError, match="must include 'uint8'"):
+
+        class NoBytes(distcomm.BaseCommunicator):
+            capabilities = Capabilities(dtypes=frozenset({"float32"}))
+
+
+def test_missing_primitive_names_backend_and_primitive() -> None:
+    class Half(distcomm.BaseCommunicator):
+        backend_name = "half"
+
+    comm = Half(rank=0, world_size=2, launch=LAUNCH)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"backend 'half' \(.*Half\) does not implement the primitive _all_reduce\(\)",
+    ):
+        comm.all_reduce(np.ones(2))
+
+
+def test_plain_tensor_reaches_the_primitive_without_a_copy() -> None:
+    seen: list[Any] = []
+
+    class Recorder(distcomm.BaseCommunicator):
+        backend_name = "recorder"
+
+        def _all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:
+            seen.append(tensor)
+
+    comm = Recorder(rank=0, world_size=2, launch=LAUNCH)
+    plain = np.ones(4, dtype=np.float32)
+    comm.all_reduce(plain)
+    strided = np.ones(8, dtype=np.float32)[::2]
+    comm.all_reduce(strided)
+    assert seen[0] is plain
+    assert seen[1] is not strided and seen[1].flags.c_contiguous
+
+
+def test_async_non_contiguous_result_is_there_when_is_completed_says_so() -> None:
+    def body() -> list[float]:
+        data = np.zeros(8, dtype=np.float32)
+        view = data[::2]
+        view[:] = distcomm.get_rank() + 1
+        work = distcomm.all_reduce(view, async_op=True)
+        while not work.is_completed():
+            pass
+        return data[::2].tolist()
+
+    assert run_threads(body, 2) == [[3.0] * 4, [3.0] * 4]
+
+
+def test_timed_out_wait_names_the_time_and_retires_the_communicator() -> None:
+    def body() -> str:
+        comm = distcomm.get_communicator()
+        if comm.rank == 1:
+            return ""
+        work = comm.irecv(np.zeros(1), src=1, tag=9)
+        with pytest.raises(distcomm.DistTimeoutError) as info:
+            work.wait(timeout=0.05)
+        with pytest.raises(distcomm.DistcommError, match="can no longer be used: recv"):
+            comm.barrier()
+        return str(info.value)
+
+    message = run_threads(body, 2)[0]
+    assert "within 0.05 s" in message
+
+
+def test_finalized_communicator_refuses_work() -> None:
+    comm = FakeLinkCommunicator(
+        Fabric(1), 0, rank=0, world_size=1, launch=LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
+    )
+    comm.finalize()
+    with pytest.raises(distcomm.DistcommError, match="can no longer be used: finalized"):
+        comm.all_reduce(np.ones(1))
+
+
+def test_non_native_byte_order_is_refused_with_the_fix() -> None:
+    def rank() -> None:
+        swapped = np.arange(3, dtype=">f4" if np.little_endian else "<f4")
+        with pytest.raises(distcomm.InvalidArgumentError, match="non-native byte order") as info:
+            distcomm.all_reduce(swapped)
+        assert "astype(x.dtype.newbyteorder('='))" in str(info.value)
+
+    run_threads(rank, 2)

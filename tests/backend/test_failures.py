@@ -1,0 +1,199 @@
+"""Tests of distcomm.backend._pipeline.failures: timeouts that name names, engine failures as
+distcomm errors, Works that own their buffers, and finalize with operations pending (in one
+process: fakelink thread-ranks and small stand-in backends; the real engines have their own
+tests). The policies that end a job: test_aborts.py; the monitor thread: test_monitor.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from skipped_ranks import TIMEOUT, skipped_barrier, skipped_group_barrier
+
+import distcomm
+from distcomm.backend.work import BaseWork, retained
+from distcomm.environment import LaunchInfo
+from distcomm.errors import DistcommError, DistTimeoutError, EngineError
+from distcomm.fakelink import FabricAborted, FakeLinkCommunicator
+from distcomm.testing import run_threads
+
+LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
+
+
+def test_a_skipped_group_barrier_names_the_missing_rank_of_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", "1")
+    assert run_threads(skipped_group_barrier, 3, timeout=30)[0] == (
+        "DistTimeoutError",
+        "barrier",
+        1,
+        (1,),
+    )
+
+
+def test_a_skipped_barrier_names_the_op_its_seq_and_the_missing_rank_on_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
+    results = run_threads(skipped_barrier, 3, timeout=30)
+    assert results[1][0] == "slept"
+    for rank in (0, 2):
+        kind, op, seq, missing, message, elapsed = results[rank]
+        assert (kind, op, seq, missing) == ("DistTimeoutError", "barrier", 2, (1,))
+        assert "barrier (operation #2) on fakelink 'world' (3 ranks)" in message
+        assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in message
+        assert "HINT:" in message
+        assert elapsed < 2 * TIMEOUT, f"rank {rank} waited {elapsed:.1f} s"
+
+
+def test_run_threads_operations_use_the_run_timeout_without_distcomm_timeout() -> None:
+    def timeout_seen() -> float:
+        return distcomm.get_communicator().timeout  # type: ignore[attr-defined, no-any-return]
+
+    assert run_threads(timeout_seen, 2, timeout=7) == [12.0, 12.0]
+
+
+def test_abort_policy_on_threads_ends_the_fabric_not_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", "1")
+    monkeypatch.setenv("DISTCOMM_ON_TIMEOUT", "abort")
+
+    def body() -> str:
+        if distcomm.get_rank() == 1:
+            try:
+                time.sleep(2)  # past rank 0's timeout, outside distcomm: it cannot be stopped
+                distcomm.barrier()
+            except FabricAborted:
+                return "aborted"
+            return "not aborted"
+        distcomm.barrier()
+        return "passed"
+
+    start = time.monotonic()
+    with pytest.raises(distcomm.RankFailedError) as info:
+        run_threads(body, 2, timeout=30)
+    assert time.monotonic() - start < 5, "the abort did not end the run"
+    assert info.value.rank == 0
+    assert "barrier (operation #1)" in str(info.value)
+    assert "ranks that had not arrived: [1]" in str(info.value)
+
+
+# -- Works and their engines ---------------------------------------------------------------------
+class Engine:
+    """What a stand-in engine's request does when tested or waited for."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: Exception | None = None
+
+
+class StandInWork(BaseWork):
+    """A backend Work over an :class:`Engine`."""
+
+    def __init__(self, comm: Any, engine: Engine, *buffers: Any) -> None:
+        super().__init__(comm, *buffers)
+        self.engine = engine
+
+    def _test(self) -> bool:
+        if self.engine.error is not None:
+            raise self.engine.error
+        return self.engine.done
+
+
+class StandIn(distcomm.BaseCommunicator):
+    """A 2-rank backend whose async operations complete when the test says so."""
+
+    backend_name = "standin"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(rank=0, world_size=2, launch=LAUNCH, **kwargs)
+        self.engines: list[Engine] = []
+        self.finalized = False
+
+    def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> BaseWork:
+        self.engines.append(Engine())
+        return StandInWork(self, self.engines[-1], tensor)
+
+    def _isend(self, tensor: Any, dst: int, tag: int) -> BaseWork:
+        self.engines.append(Engine())
+        return StandInWork(self, self.engines[-1], tensor)
+
+    def _finalize(self) -> None:
+        self.finalized = True
+
+
+def test_an_engine_exception_becomes_an_engine_error_with_the_cause() -> None:
+    comm = StandIn()
+    work = comm.all_reduce(np.ones(3), async_op=True)
+    lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
+    comm.engines[0].error = lost
+    with pytest.raises(EngineError) as info:
+        work.wait()
+    error = info.value
+    assert error.__cause__ is lost and isinstance(error, RuntimeError)
+    assert (error.op, error.seq) == ("all_reduce", 1)
+    assert "all_reduce (operation #1) on standin 'world' (2 ranks) failed: a peer went away" in (
+        str(error)
+    )
+    assert "the ranks that had not arrived are unknown" in str(error)
+    with pytest.raises(DistcommError, match="can no longer be used: all_reduce"):
+        comm.all_reduce(np.ones(3))
+
+
+def test_a_timed_out_work_keeps_its_buffers_until_exit() -> None:
+    comm = StandIn(timeout=0.05)
+    work = comm.all_reduce(np.ones(3), async_op=True)
+    with pytest.raises(DistTimeoutError, match=r"within 0\.05 s") as info:
+        work.wait()
+    assert info.value.missing_ranks is None, "this backend cannot tell: unknown, not a guess"
+    assert "unknown (this backend cannot tell)" in str(info.value)
+    assert work in retained(), "the engine may still write into a timed-out Work's buffers"
+
+
+def test_works_nobody_waits_for_do_not_pile_up() -> None:
+    comm = StandIn()
+    for _ in range(200):
+        comm.isend(np.ones(2), 1)
+        comm.engines[-1].done = True
+    assert len(comm._pending) <= 64
+
+
+def test_finalize_waits_for_a_pending_work() -> None:
+    comm = StandIn(timeout=5)
+    data = np.ones(3)
+    work = comm.all_reduce(data, async_op=True)
+    threading.Timer(0.2, lambda: setattr(comm.engines[0], "done", True)).start()
+    comm.finalize()
+    assert comm.finalized and work.is_completed()
+
+
+def test_finalize_keeps_a_communicator_whose_work_never_completes() -> None:
+    comm = StandIn(timeout=0.1)
+    work = comm.all_reduce(np.ones(3), async_op=True)
+    with pytest.warns(distcomm.DistcommWarning, match="had not completed"):
+        comm.finalize()
+    assert not comm.finalized, "freed under a pending operation"
+    assert comm in retained() and work in retained()
+
+
+def test_finalize_of_a_fakelink_world_with_a_work_in_flight() -> None:
+    def body() -> list[float]:
+        comm = distcomm.get_communicator()
+        data = np.full(2, comm.rank + 1.0)
+        if comm.rank == 1:
+            time.sleep(0.3)
+        work = distcomm.all_reduce(data, async_op=True)
+        if comm.rank == 0:
+            assert isinstance(comm, FakeLinkCommunicator)
+            comm.finalize()  # waits for rank 1 to join
+            assert work.is_completed()
+        work.wait()
+        return data.tolist()
+
+    assert run_threads(body, 2) == [[3.0, 3.0], [3.0, 3.0]]

@@ -1,0 +1,243 @@
+"""The layers of the source tree hold (docs/architecture.md draws them).
+
+Read from the source with ``ast``, nothing imported:
+
+- backend and plugin packages import only the public kit (``distcomm``, ``distcomm.backend``,
+  ``distcomm.errors``, ``distcomm.protocol``, ``distcomm.testing``); examples may also use the
+  public faces (``distcomm.helpers``, ``distcomm.workspace``, ``distcomm.compat``);
+- every module of ``distcomm`` is public by name or private (a leading underscore);
+- each module imports only from its own layer or the layers below (function-level imports
+  included; ``if TYPE_CHECKING:`` imports excluded, they never run);
+- no import cycle among the module-level imports;
+- no module is over 450 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "distcomm"
+
+KIT = ("distcomm", "distcomm.backend", "distcomm.errors", "distcomm.protocol", "distcomm.testing")
+FACES = ("distcomm.helpers", "distcomm.workspace", "distcomm.compat")
+#: The packages whose modules are public by name; everything else has an underscore.
+PUBLIC = (
+    "distcomm",
+    "distcomm.__main__",
+    "distcomm.errors",
+    "distcomm.protocol",
+    "distcomm.backend",
+    "distcomm.environment",
+    "distcomm.fakelink",
+    "distcomm.helpers",
+    "distcomm.workspace",
+    "distcomm.cli",
+    "distcomm.testing",
+    "distcomm.compat",
+)
+#: Layers, lowest first: a module may import its own layer and those below.
+LAYERS = (
+    ("distcomm.errors", "distcomm.protocol", "distcomm._logs", "distcomm._version"),
+    ("distcomm.environment",),
+    ("distcomm.backend",),
+    ("distcomm.fakelink", "distcomm._plugins"),
+    ("distcomm._runtime",),
+    ("distcomm._processes",),
+    (
+        "distcomm",
+        "distcomm.__main__",
+        "distcomm.helpers",
+        "distcomm.workspace",
+        "distcomm._value_codecs",
+        "distcomm._sharing",
+        "distcomm.cli",
+        "distcomm.testing",
+        "distcomm.compat",
+    ),
+)
+MAX_LINES = 450
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def core_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def layer_of(name: str) -> int:
+    """The layer of a distcomm module: that of its longest matching prefix."""
+    best, layer = "", -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if under(name, prefix) and len(prefix) > len(best):
+                best, layer = prefix, index
+    assert layer >= 0, f"{name} is in no layer: add it to LAYERS and docs/architecture.md"
+    return layer
+
+
+def imports(path: Path, *, top_level_only: bool = False) -> Iterator[tuple[str, int]]:
+    """The distcomm modules ``path`` imports, with line numbers; TYPE_CHECKING blocks skipped.
+
+    ``from distcomm.x import y`` counts as ``distcomm.x.y`` when that is a module, else as
+    ``distcomm.x``.
+    """
+    tree = ast.parse(path.read_text(), str(path))
+    modules = core_modules()
+
+    def visit(node: ast.AST, nested: bool) -> Iterator[tuple[str, int]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (x for n in child.orelse for x in visit_one(n, nested))
+                continue
+            yield from visit_one(child, nested)
+
+    def visit_one(child: ast.AST, nested: bool) -> Iterator[tuple[str, int]]:
+        if isinstance(child, ast.Import):
+            if not (nested and top_level_only):
+                for alias in child.names:
+                    yield alias.name, child.lineno
+        elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+            if not (nested and top_level_only):
+                for alias in child.names:
+                    full = f"{child.module}.{alias.name}"
+                    yield (full if full in modules else child.module), child.lineno
+        else:
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            yield from visit(child, inner)
+
+    for name, line in visit(tree, False):
+        if under(name, "distcomm"):
+            yield name, line
+
+
+def test_backends_and_plugins_import_only_the_public_kit() -> None:
+    packages = [p for p in ROOT.glob("backends/*/distcomm_*") if p.is_dir()]
+    packages += [p.parent for p in ROOT.glob("examples/*/*/__init__.py")]
+    assert len(packages) >= 4, packages  # torch, mpi, linklink and the example plugin at least
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for package in packages
+        for path in package.rglob("*.py")
+        for name, line in imports(path)
+        if not any(under(name, allowed) for allowed in KIT)
+    ]
+    assert bad == [], "backends and plugins import only the public kit:\n" + "\n".join(bad)
+
+
+def test_examples_import_only_the_kit_and_the_public_faces() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for path in ROOT.glob("examples/**/*.py")
+        if "build" not in path.parts
+        for name, line in imports(path)
+        if not any(under(name, allowed) for allowed in KIT + FACES)
+    ]
+    assert bad == [], "\n".join(bad)
+
+
+def test_every_module_is_public_by_name_or_private() -> None:
+    unplaced = [
+        name
+        for name in core_modules()
+        if not any(part.startswith("_") and part not in ("__main__",) for part in name.split("."))
+        and not any(under(name, public) for public in PUBLIC)
+    ]
+    assert unplaced == [], "give these a leading underscore or list them as public"
+
+
+@pytest.mark.parametrize("name", sorted(core_modules()))
+def test_imports_follow_the_layers(name: str) -> None:
+    mine = layer_of(name)
+    upward = [
+        f"line {line}: {target} (layer {layer_of(target)} > {mine})"
+        for target, line in imports(core_modules()[name])
+        if layer_of(target) > mine
+    ]
+    assert upward == [], f"{name} (layer {mine}) imports upward:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle_at_run_time() -> None:
+    modules = core_modules()
+    graph = {
+        name: {
+            target
+            for target, _ in imports(path, top_level_only=True)
+            if target in modules and not under(name, target)  # a package's own __init__
+        }
+        for name, path in modules.items()
+    }
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            walk(start, [start])
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_is_over_450_lines() -> None:
+    long = {
+        name: n
+        for name, path in core_modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_the_checks_see_imports() -> None:
+    """The import reader finds what it must (else every check above passes vacuously)."""
+    found = dict(imports(PACKAGE / "backend" / "communicator.py"))
+    assert "distcomm.backend._pipeline.reductions" in found
+    assert layer_of("distcomm._runtime.lifecycle") > layer_of("distcomm.backend.work")
+    typed_only = PACKAGE / "backend" / "work.py"  # imports BaseCommunicator for types only
+    assert "distcomm.backend.communicator" not in dict(imports(typed_only))
+
+
+def test_backends_override_primitives_never_public_methods() -> None:
+    """A communicator of a backend (first-party, fakelink, the example plugin) defines no public
+    method of BaseCommunicator: those are pipelines, the same on every backend."""
+    import inspect
+
+    from distcomm.backend import BaseCommunicator
+
+    public = {
+        name
+        for name in dir(BaseCommunicator)
+        if not name.startswith("_")
+        and inspect.isfunction(inspect.getattr_static(BaseCommunicator, name))
+    }
+    assert {"all_reduce", "broadcast", "adopt", "finalize"} <= public
+    sources = [*ROOT.glob("backends/*/distcomm_*/**/*.py"), *ROOT.glob("examples/*/*/*.py")]
+    sources += [*(PACKAGE / "fakelink").glob("*.py")]
+    overridden = [
+        f"{path.relative_to(ROOT)}:{item.lineno}: {node.name}.{item.name}"
+        for path in sources
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Communicator")
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name in public
+    ]
+    assert overridden == [], "override the primitive instead:\n" + "\n".join(overridden)
