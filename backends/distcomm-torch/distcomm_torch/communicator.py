@@ -189,15 +189,11 @@ class TorchCommunicator(BaseCommunicator):
         return self._progress.read(self._progress_key, self._world_size)
 
     def _issue(
-        self, start: Callable[..., Any], args: tuple[Any, ...], async_op: bool, *buffers: Any
+        self, start: Callable[..., Any], args: tuple[Any, ...], *buffers: Any
     ) -> Work | None:
         """Start a collective with ``start(*args)`` (torch's, with async_op=True) and hand its
-        Work back (async), or wait for it here within this communicator's timeout."""
-        work = self._started(start, args, self.op, self.seq, buffers)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        Work back; the pipeline waits for it when the call is blocking."""
+        return self._started(start, args, self.op, self.seq, buffers)
 
     def _started(
         self,
@@ -215,48 +211,48 @@ class TorchCommunicator(BaseCommunicator):
 
     # -- primitives ---------------------------------------------------------------------------
     # torch is always called with async_op=True: a blocking call would wait with torch's own
-    # timeout and raise torch's RuntimeError; the Work is waited for in _issue instead.
+    # timeout and raise torch's RuntimeError; the pipeline waits for the Work instead.
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         t = as_torch(tensor)
         args = (t, _OPS[op], self._group, True)
-        return self._issue(dist.all_reduce, args, async_op, tensor, t)
+        return self._issue(dist.all_reduce, args, tensor, t)
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         t = as_torch(tensor)
         args = (t, self._global_ranks[src], self._group, True)
-        return self._issue(dist.broadcast, args, async_op, tensor, t)
+        return self._issue(dist.broadcast, args, tensor, t)
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         t = as_torch(tensor)
         args = (t, self._global_ranks[dst], _OPS[op], self._group, True)
-        return self._issue(dist.reduce, args, async_op, tensor, t)
+        return self._issue(dist.reduce, args, tensor, t)
 
     def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         out, inp = flat(output), flat(tensor)
         args = (out, inp, self._group, True)
-        return self._issue(_all_gather_single, args, async_op, output, tensor)
+        return self._issue(_all_gather_single, args, output, tensor)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         out, inp = flat(output), flat(input)
         args = (out, inp, _OPS[op], self._group, True)
-        return self._issue(_reduce_scatter_single, args, async_op, output, input)
+        return self._issue(_reduce_scatter_single, args, output, input)
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         parts = None if output is None else list(flat(output).chunk(self._world_size))
         args = (flat(tensor), parts, self._global_ranks[dst], self._group, True)
-        return self._issue(dist.gather, args, async_op, output, tensor)
+        return self._issue(dist.gather, args, output, tensor)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         parts = None if full is None else list(flat(full).chunk(self._world_size))
         args = (flat(output), parts, self._global_ranks[src], self._group, True)
-        return self._issue(dist.scatter, args, async_op, output, full)
+        return self._issue(dist.scatter, args, output, full)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         args = (flat(output), flat(input), None, None, self._group, True)
-        return self._issue(dist.all_to_all_single, args, async_op, output, input)
+        return self._issue(dist.all_to_all_single, args, output, input)
 
     def _barrier(self, async_op: bool) -> Work | None:
-        return self._issue(dist.barrier, (self._group, True), async_op)
+        return self._issue(dist.barrier, (self._group, True))
 
     def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
         t = as_torch(tensor)
