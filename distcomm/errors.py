@@ -14,6 +14,7 @@ __all__ = [
     "AlreadyInitializedError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "CollectiveMismatchError",
     "DistTimeoutError",
     "DistcommError",
     "DistcommWarning",
@@ -110,6 +111,29 @@ class DistTimeoutError(OperationError, TimeoutError):
 class EngineError(OperationError, RuntimeError):
     """The engine failed an operation (a peer went away, a transport error); the engine's own
     exception is the ``__cause__`` (see OperationError's attributes)."""
+
+
+class CollectiveMismatchError(OperationError, ValueError):
+    """The ranks of a group called different collectives at one operation: another op, dtype,
+    element count, root or reduce op. The operation was not run, and the communicator can
+    still be used (see OperationError's attributes).
+
+    Attributes:
+        table: one row per rank of the group, in rank order: a dict with ``op``, ``shape``,
+            ``dtype``, ``numel``, ``root``, ``reduce_op`` and ``site`` (the call's file:line).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: Sequence[dict[str, object]],
+        op: str | None = None,
+        seq: int | None = None,
+        group: str | None = None,
+    ):
+        super().__init__(message, op=op, seq=seq, group=group)
+        self.table = [dict(row) for row in table]
 
 
 class RankFailedError(DistcommError):

@@ -19,6 +19,7 @@ from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
 from distcomm.backend import aborts
+from distcomm.backend._pipeline import agreement
 from distcomm.errors import AlreadyInitializedError
 from distcomm.protocol import Communicator
 
@@ -38,6 +39,7 @@ def init(
     timeout: float | datetime.timedelta | None = None,
     device: Any = None,
     export_env: bool = True,
+    debug: str | None = None,
     **options: Any,
 ) -> Communicator:
     """Initialise distcomm and return the default communicator.
@@ -56,6 +58,9 @@ def init(
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device, for GPU backends.
         export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
             MASTER_PORT where absent, so env-reading code agrees; ``finalize`` removes them.
+        debug: the mismatch check (docs/debugging.md): ``"sample"`` (the first 64
+            collectives of each communicator, then every 1024th), ``"check"`` (every one) or
+            ``"off"``; default ``DISTCOMM_DEBUG``, else ``"sample"``.
         **options: passed to the backend's factory.
 
     Calling ``init`` again returns the running communicator; arguments that are given and
@@ -75,6 +80,7 @@ def init(
         master_port=master_port,
         timeout=timeout,
         device=device,
+        debug=debug,
         options=options,
     )
     requested = request.given()
@@ -86,6 +92,7 @@ def init(
         timeout_s = request.timeout or resolve_timeout(None)
         aborts.on_timeout()  # a malformed policy is an error now, not at the first timeout
         aborts.abort_on_exception()
+        debug_policy = request.debug or agreement.policy()  # DISTCOMM_DEBUG checked now too
         launch = apply_overrides(detect_environment(method), request)
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
         selection = select_backend(get_registry(), launch, request.backend)
@@ -96,6 +103,8 @@ def init(
         comm = selection.spec.factory(
             launch, timeout=timeout_s, device=request.device, **request.options
         )
+        if hasattr(comm, "debug"):
+            comm.debug = debug_policy
         effective = {
             "backend": comm.backend,
             "method": launch.method,

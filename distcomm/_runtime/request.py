@@ -13,6 +13,7 @@ import os
 from typing import Any, cast
 
 from distcomm._plugins.names import normalise_backend
+from distcomm.backend._pipeline import agreement
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import InvalidArgumentError
 
@@ -31,6 +32,7 @@ class InitRequest:
         rank, world_size, master_addr, master_port: overrides of what the launch says.
         timeout: seconds.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        debug: the mismatch check policy (``"sample"``, ``"check"`` or ``"off"``).
         options: the backend factory's own options.
     """
 
@@ -42,6 +44,7 @@ class InitRequest:
     master_port: int | None = None
     timeout: float | None = None
     device: str | None = None
+    debug: str | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -56,12 +59,13 @@ class InitRequest:
         master_port: int | None = None,
         timeout: float | datetime.timedelta | None = None,
         device: Any = None,
+        debug: str | None = None,
         options: dict[str, Any] | None = None,
     ) -> InitRequest:
         """Parse ``init``'s arguments.
 
         Raises:
-            InvalidArgumentError: a timeout or a device that is not one.
+            InvalidArgumentError: a timeout, a device or a check policy that is not one.
         """
         return cls(
             backend=None if backend is None else normalise_backend(str(backend)),
@@ -72,6 +76,7 @@ class InitRequest:
             master_port=master_port,
             timeout=None if timeout is None else resolve_timeout(timeout),
             device=None if device is None else _check_device(device),
+            debug=None if debug is None else agreement.policy(debug),
             options=dict(options or {}),
         )
 

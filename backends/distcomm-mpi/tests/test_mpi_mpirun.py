@@ -127,7 +127,8 @@ def test_watchdog_aborts_a_blocked_job_with_a_diagnostic(tmp_path: Path, mpirun:
 
 STUCK_WAITS = """
 import time, numpy as np, distcomm
-comm = distcomm.init(backend="mpi", timeout=2)
+# debug="off": the async all_reduce is issued at once (its mismatch check would wait for rank 1)
+comm = distcomm.init(backend="mpi", timeout=2, debug="off")
 if comm.rank == 0:
     late = distcomm.all_reduce(np.ones(2), async_op=True)  # operation #1
     distcomm.recv(np.zeros(1), src=1, tag=5) if {recv} else late.wait()

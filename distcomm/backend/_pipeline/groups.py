@@ -37,7 +37,7 @@ class Groups(Steps):
                     f"passed {list(other)}. HINT: every rank calls new_group with the same ranks."
                 )
         index = 0 if self._rank in members else None
-        return self._split([members], index)
+        return self._inherit(self._split([members], index))
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember:
         """Split into sub-communicators by ``color`` (None: not a member), ordered by ``key``."""
@@ -65,7 +65,13 @@ class Groups(Steps):
             for col in colors
         ]
         index = None if color is None else colors.index(color)
-        return self._split(groups, index)
+        return self._inherit(self._split(groups, index))
+
+    def _inherit(self, group: Communicator | NonMember) -> Communicator | NonMember:
+        """A new group takes this communicator's settings (the check policy)."""
+        if isinstance(group, Steps):
+            group.debug = self.debug
+        return group
 
     def adopt(self, native: Any) -> Communicator | NonMember:
         """A communicator over a group the engine's own API made (a torch ProcessGroup ...).

@@ -18,7 +18,7 @@ class Movement(Steps):
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(src, "src")
-        self._count("broadcast")
+        self._count("broadcast", tensor, adapter, src)
         if self._world_size == 1:
             return DONE if async_op else None
         if dtype in self._native_dtypes and adapter.is_plain(tensor, self.devices):
@@ -34,7 +34,7 @@ class Movement(Steps):
         """Gather every rank's ``tensor`` into ``tensor_list`` (one per rank) on every rank."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
-        self._count("all_gather")
+        self._count("all_gather", tensor, adapter)
         if self._world_size == 1:
             adapter.copy_(tensor_list[0], tensor)
             return DONE if async_op else None
@@ -50,7 +50,7 @@ class Movement(Steps):
         adapter, dtype = self._begin(input_tensor, "input_tensor")
         expected = adapter.numel(input_tensor) * self._world_size
         self._check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
-        self._count("all_gather_into_tensor")
+        self._count("all_gather_into_tensor", input_tensor, adapter)
         if self._world_size == 1:
             adapter.copy_(output_tensor, input_tensor)
             return DONE if async_op else None
@@ -66,7 +66,7 @@ class Movement(Steps):
         if numel % self._world_size:
             raise self._size_error("input", numel, "a multiple of world_size", self._world_size)
         self._check_pair(output, "output", adapter, dtype, numel)
-        self._count("all_to_all_single")
+        self._count("all_to_all_single", input, adapter)
         if self._world_size == 1:
             adapter.copy_(output, input)
             return DONE if async_op else None

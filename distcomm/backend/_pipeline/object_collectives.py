@@ -23,7 +23,7 @@ class ObjectCollectives(Steps):
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
         self._check_usable()
         self._check_rank(src, "src")
-        channel = self._objects("broadcast_object")
+        channel = self._objects("broadcast_object", src)
         return obj if channel is None else objects.broadcast_object(channel, obj, src)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -36,7 +36,7 @@ class ObjectCollectives(Steps):
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
         self._check_usable()
         self._check_rank(dst, "dst")
-        channel = self._objects("gather_object")
+        channel = self._objects("gather_object", dst)
         return [obj] if channel is None else objects.gather_object(channel, obj, dst)
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
@@ -45,7 +45,7 @@ class ObjectCollectives(Steps):
         self._check_rank(src, "src")
         if self._rank == src:
             objects.check_scatter_list(objs, self._world_size)
-        channel = self._objects("scatter_object")
+        channel = self._objects("scatter_object", src)
         if channel is None:
             assert objs is not None
             return objs[0]

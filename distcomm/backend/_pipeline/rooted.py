@@ -80,5 +80,5 @@ class Rooted(Steps):
         self._check_rank(root, root_name)
         numel = adapter.numel(tensor)
         self._check_root_list(parts, parts_name, root, root_name, adapter, dtype, numel)
-        self._count(op)
+        self._count(op, tensor, adapter, root)
         return adapter, dtype

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from distcomm.backend._pipeline import agreement
 from distcomm.backend._pipeline.checks import ArgumentChecks
 from distcomm.backend._pipeline.failures import Failures
 from distcomm.backend._pipeline.staging import Staged, stage
@@ -79,6 +80,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self.blocked_seq = 0
         self.blocked_op = ""
         self.p2p_marks = itertools.count(1)
+        self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
         self._pending = PendingWorks()
         self._warned_staging = False
@@ -107,10 +109,35 @@ class Steps(ArgumentChecks, Failures, Primitives):
             adapter = adapter_for(x, what)
         return adapter, adapter.dtype(x)
 
-    def _count(self, op: str) -> None:
-        """Count collective ``op``, which passed validation (see BaseCommunicator)."""
-        self.seq += 1
+    def _count(
+        self,
+        op: str,
+        x: Any = None,
+        adapter: Adapter | None = None,
+        root: int | None = None,
+        reduce_op: ReduceOp | None = None,
+    ) -> None:
+        """Count collective ``op``, which passed validation (see BaseCommunicator), and, where
+        the check policy says so, agree with the other ranks that they call the same one
+        (:mod:`~distcomm.backend._pipeline.agreement`; the conditions are the same as
+        ``agreement.is_checked``, inlined: this runs on every call)."""
+        seq = self.seq = self.seq + 1
         self.op = op
+        checked = seq <= self._check_until or (self._sampling and not (seq - 64) % 1024)
+        if checked and self._world_size > 1:
+            agreement.check(self, op, x, adapter, root, reduce_op)
+
+    @property
+    def debug(self) -> str:
+        """The mismatch check policy of this communicator: ``"sample"`` (the default),
+        ``"check"`` (every collective) or ``"off"``; settable (``DISTCOMM_DEBUG``,
+        ``init(debug=...)``). Groups made from it inherit it."""
+        return self._debug
+
+    @debug.setter
+    def debug(self, value: str) -> None:
+        self._debug = agreement.policy(value)
+        self._check_until, self._sampling = agreement.limits(self._debug)
 
     # -- stage ---------------------------------------------------------------------------------
     def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
@@ -223,14 +250,15 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """The communicator object bytes travel on (a GPU engine returns a CPU side channel)."""
         return self  # type: ignore[return-value]
 
-    def _objects(self, op: str) -> BaseCommunicator | None:
+    def _objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` here (and on the object channel); return the channel
         its bytes travel on, or None in a world of 1."""
-        self._count(op)
+        self._count(op, root=root)
         if self._world_size == 1:
             return None
         channel = self._object_channel()
         if channel is not self:
             channel._check_usable()
-            channel._count(op)
+            channel.seq += 1  # counted, not checked again: the check ran on this communicator
+            channel.op = op
         return channel

@@ -14,8 +14,8 @@ installed) torch, branch on ``comm.capabilities`` and the world size but never o
 name, and call the same collectives in the same order on every rank. A failure raises
 AssertionError naming the check and the rank. The checks are grouped by topic, in the order they
 run: arguments and getters, reductions, data movement, layouts and ``async_op``, point to point,
-groups, objects, and the adversarial checks (temporaries in async operations, churn, objects of
-every size).
+groups, objects, the adversarial checks (temporaries in async operations, churn, objects of
+every size), and the mismatch check (ranks that call different collectives).
 """
 
 import importlib
@@ -34,6 +34,7 @@ TOPICS = (
     "groups",
     "objects",
     "adversarial",
+    "mismatches",
 )
 
 for _topic in TOPICS:

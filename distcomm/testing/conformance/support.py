@@ -13,6 +13,7 @@ import importlib.util
 import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import distcomm
@@ -219,3 +220,18 @@ def _torch_device() -> str:
     import torch
 
     return f"cuda:{torch.cuda.current_device()}"
+
+
+@contextmanager
+def check_policy(name: str, c: Any = None) -> Iterator[Any]:
+    """Run the block with the mismatch check policy ``name`` on ``c`` (default: the default
+    communicator), if it has one, and restore the policy after; yields the communicator."""
+    c = comm() if c is None else c
+    before = getattr(c, "debug", None)
+    if before is not None:
+        c.debug = name
+    try:
+        yield c
+    finally:
+        if before is not None:
+            c.debug = before

@@ -1,0 +1,172 @@
+"""The mismatch check: before a collective, the ranks of the group agree they call the same one.
+
+Each rank digests what it is about to call (op, dtype, element count, root, reduce op; shapes are
+shown, never compared: torch accepts (2, 3) on one rank and (6,) on another) into a 62-bit
+fingerprint with blake2b (stable across processes, unlike ``hash()``), and one int64
+all-reduce of 16 bytes, ``MIN`` of ``[f, -f]``, tells every rank the smallest and the largest
+fingerprint. Equal: the call goes ahead. Different: the ranks gather their rows (op, shape,
+dtype, root, call site) and every rank raises :class:`~distcomm.errors.CollectiveMismatchError`
+with the table; the user's operation is not run and the communicator stays usable. A rank that
+called no collective at all leaves the others in the check until the communicator's timeout,
+which names it.
+
+Which calls are checked (``DISTCOMM_DEBUG`` or ``init(debug=...)``): by default (``"sample"``)
+the first 64 collectives of each communicator and then every 1024th (seq 64 + 1024 k), decided
+from ``seq``, so every rank decides alike: the typical bug is there from the first step, but a
+late, rare mismatch can be missed. ``"check"``: every collective. ``"off"``: none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from distcomm.backend._pipeline import objects
+from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
+from distcomm.protocol import ReduceOp
+
+if TYPE_CHECKING:
+    from distcomm.backend._pipeline.steps import Steps
+    from distcomm.backend.arrays import Adapter
+    from distcomm.backend.communicator import BaseCommunicator
+
+__all__ = ["POLICIES", "SAMPLED_FIRST", "SAMPLE_EVERY", "check", "limits", "policy"]
+
+#: The values of ``DISTCOMM_DEBUG`` and ``init(debug=...)`` (unset: ``"sample"``).
+POLICIES = ("sample", "check", "off")
+#: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
+SAMPLED_FIRST = 64
+SAMPLE_EVERY = 1024
+_BITS = (1 << 62) - 1
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
+    """The check policy: ``value`` (from ``init(debug=...)``), else ``DISTCOMM_DEBUG``.
+
+    Raises:
+        InvalidArgumentError: a value that is not one of :data:`POLICIES`.
+    """
+    source = "debug"
+    if value is None:
+        value = (os.environ if environ is None else environ).get("DISTCOMM_DEBUG", "")
+        source = "DISTCOMM_DEBUG"
+        if not value.strip():
+            return "sample"
+    text = value.strip().lower() if isinstance(value, str) else value
+    if text not in POLICIES:
+        raise InvalidArgumentError(
+            f"{source}={value!r} is not a check policy; valid: {', '.join(POLICIES)}. HINT: "
+            "'check' checks every collective, 'off' none, 'sample' (the default) the first "
+            f"{SAMPLED_FIRST} and every {SAMPLE_EVERY}th after."
+        )
+    return str(text)
+
+
+def limits(name: str) -> tuple[int, bool]:
+    """``(checked up to seq, sampled after it)`` for a policy."""
+    if name == "check":
+        return sys.maxsize, False
+    if name == "off":
+        return 0, False
+    return SAMPLED_FIRST, True
+
+
+def is_checked(seq: int, until: int, sampling: bool) -> bool:
+    """Whether collective ``seq`` is checked under ``limits``."""
+    return seq <= until or (sampling and not (seq - SAMPLED_FIRST) % SAMPLE_EVERY)
+
+
+def check(
+    comm: Steps,
+    op: str,
+    x: Any = None,
+    adapter: Adapter | None = None,
+    root: int | None = None,
+    reduce_op: ReduceOp | None = None,
+) -> None:
+    """Agree with the other ranks of ``comm`` on the call about to be made (module docstring).
+
+    Raises:
+        CollectiveMismatchError: a rank called something else; every rank raises it.
+    """
+    row: dict[str, Any] = {"op": op, "shape": None, "dtype": None, "numel": None}
+    if x is not None and adapter is not None:
+        row.update(shape=_shape(x), dtype=adapter.dtype(x), numel=adapter.numel(x))
+    row.update(root=root, reduce_op=None if reduce_op is None else reduce_op.name)
+    digest = hashlib.blake2b(
+        "|".join(str(row[k]) for k in ("op", "dtype", "numel", "root", "reduce_op")).encode(),
+        digest_size=8,
+    ).digest()
+    fingerprint = int.from_bytes(digest, "little") & _BITS
+    channel = comm._object_channel()
+    if not _agree(channel, fingerprint):
+        row["site"] = call_site()
+        table = objects.all_gather_object(channel, row)
+        raise CollectiveMismatchError(
+            _message(comm, table), table=table, op=op, seq=comm.seq, group=comm.describe()
+        )
+
+
+def _agree(channel: BaseCommunicator, fingerprint: int) -> bool:
+    """Whether every rank has ``fingerprint``: one 16-byte int64 MIN all-reduce of [f, -f]
+    where the engine has it, else an object all-gather."""
+    pair = _int64_pair(fingerprint)
+    if (
+        pair is None
+        or "int64" not in channel._native_dtypes
+        or ReduceOp.MIN not in channel._native_ops
+    ):
+        return len(set(objects.all_gather_object(channel, fingerprint))) == 1
+    channel._call(channel._all_reduce, False, pair, ReduceOp.MIN)
+    low, minus_high = (int(v) for v in pair)
+    return low == -minus_high
+
+
+def _int64_pair(fingerprint: int) -> Any:
+    """``[f, -f]`` as a CPU int64 array of the array library the program uses (None: none)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        return numpy.array([fingerprint, -fingerprint], dtype=numpy.int64)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.tensor([fingerprint, -fingerprint], dtype=torch.int64)
+    return None
+
+
+def _shape(x: Any) -> tuple[int, ...] | None:
+    shape = getattr(x, "shape", None)
+    return None if shape is None else tuple(int(n) for n in shape)
+
+
+def call_site() -> str:
+    """``file:line`` of the innermost frame outside distcomm: the user's call."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _message(comm: Steps, table: list[dict[str, Any]]) -> str:
+    lines = []
+    for rank, row in enumerate(table):
+        parts = [row["op"]]
+        if row["dtype"] is not None:
+            parts += [f"shape {row['shape']}", row["dtype"], f"{row['numel']} elements"]
+        if row["root"] is not None:
+            parts.append(f"root {row['root']}")
+        if row["reduce_op"] is not None:
+            parts.append(f"op {row['reduce_op']}")
+        lines.append(f"  rank {rank}: {', '.join(map(str, parts))}  at {row['site']}")
+    return (
+        f"collective mismatch at operation #{comm.seq} on {comm.describe()}: the ranks did not "
+        "call the same collective:\n" + "\n".join(lines) + "\nThe operation was not run; the "
+        "communicator can still be used. HINT: every rank calls the same collectives in the "
+        "same order, with the same element count, dtype, root and reduce op (look for a "
+        "collective inside an if that only some ranks take)."
+    )

@@ -1,0 +1,147 @@
+"""Tests of distcomm.backend._pipeline.agreement: the mismatch check, on fakelink thread-ranks.
+
+The conformance topic ``mismatches`` runs the same kinds of mismatch on every backend (gloo and
+mpi included); here are the policy, the sampling by ``seq``, the cost in engine calls, the table
+and what a user sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import distcomm
+from distcomm.backend._pipeline import agreement
+from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
+from distcomm.testing import run_threads
+
+
+def sizes_at(seq: int, policy: str | None) -> list[str]:
+    """4 ranks run ``seq - 1`` matching all_reduces, then rank 0 reduces 6 elements and the
+    others 4 at collective ``seq``; what each rank saw."""
+
+    def body() -> str:
+        comm: Any = distcomm.get_communicator()
+        if policy is not None:
+            comm.debug = policy
+        one = np.ones(1)
+        for _ in range(seq - 1):
+            distcomm.all_reduce(one, op="max")  # stays 1
+        x = np.ones(6 if comm.rank == 0 else 4, dtype=np.float32)
+        try:
+            distcomm.all_reduce(x)
+        except CollectiveMismatchError as exc:
+            assert exc.seq == seq and exc.op == "all_reduce"
+            return "mismatch"
+        except Exception as exc:  # the engine's own failure, after the op was issued
+            return f"engine: {type(exc).__name__}"
+        return "returned"
+
+    return run_threads(body, 4, timeout=60)
+
+
+def test_a_size_mismatch_raises_on_every_rank_with_the_table() -> None:
+    def body() -> tuple[str, list[dict[str, Any]], float]:
+        rank = distcomm.get_rank()
+        x = np.ones(6 if rank == 0 else 4, dtype=np.float32)
+        with pytest.raises(CollectiveMismatchError) as info:
+            distcomm.all_reduce(x)
+        after = np.ones(2)
+        distcomm.all_reduce(after)  # the communicator is still usable
+        return str(info.value), info.value.table, float(after[0])
+
+    results = run_threads(body, 4)
+    message, table, after = results[1]
+    assert [row["numel"] for row in table] == [6, 4, 4, 4]
+    assert table[0]["shape"] == (6,) and table[0]["dtype"] == "float32"
+    assert all(row["site"].startswith(__file__ + ":") for row in table)
+    assert "rank 0: all_reduce, shape (6,), float32, 6 elements, op SUM" in message
+    assert "was not run" in message and "HINT:" in message
+    assert after == 4.0
+    assert all(r[0] == message for r in results)
+
+
+def test_shapes_are_shown_but_not_compared() -> None:
+    def body() -> list[float]:
+        rank = distcomm.get_rank()
+        x = np.ones((2, 3) if rank == 0 else (6,), dtype=np.float32)
+        distcomm.get_communicator().debug = "check"  # type: ignore[attr-defined]
+        distcomm.all_reduce(x)
+        return [float(v) for v in x.reshape(-1)]
+
+    assert run_threads(body, 2) == [[2.0] * 6, [2.0] * 6]
+
+
+def test_by_default_the_first_64_and_every_1024th_are_checked() -> None:
+    assert set(sizes_at(64, None)) == {"mismatch"}
+    assert "mismatch" not in sizes_at(65, None)  # fakelink's own error then
+    assert set(sizes_at(64 + 1024, None)) == {"mismatch"}
+    assert agreement.is_checked(64 + 2 * 1024, *agreement.limits("sample"))
+    assert not agreement.is_checked(64 + 1023, *agreement.limits("sample"))
+
+
+def test_check_catches_every_call_and_off_none() -> None:
+    assert set(sizes_at(70, "check")) == {"mismatch"}
+    assert "mismatch" not in sizes_at(1, "off")
+
+
+def test_a_checked_call_costs_one_16_byte_engine_call() -> None:
+    def body() -> list[int]:
+        comm: Any = distcomm.get_communicator()
+        sizes: list[int] = []
+        engine = comm._all_reduce
+
+        def counting(tensor: Any, op: Any, async_op: bool) -> Any:
+            sizes.append(int(tensor.nbytes))
+            return engine(tensor, op, async_op)
+
+        comm._all_reduce = counting
+        x = np.ones(1000, dtype=np.float32)
+        comm.debug = "check"
+        distcomm.all_reduce(x)
+        comm.debug = "off"
+        distcomm.all_reduce(x)
+        return sizes
+
+    assert run_threads(body, 2) == [[16, 4000, 4000]] * 2
+
+
+def test_groups_inherit_the_policy() -> None:
+    def body() -> tuple[str, str]:
+        comm: Any = distcomm.get_communicator()
+        comm.debug = "off"
+        group: Any = distcomm.new_group([0, 1])
+        part: Any = comm.split(0)
+        return group.debug, part.debug
+
+    assert run_threads(body, 2) == [("off", "off")] * 2
+
+
+def test_policy_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert agreement.policy(environ={}) == "sample"
+    assert agreement.policy(environ={"DISTCOMM_DEBUG": " CHECK "}) == "check"
+    assert agreement.policy("off") == "off"
+    with pytest.raises(InvalidArgumentError, match=r"DISTCOMM_DEBUG='loud'.*valid: sample"):
+        agreement.policy(environ={"DISTCOMM_DEBUG": "loud"})
+    monkeypatch.setenv("DISTCOMM_DEBUG", "loud")
+    with pytest.raises(InvalidArgumentError, match="HINT"):
+        distcomm.init()
+    monkeypatch.setenv("DISTCOMM_DEBUG", "off")
+    assert distcomm.init().debug == "off"  # type: ignore[attr-defined]
+    distcomm.finalize()
+    assert distcomm.init(debug="check").debug == "check"  # type: ignore[attr-defined]
+
+
+def test_a_rank_that_skips_the_collective_times_out_naming_it() -> None:
+    def body() -> Any:
+        comm: Any = distcomm.get_communicator()
+        comm.debug, comm.timeout = "check", 1.0
+        if comm.rank == 1:
+            return None  # skips the barrier
+        with pytest.raises(distcomm.DistTimeoutError) as info:
+            distcomm.barrier()  # waits in the check
+        return info.value.op, info.value.missing_ranks
+
+    assert run_threads(body, 2)[0] == ("barrier", (1,))
