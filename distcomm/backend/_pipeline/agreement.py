@@ -18,6 +18,7 @@ late, rare mismatch can be missed. ``"check"``: every collective. ``"off"``: non
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -93,22 +94,27 @@ def check(
     Raises:
         CollectiveMismatchError: a rank called something else; every rank raises it.
     """
-    row: dict[str, Any] = {"op": op, "shape": None, "dtype": None, "numel": None}
+    dtype = numel = None
     if x is not None and adapter is not None:
-        row.update(shape=_shape(x), dtype=adapter.dtype(x), numel=adapter.numel(x))
-    row.update(root=root, reduce_op=None if reduce_op is None else reduce_op.name)
-    digest = hashlib.blake2b(
-        "|".join(str(row[k]) for k in ("op", "dtype", "numel", "root", "reduce_op")).encode(),
-        digest_size=8,
-    ).digest()
-    fingerprint = int.from_bytes(digest, "little") & _BITS
+        dtype, numel = adapter.dtype(x), adapter.numel(x)
+    name = None if reduce_op is None else reduce_op.name
+    fingerprint = _fingerprint(op, dtype, numel, root, name)
     channel = comm._object_channel()
     if not _agree(channel, fingerprint):
-        row["site"] = call_site()
+        shape = None if x is None else _shape(x)
+        row = {"op": op, "shape": shape, "dtype": dtype, "numel": numel, "root": root}
+        row.update(reduce_op=name, site=call_site())
         table = objects.all_gather_object(channel, row)
         raise CollectiveMismatchError(
             _message(comm, table), table=table, op=op, seq=comm.seq, group=comm.describe()
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(*call: object) -> int:
+    """62 bits of blake2b over the call's canonical text (stable across processes)."""
+    digest = hashlib.blake2b("|".join(map(str, call)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & _BITS
 
 
 def _agree(channel: BaseCommunicator, fingerprint: int) -> bool:

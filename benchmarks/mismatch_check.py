@@ -1,0 +1,65 @@
+"""What the mismatch check costs: all_reduce under ``off``, the default (``sample``) and ``check``.
+
+Run:  mpirun -n 2 python benchmarks/mismatch_check.py [--rounds 7]
+      distcomm run -n 2 benchmarks/mismatch_check.py      (gloo)
+
+One job, the three policies interleaved round by round after a warm-up, on a float32 numpy array
+of 8 bytes and of 64 MiB. Each side switches the communicator's policy (``comm.debug``) before
+its block; the default side runs past the first 64 collectives, where it checks every 1024th
+only. Rank 0 prints each side's median time per call (min-max over rounds) and the median ratio
+to ``off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from timing import cell, interleaved, ratio
+
+import distcomm
+
+SIZES = {"8 B": 2, "64 MiB": 16 * 1024 * 1024}  # float32 elements
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    comm: Any = distcomm.init()
+    small = comm.backend == "mpi"
+    calls = {"8 B": 20000 if small else 1000, "64 MiB": 5}
+    for _ in range(64):  # past the default's first 64 checked collectives
+        distcomm.all_reduce(np.ones(1), op="max")
+    if comm.rank == 0:
+        print(f"{comm.world_size} ranks, {comm.backend}")
+        print(f"{'size':<7} {'policy':<7} {'median (min-max) per call':>30} {'vs off':>22}")
+    for label, numel in SIZES.items():
+        x = np.zeros(numel, dtype=np.float32)
+
+        def side(policy: str, x: Any = x) -> Callable[[], None]:
+            def call() -> None:
+                if comm.debug != policy:
+                    comm.debug = policy
+                distcomm.all_reduce(x)
+
+            return call
+
+        samples = interleaved(
+            {p: side(p) for p in ("off", "sample", "check")},
+            calls[label],
+            args.rounds,
+            sync=distcomm.barrier,
+        )
+        if comm.rank == 0:
+            for policy, times in samples.items():
+                print(
+                    f"{label:<7} {policy:<7} {cell(times):>30} {ratio(times, samples['off']):>22}"
+                )
+    distcomm.finalize()
+
+
+if __name__ == "__main__":
+    main()
