@@ -81,6 +81,16 @@ def is_checked(seq: int, until: int, sampling: bool) -> bool:
     return seq <= until or (sampling and not (seq - SAMPLED_FIRST) % SAMPLE_EVERY)
 
 
+def next_checked(seq: int, until: int, sampling: bool) -> int:
+    """The first collective from ``seq`` on that is checked under ``limits`` (``sys.maxsize``:
+    none). Communicators keep it, so that a call tests one integer."""
+    if seq <= until:
+        return seq
+    if not sampling:
+        return sys.maxsize
+    return SAMPLED_FIRST + -(-(seq - SAMPLED_FIRST) // SAMPLE_EVERY) * SAMPLE_EVERY
+
+
 def check(
     comm: Steps,
     op: str,

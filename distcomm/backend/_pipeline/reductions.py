@@ -40,9 +40,7 @@ class Reductions(Steps):
         if op is _SUM and not async_op and self.unusable is None:
             plain = self._all_reduce_plain
             seq = self.seq + 1
-            if plain is not None and not (
-                seq <= self._check_until or (self._sampling and not (seq - 64) % 1024)
-            ):
+            if plain is not None and seq < self._next_check:
                 self.op = "all_reduce"
                 self.blocked_seq = self.seq = seq
                 try:

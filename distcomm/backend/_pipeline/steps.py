@@ -53,6 +53,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
     devices: frozenset[str] = frozenset({"cpu"})
     #: Why the engine moves no GPU memory, for the one staging warning (e.g. what MPI said).
     cpu_only_reason: str = ""
+    #: The next ``seq`` the mismatch check runs at (from the ``debug`` policy).
+    _next_check: int
 
     def __init__(
         self,
@@ -119,13 +121,14 @@ class Steps(ArgumentChecks, Failures, Primitives):
     ) -> None:
         """Count collective ``op``, which passed validation (see BaseCommunicator), and, where
         the check policy says so, agree with the other ranks that they call the same one
-        (:mod:`~distcomm.backend._pipeline.agreement`; the conditions are the same as
-        ``agreement.is_checked``, inlined: this runs on every call)."""
+        (:mod:`~distcomm.backend._pipeline.agreement`; ``_next_check`` is the next checked
+        ``seq``, so that an unchecked call tests one integer)."""
         seq = self.seq = self.seq + 1
         self.op = op
-        checked = seq <= self._check_until or (self._sampling and not (seq - 64) % 1024)
-        if checked and self._world_size > 1:
-            agreement.check(self, op, x, adapter, root, reduce_op)
+        if seq >= self._next_check:
+            self._next_check = agreement.next_checked(seq + 1, *self._limits)
+            if self._world_size > 1:
+                agreement.check(self, op, x, adapter, root, reduce_op)
 
     @property
     def debug(self) -> str:
@@ -137,7 +140,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
     @debug.setter
     def debug(self, value: str) -> None:
         self._debug = agreement.policy(value)
-        self._check_until, self._sampling = agreement.limits(self._debug)
+        self._limits = agreement.limits(self._debug)
+        self._next_check = agreement.next_checked(self.seq + 1, *self._limits)
 
     # -- stage ---------------------------------------------------------------------------------
     def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
