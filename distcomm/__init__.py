@@ -12,6 +12,7 @@ from distcomm._runtime.collectives import (
     all_gather_object,
     all_reduce,
     all_to_all_single,
+    assert_same,
     barrier,
     broadcast,
     broadcast_object,
@@ -44,6 +45,7 @@ from distcomm._runtime.getters import (
 )
 from distcomm._runtime.lifecycle import finalize, init
 from distcomm._version import __version__
+from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
 from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.hooks import hookimpl, hookspec
 from distcomm.backend.specs import BackendSpec, Capabilities, EnvironmentSpec
@@ -60,7 +62,9 @@ from distcomm.errors import (
     EngineError,
     EnvironmentDetectionError,
     InvalidArgumentError,
+    MainOnlyCollectiveError,
     NotInitializedError,
+    NotSameError,
     PluginConflictError,
     RankFailedError,
 )
@@ -76,6 +80,7 @@ __all__ = [
     "BaseCommunicator",
     "BaseWork",
     "Capabilities",
+    "CollectiveEvent",
     "CollectiveMismatchError",
     "Communicator",
     "DistContext",
@@ -85,19 +90,24 @@ __all__ = [
     "EngineError",
     "EnvironmentDetectionError",
     "EnvironmentSpec",
+    "HookHandle",
     "InvalidArgumentError",
     "LaunchInfo",
+    "MainOnlyCollectiveError",
     "NotInitializedError",
+    "NotSameError",
     "PluginConflictError",
     "RankFailedError",
     "ReduceOp",
     "Work",
     "__version__",
+    "add_hook",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",
     "all_to_all_single",
+    "assert_same",
     "barrier",
     "broadcast",
     "broadcast_object",

@@ -17,7 +17,9 @@ from typing import Any
 
 from distcomm._runtime.collectives import resolve_group
 from distcomm.backend._pipeline import objects
-from distcomm.errors import InvalidArgumentError, RankFailedError
+from distcomm.backend._pipeline.agreement import call_site
+from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
+from distcomm.errors import InvalidArgumentError, MainOnlyCollectiveError, RankFailedError
 from distcomm.protocol import Communicator
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "in_main_only_section",
     "main_only_section",
     "peers",
+    "region_site",
     "settle",
     "share_from",
 ]
@@ -32,6 +35,9 @@ __all__ = [
 
 class _Sections(threading.local):
     depth = 0
+    #: What the outermost section is and where it was entered (for the guard's message).
+    region = ""
+    guard: HookHandle | None = None
 
 
 _sections = _Sections()
@@ -69,13 +75,52 @@ def in_main_only_section() -> bool:
 
 
 @contextlib.contextmanager
-def main_only_section() -> Iterator[None]:
-    """Mark a main-only section for this thread (nested sections count)."""
+def main_only_section(region: str = "a main-only section") -> Iterator[None]:
+    """Mark a main-only section for this thread (nested sections count).
+
+    ``region`` says what it is and where it was entered, e.g. ``"main_process_only 'save'
+    (train.py:8)"``. While the thread is in one, a collective it calls on a group of more than
+    one rank raises MainOnlyCollectiveError (the guard, a hook) instead of hanging the job,
+    unless the group's check policy is ``"off"``.
+    """
+    if _sections.depth == 0:
+        _sections.region = region
+        _sections.guard = add_hook(before=_guard)
     _sections.depth += 1
     try:
         yield
     finally:
         _sections.depth -= 1
+        if _sections.depth == 0 and _sections.guard is not None:
+            _sections.guard.remove()
+            _sections.guard = None
+
+
+def _guard(event: CollectiveEvent) -> None:
+    """Stop a collective this thread calls inside a main-only section (see above)."""
+    group = event.group
+    if _sections.depth == 0 or event.world_size == 1 or getattr(group, "debug", "") == "off":
+        return
+    site = call_site()
+    where = group.describe() if hasattr(group, "describe") else repr(group)
+    raise MainOnlyCollectiveError(
+        f"{event.op} (operation #{event.seq} on {where}) was called at {site}, inside "
+        f"{_sections.region}, which only this rank runs: the other ranks would never join it "
+        "and the job would hang. It was not run. HINT: move the collective out of the "
+        "main-only code, or give it a group of this rank alone, made beforehand on every rank "
+        "(g = distcomm.new_group([0]); ... group=g); DISTCOMM_DEBUG=off turns this guard off.",
+        site=site,
+        region=_sections.region,
+        op=event.op,
+        seq=event.seq,
+        group=where,
+    )
+
+
+def region_site() -> str:
+    """``file:line`` of the user's code that entered a region: the innermost frame outside
+    distcomm and contextlib."""
+    return call_site(skip=(contextlib.__file__,))
 
 
 def peers(group: Any = None) -> Communicator | None:

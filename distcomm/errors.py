@@ -21,7 +21,9 @@ __all__ = [
     "EngineError",
     "EnvironmentDetectionError",
     "InvalidArgumentError",
+    "MainOnlyCollectiveError",
     "NotInitializedError",
+    "NotSameError",
     "NotSupportedError",
     "OperationError",
     "PluginConflictError",
@@ -134,6 +136,38 @@ class CollectiveMismatchError(OperationError, ValueError):
     ):
         super().__init__(message, op=op, seq=seq, group=group)
         self.table = [dict(row) for row in table]
+
+
+class MainOnlyCollectiveError(OperationError, RuntimeError):
+    """A collective was called inside a region only the main rank runs (the body of
+    ``main_process_only``, ``run_on_main``'s function, ``zero_first``'s block on main): the
+    other ranks would never join it. It was not run (see OperationError's attributes).
+
+    Attributes:
+        site: ``file:line`` of the collective's call.
+        region: what the region is and ``file:line`` where it was entered.
+    """
+
+    def __init__(self, message: str, *, site: str, region: str, **where: object):
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.site = site
+        self.region = region
+
+
+class NotSameError(OperationError, AssertionError):
+    """``assert_same`` found that the ranks hold different values (see OperationError's
+    attributes).
+
+    Attributes:
+        ranks: the ranks whose value differs from the majority's (ties: from rank 0's).
+        keys: the keys or item paths whose values differ, e.g. ``"['layer.weight']"``
+            (``""``: the value itself).
+    """
+
+    def __init__(self, message: str, *, ranks: Sequence[int], keys: Sequence[str], **where: object):
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.ranks = list(ranks)
+        self.keys = list(keys)
 
 
 class RankFailedError(DistcommError):

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from distcomm._runtime.getters import get_rank, get_world_size, is_initialized
-from distcomm._sharing import Failure, main_only_section, peers, settle, share_from
+from distcomm._sharing import (
+    Failure,
+    main_only_section,
+    peers,
+    region_site,
+    settle,
+    share_from,
+)
 from distcomm.protocol import Communicator
 
 __all__ = ["main_process_only", "rank_prefixed_message", "run_on_main", "zero_first"]
@@ -56,7 +63,8 @@ def zero_first(is_main: bool | None = None, *, group: Any = None) -> Iterator[No
         yield
         return
     try:
-        yield
+        with main_only_section(f"zero_first's block on the main rank ({region_site()})"):
+            yield
     except BaseException:
         settle(comm, Failure.now(comm.rank), "zero_first")
         raise
@@ -71,17 +79,25 @@ def main_process_only(function: F) -> F:
     RankFailedError at once instead of waiting.
     """
 
+    return _main_only(function, "main_process_only")
+
+
+def _main_only(function: F, helper: str) -> F:
+    """``function`` run on main only, every rank returning its result (``helper`` names the
+    helper for messages)."""
+
     @functools.wraps(function)
     def main_only(*args: Any, **kwargs: Any) -> Any:
         comm = peers()
+        region = f"{helper} {function.__qualname__!r} (called at {region_site()})"
 
         def run() -> Any:
-            with main_only_section():
+            with main_only_section(region):
                 return function(*args, **kwargs)
 
         if comm is None:
             return run() if _is_main(None) else None
-        return share_from(comm, 0, run, f"{function.__qualname__} (main_process_only)")
+        return share_from(comm, 0, run, f"{function.__qualname__} ({helper})")
 
     return main_only  # type: ignore[return-value]
 
@@ -105,7 +121,7 @@ def run_on_main(
         RankFailedError: on the ranks where nothing failed, when ``func`` (on main) or a
             ``post_func`` raised elsewhere; the rank that raised re-raises its own exception.
     """
-    result = main_process_only(func)(*(args or ()), **(kwargs or {}))
+    result = _main_only(func, "run_on_main's func")(*(args or ()), **(kwargs or {}))
     if post_func is None:
         return result
     comm = peers()

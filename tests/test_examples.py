@@ -65,6 +65,21 @@ def test_hello_under_distcomm_run() -> None:
     ]
 
 
+def test_debugging_example_catches_each_bug() -> None:
+    out = sorted(distcomm_run("-n", "2", "examples/debugging.py").splitlines())
+    assert out == [
+        "[rank 0] rank 0: MainOnlyCollectiveError: barrier inside main_process_only "
+        "'save_checkpoint'",
+        """[rank 0] rank 0: NotSameError: ranks [1] differ in ["['layer.bias']"]""",
+        "[rank 0] rank 0: mismatch at #3: element counts by rank [6, 4]",
+        "[rank 0] rank 0: the hook saw 2 collectives, 4000 tensor bytes",
+        "[rank 1] rank 1: NotSameError: ranks [1] differ in [\"['layer.bias']\"]",
+        "[rank 1] rank 1: RankFailedError: rank 0 failed in main_process_only",
+        "[rank 1] rank 1: mismatch at #3: element counts by rank [6, 4]",
+        "[rank 1] rank 1: the hook saw 2 collectives, 4000 tensor bytes",
+    ]
+
+
 def test_ddp_example_trains() -> None:
     out = distcomm_run("-n", "2", "examples/ddp_train.py", "--steps", "200").splitlines()
     summary = out[-1]

@@ -178,6 +178,43 @@ def run_on_main_post_raises(workdir: str) -> tuple[str, Any]:
 
 
 @scenario
+def collectives_in_main_only_regions(workdir: str) -> list[tuple[str, Any]]:
+    """A collective inside each kind of main-only region: the guard stops it on main (the
+    others learn of it), and a group of main alone, made beforehand, is allowed."""
+    import numpy as np
+
+    alone = distcomm.new_group([0])
+
+    @distcomm.main_process_only
+    def save() -> None:
+        distcomm.all_reduce(np.ones(2))
+
+    @distcomm.main_process_only
+    def save_alone() -> float:
+        x = np.ones(2)
+        distcomm.all_reduce(x, group=alone)
+        return float(x[0])
+
+    def in_zero_first() -> None:
+        with distcomm.zero_first():
+            if distcomm.get_rank() == 0:
+                distcomm.broadcast_object("vocab", src=0)
+
+    def guarded(fn: Any, *args: Any) -> tuple[str, Any]:
+        kind, detail = caught(fn, *args)
+        if kind == "MainOnlyCollectiveError":  # the sites, not the whole message
+            detail = detail.split(" was called at ")[1].split(", which only")[0]
+        return kind, detail
+
+    return [
+        guarded(save),
+        guarded(distcomm.run_on_main, distcomm.barrier),
+        guarded(in_zero_first),
+        guarded(save_alone),
+    ]
+
+
+@scenario
 def prefixed_message(workdir: str) -> str:
     return distcomm.rank_prefixed_message("hello")
 
@@ -222,3 +259,40 @@ def test_a_raise_on_one_rank_ends_the_others(backend: str, scenario_worlds: Any)
 def test_rank_prefixed_message(backend: str, scenario_worlds: Any) -> None:
     results = scenario_worlds(backend)[outcome(prefixed_message)]
     assert results == [f"[rank: {r}] hello" for r in range(4)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_collective_in_a_main_only_region_raises_instead_of_hanging(
+    backend: str, scenario_worlds: Any
+) -> None:
+    results = scenario_worlds(backend)[outcome(collectives_in_main_only_regions)]
+    here = Path(__file__).name
+    save, run_on_main, zero_first, alone = results[0]
+    assert save[0] == "MainOnlyCollectiveError"
+    assert (
+        here in save[1] and "inside main_process_only 'collectives_in_main_only_regions." in save[1]
+    )
+    assert run_on_main[0] == "MainOnlyCollectiveError"
+    assert "inside run_on_main's func 'barrier'" in run_on_main[1]
+    assert zero_first[0] == "MainOnlyCollectiveError"
+    assert "inside zero_first's block on the main rank (" + str(Path(__file__)) in zero_first[1]
+    assert alone == ("ok", 1.0)
+    for rank in range(1, 4):
+        assert results[rank] == [("RankFailedError", 0)] * 3 + [("ok", 1.0)]
+
+
+def test_the_guard_is_off_under_debug_off() -> None:
+    from distcomm.testing import run_threads
+
+    def body() -> str:
+        distcomm.get_communicator().debug = "off"
+
+        @distcomm.main_process_only
+        def save() -> None:
+            distcomm.barrier()  # meets the others' broadcast of main's result: the engine says so
+
+        kind, _ = caught(save)
+        return kind
+
+    kinds = run_threads(body, 2)
+    assert "MainOnlyCollectiveError" not in kinds and kinds != ["ok", "ok"]

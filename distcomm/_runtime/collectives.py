@@ -22,6 +22,7 @@ __all__ = [
     "all_gather_object",
     "all_reduce",
     "all_to_all_single",
+    "assert_same",
     "barrier",
     "broadcast",
     "broadcast_object",
@@ -196,6 +197,13 @@ def gather_object(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None
 def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: Any = None) -> Any:
     """``objs[rank]`` from ``src``."""
     return resolve_group(group).scatter_object(objs, src)
+
+
+def assert_same(x: Any, group: Any = None, what: str = "") -> None:
+    """Raise NotSameError on every rank unless every rank of ``group`` holds the same ``x``
+    (a tensor, array, state_dict, module or picklable object; see
+    :meth:`~distcomm.BaseCommunicator.assert_same`)."""
+    resolve_group(group).assert_same(x, what)
 
 
 def new_group(ranks: Sequence[int], group: Any = None) -> Communicator | NonMember:

@@ -5,11 +5,11 @@ A backend derives from :class:`BaseCommunicator` and overrides the ``_primitive`
 others); it never overrides a public method. Each public method is one pipeline of shared steps
 (validate, normalise, world of 1, stage, primitive, finish; see
 :mod:`distcomm.backend._pipeline.steps`), one module per kind of operation: reductions, data
-movement, gathers and scatters, point to point, objects and groups. The steps accept torch
-tensors and numpy arrays, answer worlds of 1 locally, stage CUDA tensors through host memory for
-CPU-only engines, bridge dtypes the engine lacks through wider ones, emulate AVG, and copy
-results back into non-contiguous tensors. A primitive receives contiguous arrays of a native
-dtype on a native device and, with ``async_op=True``, may return a
+movement, gathers and scatters, point to point, objects, ``assert_same`` and groups. The steps
+accept torch tensors and numpy arrays, answer worlds of 1 locally, stage CUDA tensors through
+host memory for CPU-only engines, bridge dtypes the engine lacks through wider ones, emulate AVG,
+and copy results back into non-contiguous tensors. A primitive receives contiguous arrays of a
+native dtype on a native device and, with ``async_op=True``, may return a
 :class:`~distcomm.protocol.Work` (None means done). A contiguous CPU tensor of a native dtype
 (the common case) goes to the primitive as it is, with no copy and no wrapper.
 """
@@ -25,6 +25,7 @@ from distcomm.backend._pipeline.object_collectives import ObjectCollectives
 from distcomm.backend._pipeline.p2p import PointToPoint
 from distcomm.backend._pipeline.reductions import Reductions
 from distcomm.backend._pipeline.rooted import Rooted
+from distcomm.backend._pipeline.sameness import Sameness
 from distcomm.backend.work import retained
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistcommWarning
@@ -32,7 +33,9 @@ from distcomm.errors import DistcommWarning
 __all__ = ["BaseCommunicator"]
 
 
-class BaseCommunicator(Reductions, Movement, Rooted, PointToPoint, ObjectCollectives, Groups):
+class BaseCommunicator(
+    Reductions, Movement, Rooted, PointToPoint, ObjectCollectives, Sameness, Groups
+):
     """Template for backends; see the module docstring.
 
     ``seq`` counts the collectives called on this communicator that passed validation (object

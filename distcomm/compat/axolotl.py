@@ -111,7 +111,12 @@ class zero_only:
                     "`with zero_only() as main:`."
                 )
             return zero_only(args[0])
-        return self._func(*args, **kwargs) if is_main_process() else None
+        if not is_main_process():
+            return None
+        name = getattr(self._func, "__qualname__", repr(self._func))
+        region = f"zero_only {name!r} (called at {_sharing.region_site()})"
+        with _sharing.main_only_section(region):
+            return self._func(*args, **kwargs)
 
 
 def _scalar(value: Any) -> Any:

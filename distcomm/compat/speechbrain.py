@@ -96,7 +96,9 @@ class MainProcessContext:
     """Marks a section only main runs: inside it the ``ddp_*`` functions are no-ops."""
 
     def __enter__(self) -> MainProcessContext:
-        self._section = _sharing.main_only_section()
+        self._section = _sharing.main_only_section(
+            f"speechbrain's MainProcessContext (entered at {_sharing.region_site()})"
+        )
         self._section.__enter__()
         return self
 

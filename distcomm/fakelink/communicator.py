@@ -11,7 +11,7 @@ from typing import Any
 
 from distcomm.backend import BaseCommunicator, BaseWork, Capabilities, CompletedWork, adapter_for
 from distcomm.errors import InvalidArgumentError
-from distcomm.fakelink.fabric import Fabric, _Recv, _Slot
+from distcomm.fakelink.fabric import Fabric, FabricStalled, _Recv, _Slot
 from distcomm.protocol import NON_MEMBER, Communicator, NonMember, ReduceOp, Work
 
 __all__ = ["FakeLinkCommunicator"]
@@ -34,8 +34,15 @@ class _FabricWork(BaseWork):
 
     def _block(self, timeout: float | None) -> bool:
         state = self._state
-        if not self._fabric.wait(lambda: state.done, self._limit if timeout is None else timeout):
-            return False
+        try:
+            limit = self._limit if timeout is None else timeout
+            if not self._fabric.wait(lambda: state.done, limit, polling=timeout is not None):
+                return False
+        except FabricStalled as stall:
+            assert self._comm is not None
+            raise self._comm.timed_out(
+                self.op, self.seq, 0.0, self._waiting_for(), stalled=str(stall)
+            ) from None
         return self._test()
 
 

@@ -21,11 +21,22 @@ from distcomm.errors import DistcommError, InvalidArgumentError
 if TYPE_CHECKING:
     from distcomm.fakelink.communicator import FakeLinkCommunicator
 
-__all__ = ["Fabric", "FabricAborted"]
+__all__ = ["Fabric", "FabricAborted", "FabricStalled"]
 
 
 class FabricAborted(DistcommError):
     """Raised in every rank of a fabric after another rank failed or the run timed out."""
+
+
+class FabricStalled(DistcommError):
+    """Raised in the ranks waiting in a fabric when none of them can ever go on: every rank
+    still running waits, and what each waits for is not there (a rank returned without a
+    collective the others called, receives that no one sends ...)."""
+
+
+def _GOES_ON() -> bool:
+    """What a polling waiter waits for, to the stall check: it will go on by itself."""
+    return True
 
 
 class _Slot:
@@ -63,6 +74,10 @@ class Fabric:
         self._posted: dict[tuple[int, int], list[_Recv]] = {}
         self._uids = itertools.count(1)
         self._members: dict[int, dict[int, FakeLinkCommunicator]] = {}
+        #: What each waiting thread waits for; the ranks that left (returned from their run).
+        self._waiting: dict[int, Callable[[], bool]] = {}
+        self._departed: set[int] = set()
+        self._stalls = 0
 
     def new_uid(self) -> int:
         return next(self._uids)
@@ -74,22 +89,57 @@ class Fabric:
                 self.failure = reason
             self.cond.notify_all()
 
-    def wait(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+    def wait(
+        self, ready: Callable[[], bool], timeout: float | None, *, polling: bool = False
+    ) -> bool:
         """Block until ``ready()`` (called under the lock); False once ``timeout`` passed.
+
+        ``polling``: the caller chose a timeout of its own (``Work.wait(timeout)``), after which
+        it goes on: while it waits, the ranks are not stalled.
 
         Raises:
             FabricAborted: another rank failed, or the run was stopped.
+            FabricStalled: every rank still running waits and none can go on.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        me = threading.get_ident()
         with self.cond:
-            while not ready():
-                if self.failure is not None:
-                    raise FabricAborted(self.failure)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self.cond.wait(remaining)
+            stalls = self._stalls
+            try:
+                while not ready():
+                    if self.failure is not None:
+                        raise FabricAborted(self.failure)
+                    self._waiting[me] = _GOES_ON if polling else ready
+                    self._check_stalled()
+                    if self._stalls != stalls:
+                        raise FabricStalled(self._stalled())
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self.cond.wait(remaining)
+            finally:
+                self._waiting.pop(me, None)
         return True
+
+    def depart(self, rank: int) -> None:
+        """Rank ``rank`` will call nothing more (its thread returned): if every rank left
+        waits for something that will never come, they stop (FabricStalled) at once."""
+        with self.cond:
+            self._departed.add(rank)
+            self._check_stalled()
+
+    def _check_stalled(self) -> None:
+        """Under the lock: when every live rank waits and none can go on, wake them stalled."""
+        live = self.size - len(self._departed)
+        waiting = self._waiting
+        if waiting and len(waiting) >= live and not any(ready() for ready in waiting.values()):
+            self._stalls += 1
+            self.cond.notify_all()
+
+    def _stalled(self) -> str:
+        left = sorted(self._departed)
+        why = f"; rank(s) {left} returned without calling it" if left else ""
+        return f"every rank of the run is waiting in distcomm and none can go on{why}"
 
     def register(self, uid: int, rank: int, comm: FakeLinkCommunicator) -> None:
         """Record ``comm`` as rank ``rank`` of communicator ``uid`` (for :meth:`progress`)."""

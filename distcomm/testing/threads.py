@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from distcomm._runtime import state
@@ -15,6 +15,7 @@ from distcomm._runtime.request import resolve_timeout
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
+from distcomm.testing.faults import Fault, checked, inject
 
 __all__ = ["run_threads"]
 
@@ -25,7 +26,11 @@ _CORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_threads(
-    fn: Callable[..., T], world_size: int, *args: Any, timeout: float = 60.0
+    fn: Callable[..., T],
+    world_size: int,
+    *args: Any,
+    timeout: float = 60.0,
+    faults: Iterable[Fault] = (),
 ) -> list[T]:
     """Run ``fn(*args)`` in ``world_size`` thread-ranks of one fakelink world; return the results.
 
@@ -43,6 +48,8 @@ def run_threads(
             with this function's DistTimeoutError showing where every rank is. Under
             ``DISTCOMM_ON_TIMEOUT=abort`` a timed-out operation stops every rank of the run
             (never the process).
+        faults: faults to inject into the ranks' world communicators
+            (:mod:`distcomm.testing.faults`: ``delay``, ``raise_at``, ``skip``, ``resize``).
 
     Returns:
         ``fn``'s return values in rank order.
@@ -57,6 +64,7 @@ def run_threads(
         raise InvalidArgumentError(f"world_size={world_size!r} must be a positive int")
     if not callable(fn):
         raise InvalidArgumentError(f"fn={fn!r} must be callable")
+    faults = checked(faults, world_size)
     set_by_user = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
     op_timeout = resolve_timeout(None) if set_by_user else timeout + _GRACE
     fabric = Fabric(world_size)
@@ -80,6 +88,7 @@ def run_threads(
         comm = FakeLinkCommunicator(
             fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=op_timeout
         )
+        inject(comm, faults)
         requested = {
             "backend": "fakelink",
             "method": "threads",
@@ -98,6 +107,7 @@ def run_threads(
             fabric.abort(f"rank {rank} failed")
         finally:
             state.thread_context(None)
+            fabric.depart(rank)
             with lock:
                 finished[rank] = True
                 if all(finished) or failures:

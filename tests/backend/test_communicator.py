@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,7 @@ def test_timed_out_wait_names_the_time_and_retires_the_communicator() -> None:
     def body() -> str:
         comm = distcomm.get_communicator()
         if comm.rank == 1:
+            time.sleep(0.5)  # busy, not waiting in distcomm (a rank that left: a stall, below)
             return ""
         work = comm.irecv(np.zeros(1), src=1, tag=9)
         with pytest.raises(distcomm.DistTimeoutError) as info:

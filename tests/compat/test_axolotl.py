@@ -136,3 +136,15 @@ def test_a_failing_fn_never_leaves_ranks_waiting(backend: str, scenario_worlds: 
     assert reduce == [*[("RankFailedError", 3)] * 3, ("ValueError", "bad value on 3")]
     zero_first = [r["zero_first"] for r in results]
     assert zero_first == [("OSError", "download failed"), *[("RankFailedError", 0)] * 3]
+
+
+def test_a_collective_in_a_zero_only_function_is_stopped() -> None:
+    @axolotl.zero_only
+    def log() -> None:
+        distcomm.barrier()  # only main runs this
+
+    def body() -> tuple[str, Any]:
+        return caught(log)
+
+    kind, message = run_threads(body, 2)[0]
+    assert kind == "MainOnlyCollectiveError" and "inside zero_only 'test_a_collective" in message

@@ -165,3 +165,24 @@ def test_helpers_on_four_ranks(backend: str, scenario_worlds: Any) -> None:
 def test_a_failure_on_main_ends_the_others(backend: str, scenario_worlds: Any) -> None:
     results = scenario_worlds(backend)[outcome(speechbrain_faults)]
     assert results == [("RuntimeError", "corrupt archive"), *[("RankFailedError", 0)] * 3]
+
+
+def test_main_only_sections_keep_ddp_no_ops_and_guard_direct_collectives() -> None:
+    """speechbrain's ddp_* stay no-ops inside a main-only section (as in speechbrain); a direct
+    distcomm collective there raises MainOnlyCollectiveError instead of hanging."""
+    from distcomm.testing import run_threads
+
+    def body() -> tuple[Any, ...]:
+        if not sb.if_main_process():
+            return ()
+        with sb.MainProcessContext():
+            sb.ddp_barrier()
+            got = sb.ddp_broadcast({"a": 1})
+            try:
+                distcomm.barrier()
+            except distcomm.MainOnlyCollectiveError as exc:
+                return got, exc.region.split(" (")[0]
+        return (got, "no guard")
+
+    results = run_threads(body, 2)
+    assert results == [({"a": 1}, "speechbrain's MainProcessContext"), ()]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from distcomm.backend.arrays import Adapter
     from distcomm.backend.communicator import BaseCommunicator
 
-__all__ = ["POLICIES", "SAMPLED_FIRST", "SAMPLE_EVERY", "check", "limits", "policy"]
+__all__ = ["POLICIES", "SAMPLED_FIRST", "SAMPLE_EVERY", "agree", "check", "limits", "policy"]
 
 #: The values of ``DISTCOMM_DEBUG`` and ``init(debug=...)`` (unset: ``"sample"``).
 POLICIES = ("sample", "check", "off")
@@ -110,7 +110,7 @@ def check(
     name = None if reduce_op is None else reduce_op.name
     fingerprint = _fingerprint(op, dtype, numel, root, name)
     channel = comm._object_channel()
-    if not _agree(channel, fingerprint):
+    if not agree(channel, fingerprint):
         shape = None if x is None else _shape(x)
         row = {"op": op, "shape": shape, "dtype": dtype, "numel": numel, "root": root}
         row.update(reduce_op=name, site=call_site())
@@ -127,30 +127,36 @@ def _fingerprint(*call: object) -> int:
     return int.from_bytes(digest, "little") & _BITS
 
 
-def _agree(channel: BaseCommunicator, fingerprint: int) -> bool:
+def agree(channel: BaseCommunicator, fingerprint: int) -> bool:
     """Whether every rank has ``fingerprint``: one 16-byte int64 MIN all-reduce of [f, -f]
-    where the engine has it, else an object all-gather."""
-    pair = _int64_pair(fingerprint)
-    if (
-        pair is None
-        or "int64" not in channel._native_dtypes
-        or ReduceOp.MIN not in channel._native_ops
-    ):
+    where the engine has it, else an object all-gather. The 16 bytes are the channel's own,
+    made once (``_vote``) and written through a memoryview, so that a check allocates nothing."""
+    vote = channel._vote
+    if vote is None:
+        vote = channel._vote = _vote_buffer(channel)
+    if vote is False:
         return len(set(objects.all_gather_object(channel, fingerprint))) == 1
-    channel._call(channel._all_reduce, False, pair, ReduceOp.MIN)
-    low, minus_high = (int(v) for v in pair)
-    return low == -minus_high
+    buffer, pair = vote
+    pair[0], pair[1] = fingerprint, -fingerprint
+    channel._call(channel._all_reduce, False, buffer, ReduceOp.MIN)
+    return bool(pair[0] == -pair[1])
 
 
-def _int64_pair(fingerprint: int) -> Any:
-    """``[f, -f]`` as a CPU int64 array of the array library the program uses (None: none)."""
+def _vote_buffer(channel: BaseCommunicator) -> tuple[Any, Any] | bool:
+    """A CPU int64 array of 2 of the array library the program uses, and a view to set and
+    read it as Python ints; False where the engine has no int64 MIN or no array library is
+    loaded."""
+    if "int64" not in channel._native_dtypes or ReduceOp.MIN not in channel._native_ops:
+        return False
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        return numpy.array([fingerprint, -fingerprint], dtype=numpy.int64)
+        buffer = numpy.zeros(2, dtype=numpy.int64)
+        return buffer, memoryview(buffer).cast("B").cast("q")
     torch = sys.modules.get("torch")
     if torch is not None:
-        return torch.tensor([fingerprint, -fingerprint], dtype=torch.int64)
-    return None
+        buffer = torch.zeros(2, dtype=torch.int64)
+        return buffer, buffer
+    return False
 
 
 def _shape(x: Any) -> tuple[int, ...] | None:
@@ -158,10 +164,14 @@ def _shape(x: Any) -> tuple[int, ...] | None:
     return None if shape is None else tuple(int(n) for n in shape)
 
 
-def call_site() -> str:
-    """``file:line`` of the innermost frame outside distcomm: the user's call."""
+def call_site(skip: tuple[str, ...] = ()) -> str:
+    """``file:line`` of the innermost frame outside distcomm (and the files ``skip``): the
+    user's call."""
     frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+    while frame is not None and (
+        os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE)
+        or frame.f_code.co_filename in skip
+    ):
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:
         return "?"

@@ -53,7 +53,7 @@ class Failures:
 
     # -- for backends ----------------------------------------------------------------------------
     def timed_out(
-        self, op: str, seq: int | None, limit: float, waiting_for: str = ""
+        self, op: str, seq: int | None, limit: float, waiting_for: str = "", stalled: str = ""
     ) -> DistTimeoutError:
         """Retire this communicator after ``op`` did not complete within ``limit`` seconds and
         return the error to raise; under ``DISTCOMM_ON_TIMEOUT=abort``, end the job instead.
@@ -63,12 +63,17 @@ class Failures:
             seq: its sequence number (None for point-to-point messages, which have none).
             limit: the seconds waited.
             waiting_for: what a point-to-point operation waited for ("a message from rank 1").
+            stalled: why the operation can never complete, when the engine knows it before
+                the timeout (an in-process world where every rank waits).
         """
         label = _label(op, seq)
-        self.unusable = f"{label} timed out after {limit:g} s"
         missing, detail = self._arrivals(seq) if seq else (None, waiting_for or "")
+        late = (
+            f"can never complete ({stalled})" if stalled else f"did not complete within {limit:g} s"
+        )
+        self.unusable = f"{label} {'stalled' if stalled else f'timed out after {limit:g} s'}"
         message = (
-            f"{label} on {self.describe()} did not complete within {limit:g} s"
+            f"{label} on {self.describe()} {late}"
             f"{'; ' + detail if detail else ''}. HINT: a rank is stuck, died or skipped this "
             "call; if it is merely slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
         )

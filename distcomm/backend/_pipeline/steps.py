@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline import agreement, observing
 from distcomm.backend._pipeline.checks import ArgumentChecks
 from distcomm.backend._pipeline.failures import Failures
 from distcomm.backend._pipeline.staging import Staged, stage
@@ -55,6 +55,12 @@ class Steps(ArgumentChecks, Failures, Primitives):
     cpu_only_reason: str = ""
     #: The next ``seq`` the mismatch check runs at (from the ``debug`` policy).
     _next_check: int
+    #: Whether hooks are registered (:mod:`~distcomm.backend._pipeline.observing` sets it).
+    _observing: ClassVar[bool] = False
+    #: The event of the public call in progress while hooks are registered, else None.
+    _event: Any = None
+    #: The mismatch check's 16-byte buffer on this channel (made at the first check).
+    _vote: Any = None
 
     def __init__(
         self,
@@ -122,9 +128,12 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """Count collective ``op``, which passed validation (see BaseCommunicator), and, where
         the check policy says so, agree with the other ranks that they call the same one
         (:mod:`~distcomm.backend._pipeline.agreement`; ``_next_check`` is the next checked
-        ``seq``, so that an unchecked call tests one integer)."""
+        ``seq``, so that an unchecked call tests one integer). Registered hooks see the call
+        here first (:mod:`~distcomm.backend._pipeline.observing`)."""
         seq = self.seq = self.seq + 1
         self.op = op
+        if self._observing and self._event is observing.PENDING:
+            observing.before(self, op, x, adapter, root, reduce_op)
         if seq >= self._next_check:
             self._next_check = agreement.next_checked(seq + 1, *self._limits)
             if self._world_size > 1:
