@@ -102,10 +102,12 @@ def plain_machine(
 ) -> Iterator[None]:
     """Remove every launcher and DISTCOMM_* variable, and finalize distcomm after the test.
 
-    Tests marked ``mpi`` run inside a real MPI job (``mpirun ... pytest --with-mpi``): their
+    Tests marked ``mpi`` run inside a real MPI job (``mpirun ... pytest --with-mpi``), and the
+    conformance kit's (``--pyargs distcomm.testing.conformance``) inside any launched job: their
     launcher variables are the point, and their world lives across tests, so they are left alone.
     """
-    if request.node.get_closest_marker("mpi") is not None:
+    kit = "distcomm_check" in request.fixturenames
+    if kit or request.node.get_closest_marker("mpi") is not None:
         yield
         return
     for name in list(os.environ):

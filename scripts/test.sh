@@ -9,7 +9,7 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
     -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi \
-    -e ./backends/distcomm-linklink ./examples/plugin
+    -e ./backends/distcomm-linklink ./examples/plugin ./examples/distcomm-zmq
 
 # Temporary files of the run (pytest's tmp_path, torch's caches, MPICH's files in TMPDIR) go to
 # one private directory, removed at the end: the run leaves nothing behind in /tmp.

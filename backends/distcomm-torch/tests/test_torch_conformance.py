@@ -1,26 +1,24 @@
-"""The conformance suite on gloo: one spawn per world size runs every check in real processes."""
+"""The conformance suite on gloo, through the kit a plugin author runs: ``distcomm run -n N -m
+pytest --pyargs distcomm.testing.conformance --distcomm-backend=gloo`` at N = 1, 2 and 4."""
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
+from jobs import run_job
 
-import distcomm
-from distcomm.testing import spawn
-from distcomm.testing.conformance import CHECKS, run_all
-
-
-def run_every_check() -> list[str]:
-    return run_all()
+from distcomm.testing.conformance import CHECKS
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_gloo_passes_every_check(world_size: int) -> None:
-    results = spawn(run_every_check, world_size, backend="gloo", timeout=200)
-    assert results == [list(CHECKS)] * world_size
-
-
-def test_gloo_world_of_one_passes_every_check() -> None:
-    comm = distcomm.init(backend="gloo")
-    assert comm.backend == "gloo" and comm.world_size == 1
-    assert run_all() == list(CHECKS)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_gloo_passes_the_conformance_kit(nprocs: int) -> None:
+    kit = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs"]
+    kit += ["distcomm.testing.conformance", "--distcomm-backend=gloo"]
+    done = run_job([sys.executable, "-m", "distcomm", "run", "-n", str(nprocs), *kit], timeout=280)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    passed = re.findall(rf"\[rank (\d+)\] {len(CHECKS)} passed in ", done.stdout)
+    assert sorted(map(int, passed)) == list(range(nprocs)), done.stdout[-4000:]
+    assert re.search(rf"\[rank 0\] total\s+{len(CHECKS)}\s+0\n", done.stdout)  # the summary

@@ -1,0 +1,126 @@
+"""distcomm-zmq as its author tests it: real processes over ZeroMQ, through distcomm's public API.
+
+The conformance kit (every check, at 1, 2 and 4 ranks) runs in test_zmq_conformance.py; here
+are what is the plugin's own: the rendezvous, the large-message paths (the ring, buffers sent
+without a copy), the Works of async operations, errors and where the sockets listen.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from distcomm_zmq import is_available
+from distcomm_zmq.plugin import create
+
+import distcomm
+from distcomm.backend import LaunchInfo
+from distcomm.errors import DistTimeoutError, InvalidArgumentError
+from distcomm.testing import spawn
+
+BIG = 3 * 100_003  # float32 elements: past the ring threshold, not a multiple of 2, 3 or 4
+
+
+def large_messages() -> dict[str, Any]:
+    """The ring all-reduce and all-gather, a large broadcast, and large p2p messages whose buffer
+    the caller overwrites as soon as the Work completes."""
+    rank, n = distcomm.get_rank(), distcomm.get_world_size()
+    x = torch.arange(BIG, dtype=torch.float32) + rank
+    distcomm.all_reduce(x)
+    expected = torch.arange(BIG, dtype=torch.float32) * n + n * (n - 1) / 2
+    gathered = np.empty(BIG * n, dtype=np.float32)
+    distcomm.all_gather_into_tensor(gathered, np.full(BIG, rank, dtype=np.float32))
+    b = np.full(BIG, rank, dtype=np.float64)
+    distcomm.broadcast(b, src=n - 1)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    out = np.full(BIG, rank, dtype=np.float32)
+    got = np.empty(BIG, dtype=np.float32)
+    works = [distcomm.isend(out, right, tag=3), distcomm.irecv(got, left, tag=3)]
+    for work in works:
+        work.wait()
+    out[:] = -1  # the send is complete: its buffer is the caller's again
+    distcomm.barrier()
+    return {
+        "all_reduce": bool(torch.equal(x, expected)),
+        "all_gather": bool((gathered.reshape(n, BIG) == np.arange(n)[:, None]).all()),
+        "broadcast": bool((b == n - 1).all()),
+        "ring_p2p": bool((got == left).all()),
+    }
+
+
+def async_in_order() -> list[float]:
+    """Async collectives issued back to back complete in order, each owning its buffers."""
+    works = [distcomm.all_reduce(np.full(4, float(i)), async_op=True) for i in range(20)]
+    for work in reversed(works):
+        work.wait()
+    x = np.ones(4)
+    distcomm.all_reduce(x)
+    return x.tolist()
+
+
+def where_it_listens() -> list[str]:
+    comm: Any = distcomm.get_communicator()
+    return list(comm.native.endpoints)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_large_messages_are_right(nprocs: int) -> None:
+    results = spawn(large_messages, nprocs, backend="zmq", timeout=100)
+    assert results == [dict.fromkeys(results[0], True)] * nprocs
+
+
+@pytest.mark.timeout(120)
+def test_async_operations_complete_in_order() -> None:
+    assert spawn(async_in_order, 2, backend="zmq", timeout=100) == [[2.0] * 4] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_single_node_job_listens_on_loopback_only() -> None:
+    for endpoints in spawn(where_it_listens, 2, backend="zmq", timeout=100):
+        assert all(e.startswith("tcp://127.0.0.1:") for e in endpoints), endpoints
+
+
+def launch(rank: int = 0, size: int = 2, port: int | None = None) -> LaunchInfo:
+    return LaunchInfo(
+        "env", rank, size, rank, size, 0, 1, master_addr="127.0.0.1", master_port=port
+    )
+
+
+def test_a_missing_rank_fails_the_rendezvous_naming_it() -> None:
+    from distcomm.backend import free_port
+
+    start = time.monotonic()
+    with pytest.raises(DistTimeoutError, match=r"ranks \[1\] did not join") as info:
+        create(launch(port=free_port()), timeout=1.0)
+    assert info.value.missing_ranks == (1,) and time.monotonic() - start < 5
+    with pytest.raises(DistTimeoutError, match="rank 1 got no address table from rank 0"):
+        create(launch(rank=1, port=free_port()), timeout=0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"device": "cuda"}, "device='cuda'"), ({"cuda_aware": True}, "options \\['cuda_aware'\\]")],
+)
+def test_options_are_refused(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        create(launch(size=1), **kwargs)
+
+
+def test_availability_says_why() -> None:
+    assert is_available(launch(size=1)) == (True, "a world of 1")
+    ok, why = is_available(launch(port=None))
+    assert not ok and "no master address and port" in why and "HINT" in why
+
+
+def test_a_world_of_one() -> None:
+    comm = create(launch(size=1), timeout=5)
+    try:
+        x = np.ones(3)
+        comm.all_reduce(x)
+        assert x.tolist() == [1.0] * 3 and comm.backend == "zmq"
+    finally:
+        comm.finalize()
