@@ -208,14 +208,7 @@ class FakeLinkCommunicator(BaseCommunicator):
         members = groups[index]
         uid = slot.result[index]
         return FakeLinkCommunicator(
-            self.fabric,
-            uid,
-            rank=members.index(self.rank),
-            world_size=len(members),
-            launch=self.launch,
-            global_ranks=[self.global_ranks[r] for r in members],
-            timeout=self.timeout,
-            name=f"group {uid}",
+            self.fabric, uid, **{**self._group_arguments(members), "name": f"group {uid}"}
         )
 
 

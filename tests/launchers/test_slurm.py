@@ -204,6 +204,20 @@ DYING = Path(__file__).resolve().parents[1] / "dying_rank.py"
 
 
 @pytest.mark.timeout(300)
+def test_the_conformance_kit_on_the_zmq_plugin_under_srun(slurm: str, tmp_path: Path) -> None:
+    """The kit a plugin author runs, on the third-party zmq backend, under srun: every task
+    passes every check (the rendezvous comes from Slurm's variables)."""
+    from distcomm.testing.conformance import CHECKS
+
+    command = ["srun", "-n", str(TASKS), "--overcommit", "--mpi=none", "--time=4"]
+    command += ["--kill-on-bad-exit=1", sys.executable, "-m", "pytest", "-q"]
+    command += ["-p", "no:cacheprovider", "--pyargs", "distcomm.testing.conformance"]
+    done = slurm_job(slurm, [*command, "--distcomm-backend=zmq"], cwd=tmp_path, timeout=280)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count(f"{len(CHECKS)} passed in ") == TASKS, done.stdout[-4000:]
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.usefixtures("aborted_mpich_job")
 def test_a_rank_that_raises_under_srun_mpi_ends_the_job(slurm: str, tmp_path: Path) -> None:
     """srun --mpi=pmi2 on mpi: rank 2's uncaught exception ends every task within seconds

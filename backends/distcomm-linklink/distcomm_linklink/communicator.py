@@ -119,15 +119,7 @@ class LinklinkCommunicator(BaseCommunicator):
             return NON_MEMBER
         members = groups[index]
         return LinklinkCommunicator(
-            self._link,
-            handles[index],
-            owns=False,
-            rank=members.index(self._rank),
-            world_size=len(members),
-            launch=self.launch,
-            global_ranks=[self.global_ranks[r] for r in members],
-            timeout=self.timeout,
-            name=f"group {[self.global_ranks[r] for r in members]}",
+            self._link, handles[index], owns=False, **self._group_arguments(members)
         )
 
     def _finalize(self) -> None:

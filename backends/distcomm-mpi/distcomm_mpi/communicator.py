@@ -325,12 +325,7 @@ class MpiCommunicator(BaseCommunicator):
             owns=True,
             cuda_aware=self.cuda_aware,
             side=self._side,
-            rank=new.Get_rank(),
-            world_size=new.Get_size(),
-            launch=self.launch,
-            global_ranks=[self.global_ranks[r] for r in groups[index]],
-            timeout=self.timeout,
-            name=f"group {[self.global_ranks[r] for r in groups[index]]}",
+            **self._group_arguments(groups[index]),
         )
 
     def _finalize(self) -> None:

@@ -67,6 +67,22 @@ class Groups(Steps):
         index = None if color is None else colors.index(color)
         return self._inherit(self._split(groups, index))
 
+    def _group_arguments(self, members: Sequence[int]) -> dict[str, Any]:
+        """What :class:`~distcomm.backend.BaseCommunicator` takes for this rank's communicator over
+        ``members`` (ranks of this communicator, in member order; this rank among them): its
+        ``rank``, ``world_size``, ``launch``, ``global_ranks``, ``timeout`` and ``name``. For a
+        backend's ``_split``: ``MyCommunicator(engine_group, **self._group_arguments(members))``.
+        """
+        world = [self._global_ranks[r] for r in members]
+        return {
+            "rank": list(members).index(self._rank),
+            "world_size": len(members),
+            "launch": self._launch,
+            "global_ranks": world,
+            "timeout": self.timeout,
+            "name": f"group {world}",
+        }
+
     def _inherit(self, group: Communicator | NonMember) -> Communicator | NonMember:
         """A new group takes this communicator's settings (the check policy)."""
         if isinstance(group, Steps):

@@ -10,11 +10,11 @@ numpy views of the caller's memory (:func:`as_numpy`): nothing is copied to be s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from distcomm.backend import adapter_for
 from distcomm.protocol import ReduceOp
 
 __all__ = [
@@ -34,18 +34,6 @@ __all__ = [
 
 #: From this many bytes, all-reduces and all-gathers go around the ring.
 RING_FROM = 256 * 1024
-
-_COMBINE: dict[ReduceOp, Callable[..., Any]] = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.PRODUCT: np.multiply,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.BAND: np.bitwise_and,
-    ReduceOp.BOR: np.bitwise_or,
-    ReduceOp.BXOR: np.bitwise_xor,
-}
-#: What bool data reduces with (distcomm gives bool data MAX, MIN or BXOR only).
-_BOOL = {ReduceOp.MAX: np.logical_or, ReduceOp.MIN: np.logical_and, ReduceOp.BXOR: np.logical_xor}
 
 
 class Link:
@@ -78,8 +66,8 @@ def as_numpy(x: Any) -> np.ndarray:
 
 
 def _combine(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
-    fn = _BOOL[op] if acc.dtype == np.bool_ else _COMBINE[op]
-    fn(acc, other, out=acc)
+    """``acc = acc (op) other`` in place: the kit's numpy adapter (bool data as logic)."""
+    adapter_for(acc).combine_(acc, other, op)
 
 
 def _incoming(link: Link, src: int, like: np.ndarray) -> np.ndarray:

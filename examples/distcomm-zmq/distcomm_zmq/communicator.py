@@ -266,17 +266,7 @@ class ZmqCommunicator(BaseCommunicator):
         members = groups[index]
         made = f"{self.uid} {self._groups} {index}".encode()
         uid = int.from_bytes(hashlib.blake2b(made, digest_size=8).digest(), "little") >> 2
-        return ZmqCommunicator(
-            self.transport,
-            uid,
-            owns=False,
-            rank=members.index(self.rank),
-            world_size=len(members),
-            launch=self.launch,
-            global_ranks=[self.global_ranks[r] for r in members],
-            timeout=self.timeout,
-            name=f"group {[self.global_ranks[r] for r in members]}",
-        )
+        return ZmqCommunicator(self.transport, uid, owns=False, **self._group_arguments(members))
 
     def _finalize(self) -> None:
         if self._worker is not None:
@@ -294,9 +284,8 @@ def connect(launch: LaunchInfo, timeout: float) -> ZmqCommunicator:
         inbox = context.socket(zmq.PULL)
         inbox.setsockopt(zmq.LINGER, 0)
         inbox.setsockopt(zmq.RCVHWM, 0)
-        bind, advertised = rendezvous.inbox_host(launch)
-        port = inbox.bind_to_random_port(f"tcp://{bind}")
-        endpoints = rendezvous.exchange(context, launch, f"tcp://{advertised}:{port}", timeout)
+        endpoint = rendezvous.bind_inbox(inbox, launch)
+        endpoints = rendezvous.exchange(context, launch, endpoint, timeout)
     except BaseException:
         context.destroy(linger=0)
         raise

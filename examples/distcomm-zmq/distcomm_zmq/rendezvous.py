@@ -13,6 +13,7 @@ import ipaddress
 import json
 import socket
 import time
+import uuid
 from typing import Any
 
 import zmq
@@ -20,7 +21,7 @@ import zmq
 from distcomm.backend import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError
 
-__all__ = ["exchange", "inbox_host", "is_loopback"]
+__all__ = ["bind_inbox", "exchange", "is_loopback", "single_node"]
 
 
 def is_loopback(address: str) -> bool:
@@ -33,16 +34,33 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def inbox_host(launch: LaunchInfo) -> tuple[str, str]:
-    """``(the interface to bind, the address peers reach it at)``: loopback for a single-node
-    job whose master is a loopback address (nothing opened beyond the machine), else every
-    interface, advertised as the address this host uses to reach the master."""
-    master = launch.master_addr or "127.0.0.1"
-    if launch.num_nodes == 1 and is_loopback(master):
-        return "127.0.0.1", "127.0.0.1"
+def single_node(launch: LaunchInfo) -> bool:
+    """Whether every rank runs on this machine: one node, and a loopback master address."""
+    return launch.num_nodes == 1 and is_loopback(launch.master_addr or "127.0.0.1")
+
+
+def bind_inbox(inbox: zmq.Socket[Any], launch: LaunchInfo) -> str:
+    """Bind this rank's inbox; return the address the other ranks reach it at.
+
+    A single-node job binds a Unix socket in Linux's abstract namespace (``ipc://@...``: faster
+    than TCP, no file to remove, nothing reachable from another machine); elsewhere, or where
+    that fails, TCP: on loopback for a single-node job, else on every interface, advertised as
+    the address this host reaches the master from.
+    """
+    if single_node(launch):
+        name = f"ipc://@distcomm-zmq-{uuid.uuid4().hex}-{launch.rank}"
+        try:
+            inbox.bind(name)
+            return name
+        except zmq.ZMQError:  # no abstract namespace (not Linux): loopback TCP
+            pass
+        port = inbox.bind_to_random_port("tcp://127.0.0.1")
+        return f"tcp://127.0.0.1:{port}"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((master, launch.master_port or 9))  # no packet is sent
-        return "*", str(probe.getsockname()[0])
+        probe.connect((launch.master_addr or "127.0.0.1", launch.master_port or 9))  # no packet
+        host = str(probe.getsockname()[0])
+    port = inbox.bind_to_random_port("tcp://*")
+    return f"tcp://{host}:{port}"
 
 
 def exchange(
