@@ -3,73 +3,201 @@
 ``distcomm.init()`` picks the launch method and the backend (and says why: ``distcomm info
 --explain``); collectives, object exchange, rank getters and rank-zero helpers then work the
 same on every backend.
-Importing distcomm imports neither torch, numpy nor mpi4py, and loads no plugin.
+Importing distcomm imports neither torch, numpy, mpi4py nor pluggy, and loads no plugin: the
+names below are loaded on first use (PEP 562), so ``import distcomm`` costs about a millisecond.
 """
 
-from distcomm._runtime.collectives import (
-    all_gather,
-    all_gather_into_tensor,
-    all_gather_object,
-    all_reduce,
-    all_to_all_single,
-    assert_same,
-    barrier,
-    broadcast,
-    broadcast_object,
-    gather,
-    gather_object,
-    irecv,
-    isend,
-    new_group,
-    recv,
-    reduce,
-    reduce_scatter_tensor,
-    scatter,
-    scatter_object,
-    send,
-)
-from distcomm._runtime.detection import detect_environment
-from distcomm._runtime.doors import DistContext, dist_finalize, dist_init, dist_mode
-from distcomm._runtime.getters import (
-    get_backend,
-    get_communicator,
-    get_local_rank,
-    get_local_world_size,
-    get_node_rank,
-    get_rank,
-    get_world_size,
-    is_distributed,
-    is_initialized,
-    is_local_main_process,
-    is_main_process,
-)
-from distcomm._runtime.lifecycle import finalize, init
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from distcomm._version import __version__
-from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
-from distcomm.backend.communicator import BaseCommunicator
-from distcomm.backend.hooks import hookimpl, hookspec
-from distcomm.backend.specs import BackendSpec, Capabilities, EnvironmentSpec
-from distcomm.backend.work import BaseWork
-from distcomm.environment import LaunchInfo
-from distcomm.errors import (
-    AlreadyInitializedError,
-    BackendNotFoundError,
-    BackendUnavailableError,
-    CollectiveMismatchError,
-    DistcommError,
-    DistcommWarning,
-    DistTimeoutError,
-    EngineError,
-    EnvironmentDetectionError,
-    InvalidArgumentError,
-    MainOnlyCollectiveError,
-    NotInitializedError,
-    NotSameError,
-    PluginConflictError,
-    RankFailedError,
+
+if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EXPORTS
+    from distcomm._runtime.collectives import (
+        all_gather,
+        all_gather_into_tensor,
+        all_gather_object,
+        all_reduce,
+        all_to_all_single,
+        assert_same,
+        barrier,
+        broadcast,
+        broadcast_object,
+        gather,
+        gather_object,
+        irecv,
+        isend,
+        new_group,
+        recv,
+        reduce,
+        reduce_scatter_tensor,
+        scatter,
+        scatter_object,
+        send,
+    )
+    from distcomm._runtime.detection import detect_environment
+    from distcomm._runtime.doors import (
+        DistContext,
+        dist_finalize,
+        dist_init,
+        dist_mode,
+    )
+    from distcomm._runtime.getters import (
+        get_backend,
+        get_communicator,
+        get_local_rank,
+        get_local_world_size,
+        get_node_rank,
+        get_rank,
+        get_world_size,
+        is_distributed,
+        is_initialized,
+        is_local_main_process,
+        is_main_process,
+    )
+    from distcomm._runtime.lifecycle import (
+        finalize,
+        init,
+    )
+    from distcomm.backend._pipeline.observing import (
+        CollectiveEvent,
+        HookHandle,
+        add_hook,
+    )
+    from distcomm.backend.communicator import BaseCommunicator
+    from distcomm.backend.hooks import (
+        hookimpl,
+        hookspec,
+    )
+    from distcomm.backend.specs import (
+        BackendSpec,
+        Capabilities,
+        EnvironmentSpec,
+    )
+    from distcomm.backend.work import BaseWork
+    from distcomm.environment import LaunchInfo
+    from distcomm.errors import (
+        AlreadyInitializedError,
+        BackendNotFoundError,
+        BackendUnavailableError,
+        CollectiveMismatchError,
+        DistcommError,
+        DistcommWarning,
+        DistTimeoutError,
+        EngineError,
+        EnvironmentDetectionError,
+        InvalidArgumentError,
+        MainOnlyCollectiveError,
+        NotInitializedError,
+        NotSameError,
+        PluginConflictError,
+        RankFailedError,
+    )
+    from distcomm.helpers import (
+        main_process_only,
+        rank_prefixed_message,
+        run_on_main,
+        zero_first,
+    )
+    from distcomm.protocol import (
+        NON_MEMBER,
+        Communicator,
+        ReduceOp,
+        Work,
+    )
+
+#: Where each public name lives: loaded from there at its first use.
+_EXPORTS = {
+    "all_gather": "distcomm._runtime.collectives",
+    "all_gather_into_tensor": "distcomm._runtime.collectives",
+    "all_gather_object": "distcomm._runtime.collectives",
+    "all_reduce": "distcomm._runtime.collectives",
+    "all_to_all_single": "distcomm._runtime.collectives",
+    "assert_same": "distcomm._runtime.collectives",
+    "barrier": "distcomm._runtime.collectives",
+    "broadcast": "distcomm._runtime.collectives",
+    "broadcast_object": "distcomm._runtime.collectives",
+    "gather": "distcomm._runtime.collectives",
+    "gather_object": "distcomm._runtime.collectives",
+    "irecv": "distcomm._runtime.collectives",
+    "isend": "distcomm._runtime.collectives",
+    "new_group": "distcomm._runtime.collectives",
+    "recv": "distcomm._runtime.collectives",
+    "reduce": "distcomm._runtime.collectives",
+    "reduce_scatter_tensor": "distcomm._runtime.collectives",
+    "scatter": "distcomm._runtime.collectives",
+    "scatter_object": "distcomm._runtime.collectives",
+    "send": "distcomm._runtime.collectives",
+    "detect_environment": "distcomm._runtime.detection",
+    "DistContext": "distcomm._runtime.doors",
+    "dist_finalize": "distcomm._runtime.doors",
+    "dist_init": "distcomm._runtime.doors",
+    "dist_mode": "distcomm._runtime.doors",
+    "get_backend": "distcomm._runtime.getters",
+    "get_communicator": "distcomm._runtime.getters",
+    "get_local_rank": "distcomm._runtime.getters",
+    "get_local_world_size": "distcomm._runtime.getters",
+    "get_node_rank": "distcomm._runtime.getters",
+    "get_rank": "distcomm._runtime.getters",
+    "get_world_size": "distcomm._runtime.getters",
+    "is_distributed": "distcomm._runtime.getters",
+    "is_initialized": "distcomm._runtime.getters",
+    "is_local_main_process": "distcomm._runtime.getters",
+    "is_main_process": "distcomm._runtime.getters",
+    "finalize": "distcomm._runtime.lifecycle",
+    "init": "distcomm._runtime.lifecycle",
+    "CollectiveEvent": "distcomm.backend._pipeline.observing",
+    "HookHandle": "distcomm.backend._pipeline.observing",
+    "add_hook": "distcomm.backend._pipeline.observing",
+    "BaseCommunicator": "distcomm.backend.communicator",
+    "hookimpl": "distcomm.backend.hooks",
+    "hookspec": "distcomm.backend.hooks",
+    "BackendSpec": "distcomm.backend.specs",
+    "Capabilities": "distcomm.backend.specs",
+    "EnvironmentSpec": "distcomm.backend.specs",
+    "BaseWork": "distcomm.backend.work",
+    "LaunchInfo": "distcomm.environment",
+    "AlreadyInitializedError": "distcomm.errors",
+    "BackendNotFoundError": "distcomm.errors",
+    "BackendUnavailableError": "distcomm.errors",
+    "CollectiveMismatchError": "distcomm.errors",
+    "DistcommError": "distcomm.errors",
+    "DistcommWarning": "distcomm.errors",
+    "DistTimeoutError": "distcomm.errors",
+    "EngineError": "distcomm.errors",
+    "EnvironmentDetectionError": "distcomm.errors",
+    "InvalidArgumentError": "distcomm.errors",
+    "MainOnlyCollectiveError": "distcomm.errors",
+    "NotInitializedError": "distcomm.errors",
+    "NotSameError": "distcomm.errors",
+    "PluginConflictError": "distcomm.errors",
+    "RankFailedError": "distcomm.errors",
+    "main_process_only": "distcomm.helpers",
+    "rank_prefixed_message": "distcomm.helpers",
+    "run_on_main": "distcomm.helpers",
+    "zero_first": "distcomm.helpers",
+    "NON_MEMBER": "distcomm.protocol",
+    "Communicator": "distcomm.protocol",
+    "ReduceOp": "distcomm.protocol",
+    "Work": "distcomm.protocol",
+}
+#: distcomm's subpackages and modules, reachable as attributes (``distcomm.errors``) as if imported.
+_SUBMODULES = frozenset(
+    {
+        "backend",
+        "cli",
+        "compat",
+        "environment",
+        "errors",
+        "fakelink",
+        "helpers",
+        "protocol",
+        "testing",
+        "workspace",
+    }
 )
-from distcomm.helpers import main_process_only, rank_prefixed_message, run_on_main, zero_first
-from distcomm.protocol import NON_MEMBER, Communicator, ReduceOp, Work
 
 __all__ = [
     "NON_MEMBER",
@@ -146,3 +274,20 @@ __all__ = [
     "send",
     "zero_first",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name (or a submodule) at its first use, and keep it."""
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})

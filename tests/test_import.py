@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import distcomm
 
-PROBE = """
+HEAVY = ("torch", "numpy", "mpi4py", "pluggy", "importlib.metadata", "email", "zipfile")
+PROBE = f"""
 import json, os, sys
 before = dict(os.environ)
 import distcomm
-print(json.dumps({
-    "heavy": sorted(m for m in ("torch", "numpy", "mpi4py") if m in sys.modules),
-    "registry_created": distcomm._plugins.loader._registry is not None,
-    "initialised": distcomm.is_initialized(),
+report = {{
+    "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules),
+    "distcomm_modules": sorted(m for m in sys.modules if m.startswith("distcomm")),
     "environ_changed": sorted(set(before.items()) ^ set(os.environ.items())),
-}))
+}}
+report["initialised"] = distcomm.is_initialized()  # loads the getters, not the plugins
+loader = sys.modules.get("distcomm._plugins.loader")
+report["registry_created"] = getattr(loader, "_registry", None) is not None
+print(json.dumps(report))
 """
 
 
@@ -35,10 +41,40 @@ def test_import_is_light_and_side_effect_free() -> None:
     report = json.loads(result.stdout)
     assert report == {
         "heavy": [],
+        "distcomm_modules": ["distcomm", "distcomm._version"],  # the rest loads on first use
         "registry_created": False,
         "initialised": False,
         "environ_changed": [],
     }
+
+
+def test_the_lazy_names_are_the_typed_ones() -> None:
+    """``_EXPORTS`` (what loads at run time) names exactly ``__all__`` (less ``__version__``)
+    and the imports type checkers and the API reference see (under TYPE_CHECKING)."""
+    tree = ast.parse(Path(distcomm.__file__).read_text())
+    typed = {
+        alias.name: node.module
+        for block in tree.body
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == distcomm._EXPORTS
+    assert set(distcomm.__all__) == {*distcomm._EXPORTS, "__version__"}
+
+
+def test_submodules_are_attributes_as_if_imported() -> None:
+    code = "import distcomm; print(distcomm.errors.DistcommError.__name__, "
+    code += "distcomm.testing.run_threads.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["DistcommError", "run_threads"], done.stderr
+    try:
+        distcomm.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "module 'distcomm' has no attribute 'no_such_name'" in str(exc)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
 
 
 def test_every_name_in_all_exists() -> None:
