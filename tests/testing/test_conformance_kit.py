@@ -83,7 +83,7 @@ def test_under_mpirun_every_topic_passes(tmp_path: Path, mpirun: str) -> None:
     done = run_job(command, cwd=tmp_path, timeout=100)
     text = output(done)
     assert done.returncode == 0, text
-    assert text.count(f" {len(ONE_PER_TOPIC)} passed in ") == 2, text
+    assert text.count(f"{len(ONE_PER_TOPIC)} passed in ") == 2, text
     assert text.count("distcomm conformance: mpi, 2 ranks (processes)") == 1, text
     for topic in TOPICS:
         assert row(topic, 1, 0).search(text), text
