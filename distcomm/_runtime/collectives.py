@@ -13,6 +13,7 @@ from typing import Any
 
 from distcomm._runtime import state
 from distcomm._runtime.detection import detect_environment
+from distcomm.backend._pipeline.coalesced import DEFAULT_BUCKET_BYTES
 from distcomm.errors import InvalidArgumentError, NotInitializedError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 
@@ -21,6 +22,7 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",
+    "all_reduce_coalesced",
     "all_to_all_single",
     "assert_same",
     "barrier",
@@ -197,6 +199,17 @@ def gather_object(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None
 def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: Any = None) -> Any:
     """``objs[rank]`` from ``src``."""
     return resolve_group(group).scatter_object(objs, src)
+
+
+def all_reduce_coalesced(
+    tensors: Sequence[Any],
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> None:
+    """Reduce every tensor of ``tensors`` in place, in a few engine calls (one per bucket of
+    ``bucket_bytes``; see :meth:`~distcomm.BaseCommunicator.all_reduce_coalesced`)."""
+    resolve_group(group).all_reduce_coalesced(tensors, op, bucket_bytes)
 
 
 def assert_same(x: Any, group: Any = None, what: str = "") -> None:

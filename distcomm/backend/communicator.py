@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
 from distcomm.backend._pipeline.movement import Movement
 from distcomm.backend._pipeline.object_collectives import ObjectCollectives
@@ -34,7 +35,7 @@ __all__ = ["BaseCommunicator"]
 
 
 class BaseCommunicator(
-    Reductions, Movement, Rooted, PointToPoint, ObjectCollectives, Sameness, Groups
+    Reductions, Coalesced, Movement, Rooted, PointToPoint, ObjectCollectives, Sameness, Groups
 ):
     """Template for backends; see the module docstring.
 

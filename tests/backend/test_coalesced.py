@@ -1,0 +1,93 @@
+"""all_reduce_coalesced: many tensors in a few all-reduces, on fakelink thread-ranks and gloo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import distcomm
+from distcomm.errors import InvalidArgumentError
+from distcomm.testing import run_threads, spawn
+
+
+def mixed(rank: int) -> list[Any]:
+    """Tensors of several libraries, dtypes and shapes, a non-contiguous view, a 0-d one."""
+    grid = torch.full((4, 6), float(rank + 1))
+    return [
+        torch.full((3,), rank + 1.0),
+        np.full((2, 2), rank + 1, dtype=np.int64),
+        grid[:, ::2],  # a non-contiguous view: the result lands in grid
+        torch.tensor(rank + 1.0, dtype=torch.float64),
+        np.full(5, rank + 1.0, dtype=np.float32),
+        torch.ones(2, dtype=torch.int32) * (rank + 1),
+    ]
+
+
+def reduce_mixed(bucket_bytes: int, op: str = "sum") -> list[list[float]]:
+    seen: list[str] = []
+    comm = distcomm.get_communicator()
+    with distcomm.add_hook(before=lambda e: seen.append(e.op) if e.group is comm else None):
+        tensors = mixed(distcomm.get_rank())
+        distcomm.all_reduce_coalesced(tensors, op=op, bucket_bytes=bucket_bytes)
+    values = [np.asarray(t, dtype=np.float64).reshape(-1).tolist() for t in tensors]
+    return [*values, [float(len(seen))]]
+
+
+@pytest.mark.parametrize(("bucket_bytes", "calls"), [(1 << 20, 5), (8, 6)])
+def test_every_tensor_is_reduced_in_one_call_per_bucket(bucket_bytes: int, calls: int) -> None:
+    # 5 groups (torch float32 twice, numpy int64, torch float64, numpy float32, torch int32);
+    # 8-byte buckets split the 12-byte float32 tensors from each other: 6 calls
+    for values in run_threads(reduce_mixed, 3, bucket_bytes):
+        assert values[:-1] == [
+            [6.0] * 3,
+            [6.0] * 4,
+            [6.0] * 12,
+            [6.0],
+            [6.0] * 5,
+            [6.0] * 2,
+        ]
+        assert values[-1] == [float(calls)]
+
+
+def test_other_ops_and_the_grid_behind_a_view() -> None:
+    def body() -> tuple[list[float], list[float]]:
+        grid = torch.full((2, 4), float(distcomm.get_rank()))
+        plain = torch.full((3,), float(distcomm.get_rank()))
+        distcomm.all_reduce_coalesced([grid[:, 1::2], plain], op="max")
+        return grid.reshape(-1).tolist(), plain.tolist()
+
+    grid, plain = run_threads(body, 3)[0]
+    assert grid == [0.0, 2.0, 0.0, 2.0] * 2 and plain == [2.0] * 3
+
+
+def test_nothing_to_reduce_and_bad_input() -> None:
+    def body() -> list[str]:
+        distcomm.all_reduce_coalesced([])
+        errors = []
+        calls: list[tuple[Any, int]] = [(np.ones(2), 1), ([np.ones(2), 3], 1), ([np.ones(2)], 0)]
+        for tensors, bucket_bytes in calls:
+            try:
+                distcomm.all_reduce_coalesced(tensors, bucket_bytes=bucket_bytes)
+            except InvalidArgumentError as exc:
+                errors.append(str(exc))
+        return errors
+
+    errors = run_threads(body, 2)[0]
+    assert "tensors must be a list or tuple of tensors, got ndarray" in errors[0]
+    assert "tensors[1] must be a torch.Tensor or numpy.ndarray, got int" in errors[1]
+    assert "bucket_bytes=0 must be a positive int" in errors[2] and "HINT" in errors[2]
+
+
+def many_small() -> bool:
+    rank = distcomm.get_rank()
+    tensors = [torch.full((256,), float(rank + i)) for i in range(300)]
+    distcomm.all_reduce_coalesced(tensors, bucket_bytes=64 * 1024)
+    return all(torch.equal(t, torch.full((256,), 2.0 * i + 1)) for i, t in enumerate(tensors))
+
+
+@pytest.mark.timeout(120)
+def test_on_gloo() -> None:
+    assert spawn(many_small, 2, backend="gloo", timeout=100) == [True, True]
