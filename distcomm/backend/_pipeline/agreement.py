@@ -34,7 +34,16 @@ if TYPE_CHECKING:
     from distcomm.backend.arrays import Adapter
     from distcomm.backend.communicator import BaseCommunicator
 
-__all__ = ["POLICIES", "SAMPLED_FIRST", "SAMPLE_EVERY", "agree", "check", "limits", "policy"]
+__all__ = [
+    "POLICIES",
+    "SAMPLED_FIRST",
+    "SAMPLE_EVERY",
+    "agree",
+    "check",
+    "limits",
+    "policy",
+    "shape_of",
+]
 
 #: The values of ``DISTCOMM_DEBUG`` and ``init(debug=...)`` (unset: ``"sample"``).
 POLICIES = ("sample", "check", "off")
@@ -111,7 +120,7 @@ def check(
     fingerprint = _fingerprint(op, dtype, numel, root, name)
     channel = comm._object_channel()
     if not agree(channel, fingerprint):
-        shape = None if x is None else _shape(x)
+        shape = None if x is None else shape_of(x)
         row = {"op": op, "shape": shape, "dtype": dtype, "numel": numel, "root": root}
         row.update(reduce_op=name, site=call_site())
         table = objects.all_gather_object(channel, row)
@@ -159,7 +168,8 @@ def _vote_buffer(channel: BaseCommunicator) -> tuple[Any, Any] | bool:
     return False
 
 
-def _shape(x: Any) -> tuple[int, ...] | None:
+def shape_of(x: Any) -> tuple[int, ...] | None:
+    """``x``'s shape as a tuple of ints (None: it has none)."""
     shape = getattr(x, "shape", None)
     return None if shape is None else tuple(int(n) for n in shape)
 

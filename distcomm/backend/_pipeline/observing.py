@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from distcomm.backend._pipeline import agreement
 from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -229,8 +230,7 @@ def before(
     """Make the event of the call being numbered on ``comm`` and call the ``before`` hooks."""
     event = CollectiveEvent(op, comm.seq, comm, comm._rank, comm._world_size)  # type: ignore[arg-type]
     if x is not None and adapter is not None:
-        shape = getattr(x, "shape", None)
-        event.shape = None if shape is None else tuple(int(n) for n in shape)
+        event.shape = agreement.shape_of(x)
         event.numel, event.dtype, event.device = (
             adapter.numel(x),
             adapter.dtype(x),

@@ -70,6 +70,13 @@ def _combine(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
     adapter_for(acc).combine_(acc, other, op)
 
 
+def _combine_in_order(out: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None:
+    """``out = parts[0] (op) parts[1] (op) ...``: the same bits on every rank that does it."""
+    out[...] = parts[0]
+    for part in parts[1:]:
+        _combine(out, part, op)
+
+
 def _incoming(link: Link, src: int, like: np.ndarray) -> np.ndarray:
     return np.frombuffer(link.recv(src), dtype=like.dtype)
 
@@ -89,9 +96,7 @@ def all_reduce(link: Link, x: np.ndarray, op: ReduceOp) -> None:
                 link.send(peer, x)
         parts = [x.copy() if r == me else _incoming(link, r, x) for r in range(n)]
         link.settle()  # x was sent: now it may be written
-        x[...] = parts[0]
-        for part in parts[1:]:
-            _combine(x, part, op)
+        _combine_in_order(x, parts, op)
         return
     _ring_reduce_scatter(link, x, op)
     _ring_all_gather(link, x)
@@ -130,17 +135,10 @@ def reduce_scatter(link: Link, out: np.ndarray, x: np.ndarray, op: ReduceOp) -> 
                 link.send(peer, x[peer * width : (peer + 1) * width])
         mine = x[me * width : (me + 1) * width]
         parts = [mine if r == me else _incoming(link, r, x) for r in range(n)]
-        out[...] = parts[0]
-        for part in parts[1:]:
-            _combine(out, part, op)
+        _combine_in_order(out, parts, op)
         return
-    scratch = x.copy()
-    right, left = (me + 1) % n, (me - 1) % n
-    for step in range(n - 1):  # chunk r ends, fully reduced, on rank r
-        send = (me - step - 1) % n
-        take = (me - step - 2) % n
-        link.send(right, scratch[send * width : (send + 1) * width].copy())
-        _combine(scratch[take * width : (take + 1) * width], _incoming(link, left, x), op)
+    scratch = x.copy()  # the ring's chunks are equal here: chunk r ends, reduced, on rank r
+    _ring_reduce_scatter(link, scratch, op)
     out[...] = scratch[me * width : (me + 1) * width]
 
 
@@ -188,9 +186,7 @@ def reduce(link: Link, x: np.ndarray, root: int, op: ReduceOp) -> None:
         link.send(root, x)
         return
     parts = [x.copy() if r == me else _incoming(link, r, x) for r in range(n)]
-    x[...] = parts[0]
-    for part in parts[1:]:
-        _combine(x, part, op)
+    _combine_in_order(x, parts, op)
 
 
 def gather(link: Link, out: np.ndarray | None, x: np.ndarray, root: int) -> None:

@@ -33,11 +33,7 @@ __all__ = ["ZmqCommunicator", "connect"]
 
 
 class _Late(Exception):
-    """An operation's message did not come before its deadline."""
-
-    def __init__(self, src: int) -> None:
-        super().__init__(src)
-        self.src = src
+    """An operation's message (or the release of its sends) did not come before its deadline."""
 
 
 class _Op(algorithms.Link):
@@ -62,13 +58,13 @@ class _Op(algorithms.Link):
             COLLECTIVE, self._comm.uid, self._key, self._ranks[src], self._deadline
         )
         if got is None:
-            raise _Late(src)
+            raise _Late
         view: memoryview = got
         return view
 
     def settle(self) -> None:
         if not Transport.settle(self._sent, self._deadline):
-            raise _Late(self.rank)
+            raise _Late
         self._sent.clear()
 
 

@@ -42,8 +42,11 @@ def large_messages() -> dict[str, Any]:
     for work in works:
         work.wait()
     out[:] = -1  # the send is complete: its buffer is the caller's again
+    scattered = np.empty(BIG, dtype=np.float32)  # the ring's reduce-scatter, chunk by chunk
+    distcomm.reduce_scatter_tensor(scattered, np.repeat(np.arange(n, dtype=np.float32), BIG) + 1)
     distcomm.barrier()
     return {
+        "reduce_scatter": bool((scattered == n * (rank + 1)).all()),
         "all_reduce": bool(torch.equal(x, expected)),
         "all_gather": bool((gathered.reshape(n, BIG) == np.arange(n)[:, None]).all()),
         "broadcast": bool((b == n - 1).all()),
