@@ -6,6 +6,10 @@ initialising anything.
 
 ``distcomm run -n N [--backend B] [--grace SECONDS] [--] script.py args`` (or ``-m module args``)
 starts N ranks on this node; the process management lives in :mod:`distcomm._processes.supervisor`.
+
+``distcomm bench [--ops ...] [--sizes ...] [--compare raw] [--json F] [--plot F.png]`` is one rank
+of a benchmark: start it under a launcher (``distcomm run -n 2 -m distcomm bench``, ``mpirun -n 2
+distcomm bench``, srun, torchrun); it lives in :mod:`distcomm._bench`.
 """
 
 from __future__ import annotations
@@ -172,6 +176,17 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)",
     )
+    bench_parser = commands.add_parser(
+        "bench",
+        help="time the collectives (one rank: start it under a launcher)",
+        description="Time distcomm's collectives at many sizes on the selected backend, and with "
+        "--compare raw the engine's own calls on the same buffers. Each process is one rank: "
+        "distcomm run -n 2 -m distcomm bench, mpirun -n 2 distcomm bench, srun -n 2 distcomm "
+        "bench, torchrun --nproc-per-node 2 -m distcomm bench. See docs/bench.md.",
+    )
+    from distcomm._bench.options import add_arguments
+
+    add_arguments(bench_parser)
     return parser, run_parser
 
 
@@ -234,6 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(run_parser, args_list[1:])
     args = parser.parse_args(args_list)
     from distcomm.errors import DistcommError
+
+    if args.command == "bench":
+        from distcomm._bench.runner import run as bench
+
+        try:
+            return bench(args)
+        except DistcommError as exc:
+            sys.stderr.write(f"distcomm bench: error: {exc}\n")
+            return 1
 
     try:
         info = collect_info()

@@ -55,6 +55,7 @@ LAYERS = (
         "distcomm.workspace",
         "distcomm._value_codecs",
         "distcomm._sharing",
+        "distcomm._bench",
         "distcomm.cli",
         "distcomm.testing",
         "distcomm.compat",

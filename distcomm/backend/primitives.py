@@ -5,8 +5,10 @@ native device. With ``async_op=True`` a primitive may return a Work; None means 
 
 Required: ``_all_reduce``, ``_broadcast``, ``_all_gather_into``, ``_isend``, ``_irecv``, ``_split``.
 Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``, ``_gather``,
-``_scatter``, ``_all_to_all``, ``_barrier``, ``_adopt``, ``_finalize``; and
+``_scatter``, ``_all_to_all``, ``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and
 ``_all_reduce_plain``, the shortcut of the commonest call (no default: the general pipeline).
+Not a primitive but overridable the same way: ``_native_call``, the engine's own API for an
+operation, which ``distcomm bench --compare raw`` times beside distcomm's.
 
 Every backend moves uint8 natively: object collectives, ``new_group`` and ``split`` travel as bytes.
 """
@@ -135,6 +137,28 @@ class Primitives:
         adapter.copy_(out_flat[me], src_flat[me])
         return AllOf(self, works, input, output)  # type: ignore[arg-type]
 
+    def _all_gather_v(
+        self, output: Any, sizes: list[int], tensor: Any, async_op: bool
+    ) -> Work | None:
+        """Concatenate every rank's byte buffer ``tensor`` (rank r's is ``sizes[r]`` bytes) into
+        ``output``, a byte buffer of ``sum(sizes)`` bytes, in rank order: a variable-size
+        all-gather (object collectives use it). Default: ``_all_gather_into`` directly when the
+        sizes are equal, else padded to the largest and copied out when complete."""
+        width = max(sizes)
+        if min(sizes) == width:
+            return self._then(self._all_gather_into(output, tensor, async_op), None, output, tensor)
+        send = bytearray(width)
+        memoryview(send)[: sizes[self._rank]] = memoryview(tensor).cast("B")
+        padded = bytearray(width * self._world_size)
+
+        def unpad() -> None:
+            src, dst, at = memoryview(padded), memoryview(output).cast("B"), 0
+            for r, n in enumerate(sizes):
+                dst[at : at + n] = src[r * width : r * width + n]
+                at += n
+
+        return self._then(self._all_gather_into(padded, send, async_op), unpad, padded, send)
+
     def _barrier(self, async_op: bool) -> Work | None:
         """Wait for every rank. Default: all-gather one byte."""
         out, one = bytearray(self._world_size), bytearray(1)
@@ -149,6 +173,17 @@ class Primitives:
 
     def _finalize(self) -> None:
         """Free the engine's resources for this communicator. Default: nothing to free."""
+
+    def _native_call(self, op: str, args: tuple[Any, ...]) -> Callable[[], object] | None:
+        """A zero-argument callable that runs the engine's own API for the distcomm operation
+        ``op`` on ``args``, for ``distcomm bench --compare raw``; None (the default) where the
+        engine has none. ``op`` and ``args`` are as distcomm's method takes them, the rest left
+        at its defaults (src and dst 0, SUM): ``all_reduce (x,)``, ``broadcast (x,)``,
+        ``all_gather (out, x)`` (into one tensor), ``reduce_scatter (out, x)``, ``all_to_all
+        (out, x)``, ``all_gather_object (obj,)``, ``broadcast_object (obj,)``, ``gather_object
+        (obj,)``, ``scatter_object (objs,)`` (objs is None off rank 0). Convert ``args`` to the
+        engine's types here, outside the callable: only the callable is timed."""
+        return None
 
     # -- for the defaults ----------------------------------------------------------------------
     def _then(

@@ -91,3 +91,40 @@ def many_small() -> bool:
 @pytest.mark.timeout(120)
 def test_on_gloo() -> None:
     assert spawn(many_small, 2, backend="gloo", timeout=100) == [True, True]
+
+
+def repeated() -> bool:
+    """One dtype per call (the fast grouping), shapes of several dimensions, an empty tensor,
+    and the flattening buffer reused by calls of growing and shrinking size."""
+    rank = distcomm.get_rank()
+    for count, make in ((50, torch.full), (200, torch.full), (10, np.full), (300, np.full)):
+        tensors = [make((2, 3, i % 3 + 1), float(rank + i)) for i in range(count)]
+        distcomm.all_reduce_coalesced([*tensors, make((0,), 1.0)], bucket_bytes=4096)
+        for i, t in enumerate(tensors):
+            if not (np.asarray(t) == 2.0 * i + 1).all():
+                return False
+    return True
+
+
+def test_repeated_calls_reuse_their_buffer() -> None:
+    assert run_threads(repeated, 2) == [True, True]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(enabled: bool) -> None:
+    """The collector is paused during the call (its views die by reference count), then left
+    as the caller had it: on, or off."""
+    import gc
+
+    def body() -> tuple[bool, bool]:
+        seen: list[bool] = []
+        with distcomm.add_hook(before=lambda e: seen.append(gc.isenabled())):
+            distcomm.all_reduce_coalesced([torch.ones(3), torch.ones(4)])
+        return seen == [False], gc.isenabled()
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert run_threads(body, 1) == [(True, enabled)]
+    finally:
+        gc.enable() if was else gc.disable()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from distcomm.backend._pipeline.objects import pack, reduce_numbers, unpack
+from distcomm.backend._pipeline.objects import INBAND_BYTES, pack, reduce_numbers, unpack
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 
@@ -51,7 +51,7 @@ def test_bytearray_round_trips_as_a_bytearray() -> None:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "uint8", "bool", "complex128"])
 def test_numpy_arrays_come_back_equal_and_out_of_band(dtype: str) -> None:
-    array = (np.arange(24) % 3).astype(dtype).reshape(2, 3, 4)
+    array = (np.arange(2048) % 3).astype(dtype).reshape(8, 16, 16)  # at least INBAND_BYTES
     result, payload = round_trip(array)
     assert result.dtype == array.dtype and result.shape == array.shape
     np.testing.assert_array_equal(result, array)
@@ -60,8 +60,19 @@ def test_numpy_arrays_come_back_equal_and_out_of_band(dtype: str) -> None:
     assert np.shares_memory(result, np.frombuffer(payload, dtype=np.uint8))
 
 
+def test_small_buffers_travel_in_band_as_copies() -> None:
+    """Below INBAND_BYTES a buffer costs less copied into the stream than sent beside it."""
+    array = np.arange(INBAND_BYTES // 8 - 1, dtype=np.int64)
+    result, payload = round_trip(array)
+    np.testing.assert_array_equal(result, array)
+    assert not np.shares_memory(result, np.frombuffer(payload, dtype=np.uint8))
+    assert len(payload) < 2 * INBAND_BYTES  # one segment: the stream
+
+
 def test_out_of_band_buffers_are_64_byte_aligned_within_the_payload() -> None:
-    payload = pack([np.ones(3, dtype=np.int8), np.ones(5, dtype=np.float64)])
+    payload = pack(
+        [np.ones(INBAND_BYTES + 3, dtype=np.int8), np.ones(INBAND_BYTES, dtype=np.float64)]
+    )
     result = unpack(memoryview(payload))
     base = np.frombuffer(payload, dtype=np.uint8).ctypes.data
     for array in result:
@@ -99,7 +110,7 @@ def test_non_contiguous_arrays_round_trip(make: Any) -> None:
 
 def test_nested_containers_with_arrays() -> None:
     obj = {
-        "weights": [np.arange(4.0), np.zeros((2, 2), dtype=np.int32)],
+        "weights": [np.arange(400.0), np.zeros((20, 20), dtype=np.int32)],  # out of band
         "meta": ("step", 3, {"lr": 0.1}),
         "raw": b"\x01\x02",
     }
@@ -121,11 +132,11 @@ def test_a_64_mib_array_round_trips_without_a_copy() -> None:
 
 
 def test_payload_is_a_protocol_5_pickle_stream_plus_buffers() -> None:
-    payload = pack(np.arange(3))
+    payload = pack(np.arange(300, dtype=np.int64))
     count = int.from_bytes(payload[:8], "little", signed=True)
     assert count == 2  # the pickle stream, then one out-of-band buffer
     lengths = [int.from_bytes(payload[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
-    assert lengths[1] == 3 * 8
+    assert lengths[1] == 300 * 8
     stream = bytes(payload[64 : 64 + lengths[0]])
     assert stream[:2] == b"\x80\x05"
     with pytest.raises(pickle.UnpicklingError):
@@ -211,3 +222,36 @@ def test_bitwise_ops_on_floats_are_refused(op: ReduceOp) -> None:
         reduce_numbers(values, op)
     message = str(info.value)
     assert op.name in message and repr(values) in message and "HINT" in message
+
+
+# -- the first exchange ------------------------------------------------------------------------
+def test_the_slot_shrinks_in_large_worlds() -> None:
+    from distcomm.backend._pipeline.objects import HEAD, SLOT, slot_bytes
+
+    assert [slot_bytes(n) for n in (1, 2, 32, 33, 64, 1024, 4096)] == [
+        SLOT,
+        SLOT,
+        SLOT,
+        1984,
+        1024,
+        HEAD,
+        HEAD,
+    ]
+
+
+def test_objects_in_a_world_whose_slots_are_small() -> None:
+    """33 thread-ranks (slots of 1984 bytes): objects that fit, that do not, and a mix."""
+    import distcomm
+    from distcomm.testing import run_threads
+
+    def body() -> bool:
+        rank = distcomm.get_rank()
+        ok = distcomm.all_gather_object(rank) == list(range(33))
+        mixed = distcomm.all_gather_object("x" * (100 * rank))
+        ok = ok and mixed == ["x" * (100 * r) for r in range(33)]
+        got = distcomm.gather_object({"r": rank, "pad": b"y" * (90 * rank)}, dst=32)
+        if rank == 32:
+            ok = ok and got == [{"r": r, "pad": b"y" * (90 * r)} for r in range(33)]
+        return ok and distcomm.broadcast_object("z" * 5000 if rank == 3 else None, 3) == "z" * 5000
+
+    assert run_threads(body, 33, timeout=60) == [True] * 33

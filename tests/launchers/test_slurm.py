@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_records import check_bench_json
 from jobs import job_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,6 +216,21 @@ def test_the_conformance_kit_on_the_zmq_plugin_under_srun(slurm: str, tmp_path: 
     done = slurm_job(slurm, [*command, "--distcomm-backend=zmq"], cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.count(f"{len(CHECKS)} passed in ") == TASKS, done.stdout[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_distcomm_bench_under_srun_mpi(slurm: str, tmp_path: Path) -> None:
+    """``srun --mpi=pmi2 distcomm bench``: every task one rank of the benchmark (mpi chosen), the
+    JSON written by rank 0 alone, with the engine's own calls compared."""
+    command = ["srun", "-n", str(TASKS), "--overcommit", "--mpi=pmi2", "--time=3"]
+    command += [sys.executable, "-m", "distcomm", "bench", "--ops", "all_reduce,broadcast_object"]
+    command += ["--sizes", "8,64K", "--iters", "3", "--warmup", "1", "--rounds", "2"]
+    command += ["--compare", "raw", "--json", str(tmp_path / "bench.json")]
+    done = slurm_job(slurm, command, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ops = {"all_reduce", "broadcast_object"}
+    doc = check_bench_json(tmp_path / "bench.json", sorted(ops), [8, 65536], TASKS, ops)
+    assert (doc["backend"], doc["launcher"]) == ("mpi", "slurm")
 
 
 @pytest.mark.timeout(300)

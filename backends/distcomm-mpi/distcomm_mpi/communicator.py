@@ -27,6 +27,7 @@ from distcomm import (
 from distcomm.backend import abort_job, abort_on_uncaught_exception, monitor, select_cuda_device
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.cuda import query_cuda_support
+from distcomm_mpi.native import native_call
 from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.sidechannel import SideChannel, channel
 
@@ -95,9 +96,20 @@ def _span(x: Any) -> tuple[int, int]:
     return int(x.data_ptr()), int(x.nbytes)  # a CUDA tensor
 
 
+_BYTES = (bytearray, memoryview)
+
+
+def _owner(x: Any) -> Any:
+    """The object whose memory a byte buffer is."""
+    return x.obj if isinstance(x, memoryview) else x
+
+
 def in_place(send: Any, recv: Any, slot: int) -> Any:
     """``MPI.IN_PLACE`` when ``send`` is exactly chunk ``slot`` of ``recv`` (MPI forbids
-    aliased buffers; torch allows in-place gathers), else ``send``."""
+    aliased buffers; torch allows in-place gathers), else ``send``. Byte buffers (the object
+    collectives' transport) of different owners cannot alias: no address arithmetic for them."""
+    if isinstance(send, _BYTES) and isinstance(recv, _BYTES) and _owner(send) is not _owner(recv):
+        return send
     address, size = _span(send)
     if size and address == _span(recv)[0] + slot * size:
         return MPI.IN_PLACE
@@ -266,6 +278,20 @@ class MpiCommunicator(BaseCommunicator):
         send = in_place(buf(tensor), recv, self._rank)
         return self._run(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
 
+    def _all_gather_v(
+        self, output: Any, sizes: list[int], tensor: Any, async_op: bool
+    ) -> Work | None:
+        """``Allgatherv``; ``Allgather`` when the sizes are equal (MPICH's is faster: 6.7 against
+        9.7 ms for 2 x 16 MiB here)."""
+        if min(sizes) == max(sizes):
+            return self._all_gather_into(output, tensor, async_op)
+        starts = [0]
+        for n in sizes[:-1]:
+            starts.append(starts[-1] + n)
+        recv = [buf(output), (sizes, starts), MPI.BYTE]
+        c = self._comm
+        return self._run(c.Allgatherv, c.Iallgatherv, async_op, buf(tensor), recv)
+
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         c = self._comm
         return self._run(
@@ -290,6 +316,9 @@ class MpiCommunicator(BaseCommunicator):
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         c = self._comm
         return self._run(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
+
+    def _native_call(self, op: str, args: tuple[Any, ...]) -> Any:
+        return native_call(self._comm, op, args)
 
     def _barrier(self, async_op: bool) -> Work | None:
         return self._run(self._comm.Barrier, self._comm.Ibarrier, async_op)

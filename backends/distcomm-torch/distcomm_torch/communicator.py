@@ -26,6 +26,9 @@ from distcomm import (
 )
 from distcomm.backend import as_torch, monitor
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm_torch.native import all_gather_single as _all_gather_single
+from distcomm_torch.native import native_call
+from distcomm_torch.native import reduce_scatter_single as _reduce_scatter_single
 from distcomm_torch.plugin import GLOO, NCCL
 from distcomm_torch.progress import StoreProgress
 
@@ -50,8 +53,6 @@ _OPS = {
 _KEEPS_ORDER = "sort_ranks" in inspect.signature(dist.new_group).parameters
 _ORDER: dict[str, Any] = {"sort_ranks": False} if _KEEPS_ORDER else {}
 # torch 2.13 renamed the "_tensor" collectives; the old names warn there.
-_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 def flat(x: Any) -> torch.Tensor:
@@ -136,6 +137,9 @@ class TorchCommunicator(BaseCommunicator):
     def native(self) -> Any:
         """The torch ProcessGroup (for DDP's ``process_group=``, FSDP, ...)."""
         return dist.group.WORLD if self._group is None else self._group
+
+    def _native_call(self, op: str, args: tuple[Any, ...]) -> Callable[[], object] | None:
+        return native_call(self.native, self.world_size, op, args)  # type: ignore[no-any-return]
 
     def _adopt(self, native: Any) -> Communicator | NonMember:
         """A communicator over ``native``, a torch ProcessGroup made with torch.distributed.

@@ -184,3 +184,51 @@ def objects_in_group() -> None:
         f"all_gather_object in group {members}",
     )
     raises(InvalidArgumentError, distcomm.broadcast_object, 1, src=size, group=group)
+
+
+def _layouts(seed: int) -> dict[str, Any]:
+    """Large and small out-of-band buffers in one object, in an order that mixes them, plus a
+    read-only and a non-contiguous large array (numpy only)."""
+    import numpy
+
+    large = 300 * 1024 // 8  # float64 elements: above the size sent straight from memory
+    locked = numpy.full(large, seed, dtype=numpy.float64)
+    locked.flags.writeable = False
+    return {
+        "a": numpy.arange(large, dtype=numpy.float64) + seed,
+        "small": numpy.arange(3, dtype=numpy.int8) + seed,
+        "b": numpy.full(large, -seed, dtype=numpy.float32),
+        "locked": locked,
+        "strided": (numpy.arange(2 * large, dtype=numpy.float64) + seed)[::2],
+        "raw": bytearray([seed % 256]) * (400 * 1024),
+        "tail": f"rank {seed}",
+    }
+
+
+@check
+def objects_of_every_size() -> None:
+    """Objects just under, at and over the first exchange's slot (2 KiB), of different sizes on
+    different ranks, and objects mixing large and small, read-only and strided buffers, arrive
+    whole, with writable arrays."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for length in (0, 1800, 1900, 1950, 2000, 2100, 5000):
+        text = "z" * length
+        _expect_same(distcomm.broadcast_object(text if rank == 0 else None), text, f"{length} B")
+        _expect_same(distcomm.all_gather_object(text), [text] * world, f"{length} B gathered")
+    mixed = distcomm.all_gather_object("m" * (1500 + 400 * rank))
+    _expect_same(mixed, ["m" * (1500 + 400 * r) for r in range(world)], "slot sizes mixed")
+    if not has_numpy():
+        return
+    for src in range(world):
+        got = distcomm.broadcast_object(_layouts(rank), src=src)
+        _expect_same(got, _layouts(src), f"broadcast_object of mixed buffers from {src}")
+        if rank != src:
+            expect(got["a"].flags.writeable, "a received array is read-only")
+    _expect_same(
+        distcomm.all_gather_object(_layouts(rank)),
+        [_layouts(r) for r in range(world)],
+        "all_gather_object of mixed buffers",
+    )
+    got = distcomm.gather_object(_layouts(rank) if rank % 2 else rank, dst=0)
+    if rank == 0:
+        _expect_same(got, [_layouts(r) if r % 2 else r for r in range(world)], "gather_object")

@@ -1,0 +1,72 @@
+"""torch.distributed's own calls for the distcomm operations, for ``distcomm bench --compare raw``
+(:meth:`TorchCommunicator._native_call`): the same buffers, torch's API, no distcomm layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from distcomm.backend import as_torch
+
+__all__ = ["all_gather_single", "native_call", "reduce_scatter_single"]
+
+#: torch's one-tensor gather and reduce-scatter (renamed in torch 2.13; the old names before).
+all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+def native_call(group: Any, world_size: int, op: str, args: tuple[Any, ...]) -> Any:
+    """A zero-argument callable running ``op`` with torch.distributed on ``group``, or None."""
+    tensors = [as_torch(a) if op in _TENSOR_OPS else a for a in args]
+    make = _CALLS.get(op)
+    return None if make is None else make(group, world_size, *tensors)
+
+
+def _all_gather_object(group: Any, world_size: int, obj: Any) -> Callable[[], object]:
+    out: list[Any] = [None] * world_size
+
+    def call() -> object:
+        dist.all_gather_object(out, obj, group=group)
+        return out
+
+    return call
+
+
+def _broadcast_object(group: Any, world_size: int, obj: Any) -> Callable[[], object]:
+    def call() -> object:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=group)
+        return box[0]
+
+    return call
+
+
+def _gather_object(group: Any, world_size: int, obj: Any) -> Callable[[], object]:
+    mine = dist.get_rank(group) == 0
+    out = [None] * world_size if mine else None
+    return lambda: dist.gather_object(obj, out, dst=0, group=group)
+
+
+def _scatter_object(group: Any, world_size: int, objs: Any) -> Callable[[], object]:
+    def call() -> object:
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, objs, src=0, group=group)
+        return box[0]
+
+    return call
+
+
+_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"})
+_CALLS: dict[str, Callable[..., Callable[[], object]]] = {
+    "all_reduce": lambda g, n, x: lambda: dist.all_reduce(x, group=g),
+    "broadcast": lambda g, n, x: lambda: dist.broadcast(x, src=0, group=g),
+    "all_gather": lambda g, n, out, x: lambda: all_gather_single(out, x, group=g),
+    "reduce_scatter": lambda g, n, out, x: lambda: reduce_scatter_single(out, x, group=g),
+    "all_to_all": lambda g, n, out, x: lambda: dist.all_to_all_single(out, x, group=g),
+    "all_gather_object": _all_gather_object,
+    "broadcast_object": _broadcast_object,
+    "gather_object": _gather_object,
+    "scatter_object": _scatter_object,
+}

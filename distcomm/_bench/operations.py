@@ -1,0 +1,134 @@
+"""What ``distcomm bench`` times: each operation's buffers, its distcomm call, and the
+nccl-tests bus-bandwidth factor.
+
+Sizes follow nccl-tests: ``size`` is the operation's whole buffer (all_reduce and broadcast: the
+tensor; all_gather: the gathered output, each rank giving ``size / n``; reduce_scatter: the input,
+each rank keeping ``size / n``; all_to_all: the input). Object collectives carry a numpy uint8
+array in a dict, sized the same way. Bus bandwidth = algbw x factor, algbw = bytes / time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["OPERATIONS", "Operation", "Prepared", "prepare"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Operation:
+    """One operation ``distcomm bench`` knows."""
+
+    name: str
+    #: "tensor" (float32 buffers) or "object" (a dict holding a byte array)
+    kind: str
+    #: nccl-tests' bus bandwidth factor for ``n`` ranks
+    factor: Callable[[int], float]
+    #: each rank's share is ``size / n`` (gathers, scatters, all_to_all)
+    split: bool
+    #: its name in ``Capabilities.ops`` (whether the engine runs it natively)
+    capability: str
+
+
+def _ring(n: int) -> float:
+    return 2 * (n - 1) / n
+
+
+def _share(n: int) -> float:
+    return (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        Operation("all_reduce", "tensor", _ring, False, "all_reduce"),
+        Operation("broadcast", "tensor", _one, False, "broadcast"),
+        Operation("all_gather", "tensor", _share, True, "all_gather_into_tensor"),
+        Operation("reduce_scatter", "tensor", _share, True, "reduce_scatter_tensor"),
+        Operation("all_to_all", "tensor", _share, True, "all_to_all_single"),
+        Operation("all_gather_object", "object", _share, True, "objects"),
+        Operation("broadcast_object", "object", _one, False, "objects"),
+        Operation("gather_object", "object", _share, True, "objects"),
+        Operation("scatter_object", "object", _share, True, "objects"),
+    )
+}
+
+
+@dataclasses.dataclass
+class Prepared:
+    """An operation's buffers for one size: the arguments, their bytes, the distcomm call."""
+
+    args: tuple[Any, ...]
+    nbytes: int
+    call: Callable[[], object]
+
+
+def prepare(comm: Any, op: Operation, size: int, device: str) -> Prepared:
+    """The buffers of ``op`` at ``size`` bytes on this rank, and distcomm's call on them."""
+    n = comm.world_size
+    if op.kind == "object":
+        return _prepare_object(comm, op, size)
+    unit = n if op.split else 1
+    count = max(unit, size // 4 // unit * unit)  # float32 elements, a multiple of n if split
+    part = count // n if op.split else count
+    make = _torch_maker(device) if device == "cuda" or "numpy" not in _libraries() else _numpy
+    x = make(count if op.name in ("reduce_scatter", "all_to_all") else part)
+    out = make(part if op.name == "reduce_scatter" else count)
+    calls: dict[str, tuple[tuple[Any, ...], Callable[[], object]]] = {
+        "all_reduce": ((x,), lambda: comm.all_reduce(x)),
+        "broadcast": ((x,), lambda: comm.broadcast(x, 0)),
+        "all_gather": ((out, x), lambda: comm.all_gather_into_tensor(out, x)),
+        "reduce_scatter": ((out, x), lambda: comm.reduce_scatter_tensor(out, x)),
+        "all_to_all": ((out, x), lambda: comm.all_to_all_single(out, x)),
+    }
+    args, call = calls[op.name]
+    return Prepared(args, count * 4, call)
+
+
+def _prepare_object(comm: Any, op: Operation, size: int) -> Prepared:
+    n = comm.world_size
+    each = max(1, size // n) if op.split else size
+    obj = {"rank": comm.rank, "data": _bytes(each, comm.rank)}
+    if op.name == "scatter_object":
+        objs = [{"rank": r, "data": _bytes(each, r)} for r in range(n)] if comm.rank == 0 else None
+        return Prepared((objs,), each * n, lambda: comm.scatter_object(objs, 0))
+    calls: dict[str, Callable[[], object]] = {
+        "all_gather_object": lambda: comm.all_gather_object(obj),
+        "broadcast_object": lambda: comm.broadcast_object(obj, 0),
+        "gather_object": lambda: comm.gather_object(obj, 0),
+    }
+    return Prepared((obj,), each * (n if op.split else 1), calls[op.name])
+
+
+@functools.cache
+def _libraries() -> frozenset[str]:
+    import importlib.util
+
+    return frozenset(n for n in ("numpy", "torch") if importlib.util.find_spec(n) is not None)
+
+
+def _numpy(count: int) -> Any:
+    import numpy
+
+    return numpy.zeros(count, dtype=numpy.float32)
+
+
+def _torch_maker(device: str) -> Callable[[int], Any]:
+    import torch
+
+    where = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else "cpu"
+    return lambda count: torch.zeros(count, dtype=torch.float32, device=where)
+
+
+def _bytes(count: int, rank: int) -> Any:
+    if "numpy" not in _libraries():
+        return bytearray([rank % 256]) * count
+    import numpy
+
+    return numpy.full(count, rank % 256, dtype=numpy.uint8)

@@ -1,0 +1,142 @@
+"""The options of ``distcomm bench``: sizes (``8,64K,1M``, ``8:64M`` or ``8:64M:4``) and ops."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from distcomm._bench.operations import OPERATIONS
+
+__all__ = ["DEFAULT_SIZES", "add_arguments", "parse_ops", "parse_size", "parse_sizes"]
+
+DEFAULT_SIZES = "8:64M:8"
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 2**10,
+    "KIB": 2**10,
+    "M": 2**20,
+    "MIB": 2**20,
+    "G": 2**30,
+    "GIB": 2**30,
+}
+_SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``"64K"`` -> 65536 (binary units: K, M, G, with or without iB; B or nothing for bytes)."""
+    match = _SIZE.match(text)
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _UNITS or int(match.group(1)) < 1:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r} is not a positive number of bytes; valid: 8, 512B, 64K, 64KiB, 1M, "
+            "2G. HINT: --sizes 8,64K,1M lists sizes; --sizes 8:64M:4 steps by 4x."
+        )
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """A comma list of sizes, or ``LOW:HIGH[:FACTOR]`` (FACTOR 2 by default; HIGH included)."""
+    if ":" not in text:
+        parts = [part for part in text.split(",") if part.strip()]
+        return sorted({parse_size(part) for part in parts or [text]})
+    parts = text.split(":")
+    if len(parts) > 3:
+        raise argparse.ArgumentTypeError(
+            f"--sizes {text!r}: a range is LOW:HIGH or LOW:HIGH:FACTOR. HINT: e.g. 8:64M:4."
+        )
+    low, high = parse_size(parts[0]), parse_size(parts[1])
+    factor = int(parts[2]) if len(parts) == 3 and parts[2].strip().isdigit() else 0
+    if (len(parts) == 3 and factor < 2) or low > high:
+        raise argparse.ArgumentTypeError(
+            f"--sizes {text!r}: need LOW <= HIGH and an integer FACTOR >= 2. HINT: e.g. 8:64M:4."
+        )
+    sizes, size = [], low
+    while size < high:
+        sizes.append(size)
+        size *= factor or 2
+    return [*sizes, high]
+
+
+def parse_ops(text: str) -> list[str]:
+    """A comma list of operation names, or ``all`` (every one, in the table's order)."""
+    if text.strip() == "all":
+        return list(OPERATIONS)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in OPERATIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--ops {text!r}: unknown operation {', '.join(unknown) or '(none)'}; valid: "
+            f"{', '.join(OPERATIONS)} or all. HINT: e.g. --ops all_reduce,all_gather_object."
+        )
+    return list(dict.fromkeys(names))
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer. HINT: e.g. 20.")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0 or more). HINT: e.g. 5.")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``distcomm bench``'s options to ``parser``."""
+    parser.add_argument(
+        "--ops",
+        type=parse_ops,
+        default=list(OPERATIONS),
+        metavar="OPS",
+        help=f"comma-separated operations, or all (default: all: {', '.join(OPERATIONS)})",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=parse_sizes(DEFAULT_SIZES),
+        metavar="SIZES",
+        help=f"message sizes: 8,64K,1M, or LOW:HIGH[:FACTOR] (default: {DEFAULT_SIZES}, i.e. 8 B, "
+        "64 B, ..., 16 MiB, 64 MiB)",
+    )
+    parser.add_argument(
+        "--iters",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="timed calls per round (default: enough for about 20 ms, 3 to 1000)",
+    )
+    parser.add_argument(
+        "--warmup", type=_count, default=5, metavar="N", help="untimed calls first (default: 5)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_positive,
+        default=5,
+        metavar="N",
+        help="timed rounds; the result is their median, with min-max (default: 5)",
+    )
+    parser.add_argument(
+        "--compare",
+        choices=["raw"],
+        default=None,
+        help="also time the engine's own call (torch.distributed, mpi4py) on the same buffers, "
+        "interleaved round by round",
+    )
+    parser.add_argument("--backend", metavar="B", help="the backend (default: automatic choice)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the buffers live (cuda: torch tensors on this rank's GPU)",
+    )
+    parser.add_argument("--json", metavar="FILE", help="write every record to FILE (rank 0)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw time and bus bandwidth against size to FILE.png (needs matplotlib: "
+        "pip install 'distcomm[bench]')",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress display")

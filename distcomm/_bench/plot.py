@@ -1,0 +1,61 @@
+"""``distcomm bench --plot FILE.png``: time per call and bus bandwidth against size (log axes),
+one line per operation and engine, drawn from the records (the same as ``--json``'s)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distcomm.errors import DistcommError
+
+__all__ = ["plot", "require_matplotlib"]
+
+
+def require_matplotlib() -> None:
+    """Raise a clear error, before any communication, when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise DistcommError(
+            "distcomm bench --plot needs matplotlib, which is not installed. HINT: "
+            "pip install 'distcomm[bench]', or drop --plot (--json FILE keeps the numbers)."
+        ) from exc
+
+
+def plot(path: str, header: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    """Draw ``records`` to ``path`` (a PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        lines.setdefault((record["op"], record["engine"]), []).append(record)
+    figure, (times, bandwidth) = plt.subplots(1, 2, figsize=(13, 5.5))
+    colors = plt.get_cmap("tab10")
+    ops = list(dict.fromkeys(op for op, _ in lines))
+    for (op, engine), points in lines.items():
+        points.sort(key=lambda r: r["bytes"])
+        style = {
+            "color": colors(ops.index(op) % 10),
+            "linestyle": "-" if engine == "distcomm" else "--",
+            "marker": "o" if engine == "distcomm" else "x",
+            "label": f"{op} ({engine})",
+        }
+        sizes = [r["bytes"] for r in points]
+        times.plot(sizes, [r["time_s"] * 1e6 for r in points], **style)
+        bandwidth.plot(sizes, [max(r["busbw_GBps"], 1e-6) for r in points], **style)
+    for axes, label in ((times, "time per call (us)"), (bandwidth, "bus bandwidth (GB/s)")):
+        axes.set_xscale("log", base=2)
+        axes.set_yscale("log")
+        axes.set_xlabel("message size (bytes)")
+        axes.set_ylabel(label)
+        axes.grid(True, which="both", alpha=0.3)
+    times.legend(fontsize=8)
+    figure.suptitle(
+        f"distcomm bench: {header['backend']}, {header['world_size']} rank(s), "
+        f"{header['device']}, launcher {header['launcher']} (dashed: the engine's own call)"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

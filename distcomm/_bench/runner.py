@@ -1,0 +1,137 @@
+"""The timing loop of ``distcomm bench``: every rank runs the same plan in the same order.
+
+For each (operation, size): ``--warmup`` calls of each side, then ``--rounds`` rounds in which
+the sides take turns (distcomm, then the engine's own call with ``--compare raw``), each side
+timing ``--iters`` calls after a barrier. A round's time is the slowest rank's time per call;
+the record holds the median over rounds, with min and max. Without ``--iters``, the warm-up's
+slowest rank decides how many calls make about 20 ms (3 to 1000), the same number on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from distcomm._bench.operations import OPERATIONS, prepare
+from distcomm._bench.report import Progress, human, print_table, write_json
+
+__all__ = ["run"]
+
+_TARGET_SECONDS = 0.02
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args`` asks for on this rank; rank 0 reports. Returns 0."""
+    import distcomm
+
+    if args.plot:  # before any communication: every rank fails alike, at once
+        from distcomm._bench.plot import require_matplotlib
+
+        require_matplotlib()
+    distcomm.init(backend=args.backend)
+    try:
+        comm = distcomm.get_communicator()
+        records = _measure(comm, args)
+        if comm.rank == 0:
+            print_table(records)
+            header = _header(comm, args)
+            if args.json:
+                write_json(args.json, header, records)
+            if args.plot:
+                from distcomm._bench.plot import plot
+
+                plot(args.plot, header, records)
+    finally:
+        distcomm.finalize()
+    return 0
+
+
+def _header(comm: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from distcomm import __version__
+
+    return {
+        "distcomm": __version__,
+        "backend": comm.backend,
+        "world_size": comm.world_size,
+        "launcher": comm.launch.method,
+        "device": args.device,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+    }
+
+
+def _measure(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    native = comm.capabilities.ops
+    plan = [(OPERATIONS[name], size) for name in args.ops for size in args.sizes]
+    progress = Progress(len(plan), enabled=comm.rank == 0 and not args.quiet)
+    records: list[dict[str, Any]] = []
+    unmatched: list[str] = []
+    for op, size in plan:
+        progress.start(f"{op.name} {human(size)}")
+        prepared = prepare(comm, op, size, args.device)
+        sides: dict[str, Callable[[], object]] = {"distcomm": prepared.call}
+        raw = None  # the engine's own call, where it has the operation (distcomm emulates)
+        if args.compare == "raw" and op.capability in native:
+            raw = comm._native_call(op.name, prepared.args)
+        if raw is not None:
+            sides["raw"] = raw
+        elif args.compare == "raw" and op.name not in unmatched:
+            unmatched.append(op.name)
+            progress.note(f"{op.name}: the {comm.backend} engine has no own call to compare")
+        iters, times = _time(comm, sides, args)
+        for engine, rounds in times.items():
+            seconds = statistics.median(rounds)
+            algbw = prepared.nbytes / seconds / 1e9
+            record = {
+                "op": op.name,
+                "size": size,
+                "bytes": prepared.nbytes,
+                "engine": engine,
+                "backend": comm.backend,
+                "world_size": comm.world_size,
+                "iters": iters,
+                "time_s": seconds,
+                "time_min_s": min(rounds),
+                "time_max_s": max(rounds),
+                "algbw_GBps": algbw,
+                "busbw_factor": op.factor(comm.world_size),
+                "busbw_GBps": algbw * op.factor(comm.world_size),
+            }
+            if engine == "raw":
+                ratios = [r / d for r, d in zip(rounds, times["distcomm"], strict=True)]
+                record["raw_over_distcomm"] = statistics.median(ratios)
+            records.append(record)
+        progress.done(records[-len(times) :])
+    progress.close()
+    return records
+
+
+def _time(
+    comm: Any, sides: dict[str, Callable[[], object]], args: argparse.Namespace
+) -> tuple[int, dict[str, list[float]]]:
+    """(calls per round, each side's per-call seconds per round, the slowest rank's)."""
+    warm = {name: _block(comm, fn, args.warmup) for name, fn in sides.items() if args.warmup}
+    iters = args.iters
+    if iters is None:
+        slowest = comm.all_reduce(max(warm.values(), default=0.0), op="max")
+        iters = max(3, min(1000, int(_TARGET_SECONDS / slowest) if slowest > 0 else 1000))
+    mine: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(args.rounds):
+        for name, fn in sides.items():
+            mine[name].append(_block(comm, fn, iters))
+    every = comm.all_gather_object(mine)
+    return iters, {
+        name: [max(rank[name][i] for rank in every) for i in range(args.rounds)] for name in sides
+    }
+
+
+def _block(comm: Any, fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``calls`` calls of ``fn``, started together after a barrier."""
+    comm.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
