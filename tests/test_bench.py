@@ -99,6 +99,30 @@ def test_plot_without_matplotlib_fails_at_once_with_a_hint(tmp_path: Path) -> No
     assert not (tmp_path / "x.png").exists()
 
 
+def test_device_cuda_without_a_gpu_says_so(tmp_path: Path) -> None:
+    """On a machine without CUDA, --device cuda stops at once with a hint; with one, it runs."""
+    import torch
+
+    command = [sys.executable, "-m", "distcomm", *bench_command(tmp_path, ["all_reduce"])]
+    done = run_job([*command, "--device", "cuda"], timeout=120)
+    if torch.cuda.is_available():
+        assert done.returncode == 0, done.stdout + done.stderr
+        check_bench_json(tmp_path / "bench.json", ["all_reduce"], SIZES, 1, set())
+    else:
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "--device cuda: no CUDA device" in done.stderr and "HINT" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_an_output_in_a_missing_folder_fails_before_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "no-such-folder" / "bench.json"
+    command = [sys.executable, "-m", "distcomm", "bench", "--json", str(out)]
+    done = run_job(command, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"--json {str(out)!r}: the folder" in done.stderr and "HINT" in done.stderr
+    assert "op " not in done.stdout, "nothing was measured"
+
+
 def test_a_world_of_one_runs_without_a_launcher(tmp_path: Path) -> None:
     done = run_job(
         [sys.executable, "-m", "distcomm", *bench_command(tmp_path, ["all_reduce", *OBJECT_OPS])],

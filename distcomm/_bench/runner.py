@@ -31,6 +31,11 @@ def run(args: argparse.Namespace) -> int:
         from distcomm._bench.plot import require_matplotlib
 
         require_matplotlib()
+    if args.device == "cuda":
+        _require_cuda()
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            _check_writable(option, path)
     distcomm.init(backend=args.backend)
     try:
         comm = distcomm.get_communicator()
@@ -47,6 +52,39 @@ def run(args: argparse.Namespace) -> int:
     finally:
         distcomm.finalize()
     return 0
+
+
+def _check_writable(option: str, path: str) -> None:
+    """Fail before the run, not after it, when rank 0 could not write ``path``."""
+    import os
+
+    from distcomm.errors import DistcommError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise DistcommError(
+            f"{option} {path!r}: the folder {folder!r} does not exist or is not writable. "
+            "HINT: create it first, or give a path in a writable folder."
+        )
+
+
+def _require_cuda() -> None:
+    import importlib.util
+
+    from distcomm.errors import DistcommError
+
+    if importlib.util.find_spec("torch") is None:
+        reason = "torch is not installed"
+    else:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        reason = "torch sees no GPU"
+    raise DistcommError(
+        f"--device cuda: no CUDA device is usable here ({reason}). HINT: run on a GPU node with "
+        "a CUDA build of torch, or drop --device cuda to measure CPU buffers."
+    )
 
 
 def _header(comm: Any, args: argparse.Namespace) -> dict[str, Any]:
