@@ -27,6 +27,11 @@ def plot(path: str, header: dict[str, Any], records: list[dict[str, Any]]) -> No
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from distcomm._bench.report import human
+
+    sizes_as_text = FuncFormatter(lambda value, _: human(int(value)) if value >= 1 else "")
 
     lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
@@ -47,8 +52,9 @@ def plot(path: str, header: dict[str, Any], records: list[dict[str, Any]]) -> No
         bandwidth.plot(sizes, [max(r["busbw_GBps"], 1e-6) for r in points], **style)
     for axes, label in ((times, "time per call (us)"), (bandwidth, "bus bandwidth (GB/s)")):
         axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_formatter(sizes_as_text)
         axes.set_yscale("log")
-        axes.set_xlabel("message size (bytes)")
+        axes.set_xlabel("message size")
         axes.set_ylabel(label)
         axes.grid(True, which="both", alpha=0.3)
     times.legend(fontsize=8)
