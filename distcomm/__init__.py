@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         finalize,
         init,
     )
+    from distcomm._runtime.profiling import profile
     from distcomm.backend._pipeline.observing import (
         CollectiveEvent,
         HookHandle,
@@ -118,6 +119,7 @@ _EXPORTS = {
     "all_reduce_coalesced": "distcomm._runtime.collectives",
     "all_to_all_single": "distcomm._runtime.collectives",
     "assert_same": "distcomm._runtime.collectives",
+    "profile": "distcomm._runtime.profiling",
     "barrier": "distcomm._runtime.collectives",
     "broadcast": "distcomm._runtime.collectives",
     "broadcast_object": "distcomm._runtime.collectives",
@@ -267,6 +269,7 @@ __all__ = [
     "main_process_only",
     "isend",
     "new_group",
+    "profile",
     "rank_prefixed_message",
     "recv",
     "reduce",

@@ -26,6 +26,8 @@ def launch_variables(
         "GROUP_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(master_port),
+        # The job's rank 0 serves its store: not torchrun's agent, even inside a torchrun worker
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "PYTHONUNBUFFERED": "1",
     }
     if backend is not None:

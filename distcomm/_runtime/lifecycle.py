@@ -14,7 +14,7 @@ from typing import Any
 
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
-from distcomm._runtime import exports, state
+from distcomm._runtime import exports, profiling, state
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
@@ -93,6 +93,7 @@ def init(
         aborts.on_timeout()  # a malformed policy is an error now, not at the first timeout
         aborts.abort_on_exception()
         debug_policy = request.debug or agreement.policy()  # DISTCOMM_DEBUG checked now too
+        profiling.enabled_by_environment()  # a malformed DISTCOMM_PROFILE is an error now
         launch = apply_overrides(detect_environment(method), request)
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
         selection = select_backend(get_registry(), launch, request.backend)
@@ -118,6 +119,7 @@ def init(
         ctx = state.Context(comm, launch, trace, effective)
         if export_env:
             ctx.exported = exports.export_env(launch)
+        ctx.recorder = profiling.start(comm)
         state.set_process(ctx)
         logger.info("initialised %r: %s", comm, "; ".join(trace))
         return comm
@@ -134,7 +136,13 @@ def finalize() -> None:
             return
         state.set_process(None)
         try:
-            ctx.comm.finalize()
+            try:
+                if ctx.recorder is not None and getattr(ctx.comm, "unusable", None) is None:
+                    profiling.report(ctx.comm, ctx.recorder)
+            finally:
+                if ctx.recorder is not None:
+                    ctx.recorder.stop()
+                ctx.comm.finalize()
         finally:
             exports.unexport_env(ctx.exported)
 

@@ -196,6 +196,8 @@ def apply_overrides(launch: LaunchInfo, request: InitRequest) -> LaunchInfo:
             f"init({given}) disagrees with the {launch.method} launch, which says {said}; the "
             f"rendezvous would wait for ranks that never start. HINT: {hint}."
         )
+    if launch.agent_store and ("master_addr" in changes or "master_port" in changes):
+        changes["agent_store"] = False  # the launcher's store is not at the address given
     updated = launch.replace(**changes)
     if launch.method == "single_node" and "world_size" in changes:
         updated = updated.replace(

@@ -28,6 +28,7 @@ class Context:
         requested: the arguments ``init`` was given, to compare with a later call.
         exported: environment variables ``init`` set (``finalize`` removes exactly these).
         thread_owned: True inside run_threads (finalize is a no-op there).
+        recorder: the DISTCOMM_PROFILE recorder (:mod:`~distcomm._runtime.profiling`), if on.
     """
 
     comm: Communicator
@@ -36,6 +37,7 @@ class Context:
     requested: dict[str, Any] = dataclasses.field(default_factory=dict)
     exported: dict[str, str] = dataclasses.field(default_factory=dict)
     thread_owned: bool = False
+    recorder: Any = None
 
 
 class _ThreadState(threading.local):

@@ -1,8 +1,9 @@
 """The ``env`` launch method: RANK and WORLD_SIZE set by torchrun or by hand.
 
 Read: RANK, WORLD_SIZE (both required), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node's
-rank), GROUP_WORLD_SIZE (the number of nodes), MASTER_ADDR, MASTER_PORT, and the job id from
-TORCHELASTIC_RUN_ID or SLURM_JOB_ID. What is missing is derived, and ``sources`` says how.
+rank), GROUP_WORLD_SIZE (the number of nodes), MASTER_ADDR, MASTER_PORT, the job id from
+TORCHELASTIC_RUN_ID or SLURM_JOB_ID, and TORCHELASTIC_USE_AGENT_STORE (torchrun's agent serves
+the store at MASTER_ADDR:MASTER_PORT). What is missing is derived, and ``sources`` says how.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = ["detect"]
 _JOB_ID_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 #: What torchrun puts in TORCHELASTIC_RUN_ID when no --rdzv-id is given: no id at all.
 _NO_RUN_ID = "none"
+#: TORCHELASTIC_USE_AGENT_STORE values that mean torchrun's agent serves the store (it sets True).
+_TRUE = ("true", "1")
 
 
 def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
@@ -60,6 +63,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         sources["master_addr"] = "derived: one node, loopback" if single else "default"
     port = read_int(environ, "MASTER_PORT")
     job_variable, job_id = _job_id(environ)
+    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() in _TRUE
     sources.update(
         method="RANK and WORLD_SIZE set (torchrun, or set by hand)",
         rank="RANK",
@@ -67,6 +71,8 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_port="MASTER_PORT" if port is not None else "default",
         job_id=job_variable,
     )
+    if agent_store:
+        sources["agent_store"] = "TORCHELASTIC_USE_AGENT_STORE"
     return LaunchInfo(
         method="env",
         rank=rank,
@@ -76,6 +82,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_port=port,
         job_id=job_id,
         mpi_wireup=None,  # torchrun and `distcomm run` set no MPI variables
+        agent_store=agent_store,
         sources=sources,
     )
 

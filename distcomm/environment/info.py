@@ -22,6 +22,10 @@ class LaunchInfo:
     variables a process manager set beside it (``srun --mpi=pmi2`` sets PMI_RANK and PMI_SIZE
     in each Slurm task), e.g. ``"PMI_SIZE=4"``. None when there are none (or the launch is
     MPI's own: ``method == "mpi"``).
+
+    ``agent_store`` says that the launcher itself serves the rendezvous store at
+    ``master_addr:master_port`` (torchrun's agent store, TORCHELASTIC_USE_AGENT_STORE): every
+    rank connects to it and none tries to serve one.
     """
 
     method: str
@@ -35,6 +39,7 @@ class LaunchInfo:
     master_port: int | None = None
     job_id: str | None = None
     mpi_wireup: str | None = None
+    agent_store: bool = False
     sources: dict[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -157,5 +157,6 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_port=port,
         job_id=read_text(environ, job_variable) if job_variable else None,
         mpi_wireup=None,  # MPI's own launch
+        agent_store=False,
         sources=sources,
     )

@@ -14,8 +14,8 @@ from distcomm.environment import LaunchInfo
 from distcomm.errors import EnvironmentDetectionError
 
 FIELDS = [field.name for field in dataclasses.fields(LaunchInfo) if field.name != "sources"]
-#: Fields every detector names a source for (mpi_wireup has one only when it is set).
-SOURCED = [name for name in FIELDS[1:] if name != "mpi_wireup"]
+#: Fields every detector names a source for (mpi_wireup and agent_store have one only when set).
+SOURCED = [name for name in FIELDS[1:] if name not in ("mpi_wireup", "agent_store")]
 
 
 def launch(
@@ -30,6 +30,7 @@ def launch(
     master_port: int | None,
     job_id: str | None,
     mpi_wireup: str | None = None,
+    agent_store: bool = False,
 ) -> dict[str, object]:
     """Return the expected LaunchInfo fields by name."""
     return {
@@ -44,6 +45,7 @@ def launch(
         "master_port": master_port,
         "job_id": job_id,
         "mpi_wireup": mpi_wireup,
+        "agent_store": agent_store,
     }
 
 
@@ -93,6 +95,7 @@ TORCHRUN = {
     "MASTER_ADDR": "127.0.0.1",
     "MASTER_PORT": "29500",
     "TORCHELASTIC_RUN_ID": "none",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
 }
 TORCHRUN_MULTINODE = {
     "RANK": "5",
@@ -133,7 +136,8 @@ def check_detected(environ: dict[str, str], expected: dict[str, object]) -> None
         info = detect_environment(environ=environ)
     assert {name: getattr(info, name) for name in FIELDS} == expected
     wireup = {"mpi_wireup"} if info.mpi_wireup is not None else set()
-    assert set(info.sources) == {*SOURCED, "method", *wireup}
+    agent = {"agent_store"} if info.agent_store else set()
+    assert set(info.sources) == {*SOURCED, "method", *wireup, *agent}
     for name in SOURCED:
         source = info.sources[name]
         assert source in environ or source == "default" or source.startswith("derived: ")

@@ -36,7 +36,7 @@ PRECEDENCE = [
     ),
     pytest.param(
         {**srun_task(0, 0, 0, 1, "n1", "1", 1, job_id="66"), **TORCHRUN},
-        launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, "66"),
+        launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, "66", agent_store=True),
         id="torchrun-inside-srun-no-run-id",
     ),
     pytest.param(

@@ -14,7 +14,9 @@ from launch_tables import (
 
 DETECTED = [
     pytest.param(
-        TORCHRUN, launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, None), id="torchrun"
+        TORCHRUN,
+        launch("env", 3, 4, 3, 4, 0, 1, "127.0.0.1", 29500, None, agent_store=True),
+        id="torchrun",
     ),
     pytest.param(
         TORCHRUN_MULTINODE,

@@ -15,6 +15,7 @@ def test_launch_variables() -> None:
         "GROUP_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29500",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "PYTHONUNBUFFERED": "1",
         "DISTCOMM_BACKEND": "gloo",
     }

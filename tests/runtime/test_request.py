@@ -31,3 +31,16 @@ def test_resolve_timeout_rejects_bad_values(bad: object) -> None:
         resolve_timeout(bad)  # type: ignore[arg-type]
     assert f"timeout={bad!r}" in str(info.value)
     assert "HINT" in str(info.value)
+
+
+def test_a_master_address_given_to_init_is_not_the_launchers_store() -> None:
+    """Under torchrun its agent serves the store at MASTER_ADDR:MASTER_PORT; init(master_port=...)
+    moves the rendezvous elsewhere, where rank 0 must serve it again."""
+    from distcomm._runtime.request import InitRequest, apply_overrides
+    from distcomm.environment import LaunchInfo
+
+    launch = LaunchInfo("env", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29500, agent_store=True)
+    assert apply_overrides(launch, InitRequest.parse()).agent_store
+    moved = apply_overrides(launch, InitRequest.parse(master_port=29600))
+    assert (moved.master_port, moved.agent_store) == (29600, False)
+    assert moved.sources["agent_store"] == "argument"

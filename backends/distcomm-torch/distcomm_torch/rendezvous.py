@@ -1,7 +1,8 @@
 """The TCPStore rendezvous of gloo and nccl: ended within the timeout, with errors that say who
 is missing.
 
-Rank 0 serves the store at the master address and port; the other ranks first wait for that port
+Rank 0 serves the store at the master address and port (unless the launcher serves it: torchrun's
+agent store, ``LaunchInfo.agent_store``); the other ranks first wait for that port
 to accept connections (so that an unreachable master ends at the timeout with a DistTimeoutError
 naming rank 0, not with torch's retries and C++ message), then connect. Each rank marks its
 arrival in the store; when torch's rendezvous times out, the ranks without a mark are the ones
@@ -35,19 +36,20 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
             address that does not resolve, or something other than a store at that port).
     """
     deadline = time.monotonic() + timeout
-    if launch.rank != 0:
+    serves = launch.rank == 0 and not launch.agent_store  # torchrun's agent may serve it
+    if not serves:
         _wait_for_master(name, launch, addr, port, timeout, deadline)
     try:
         store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
             addr,
             port,
             launch.world_size,
-            launch.rank == 0,
+            serves,
             timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as exc:
-        role = "serve" if launch.rank == 0 else "reach"
+        role = "serve" if serves else "reach"
         if "address already in use" in str(exc).lower() or "eaddrinuse" in str(exc).lower():
             hint = (
                 f"MASTER_PORT={port} is taken on {addr} (another job may be using it): pick a "
