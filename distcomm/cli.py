@@ -138,9 +138,9 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
 
 
 #: ``distcomm run`` options that take a value (``--opt=value`` and ``-n4`` carry their own).
-_RUN_VALUE_OPTIONS = ("-n", "--nprocs", "--backend", "--grace")
-_RUN_USAGE = """distcomm run -n N [--backend B] [--grace SECONDS] [--] script.py [args ...]
-       distcomm run -n N [--backend B] [--grace SECONDS] -m module [args ...]"""
+_RUN_VALUE_OPTIONS = ("-n", "--nprocs", "--backend", "--grace", "--log-dir")
+_RUN_USAGE = """distcomm run -n N [--backend B] [--grace S] [--log-dir DIR] [--] script.py [args]
+       distcomm run -n N [--backend B] [--grace S] [--log-dir DIR] -m module [args]"""
 
 
 def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -175,6 +175,11 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         default=5.0,
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)",
+    )
+    run_parser.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="also keep each rank's whole output in DIR/rank-N.log (made if missing)",
     )
     bench_parser = commands.add_parser(
         "bench",
@@ -235,7 +240,16 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
             backend = check_backend(args.backend)
         except DistcommError as exc:
             run_parser.error(str(exc))
-    return run([sys.executable, *command], args.nprocs, backend=backend, grace=args.grace)
+    try:
+        return run(
+            [sys.executable, *command],
+            args.nprocs,
+            backend=backend,
+            grace=args.grace,
+            log_dir=args.log_dir,
+        )
+    except DistcommError as exc:  # --log-dir cannot be made or written
+        run_parser.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

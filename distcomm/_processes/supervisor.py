@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +25,7 @@ from types import FrameType
 from typing import IO, Any, TextIO
 
 from distcomm._plugins.loader import check_backend
+from distcomm._processes import failures
 from distcomm._processes.variables import exit_status, launch_variables
 from distcomm.backend.ports import free_port
 from distcomm.errors import InvalidArgumentError
@@ -35,6 +38,11 @@ _POLL = 0.05
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 #: Signals the launcher forwards to every rank.
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
+#: Where a rank's uncaught exception is reported (distcomm._runtime.failure_reports.VARIABLE).
+_REPORTS = "DISTCOMM_RUN_REPORTS"
+#: A traceback on a rank's stderr is held back until the rank exits, or this many seconds.
+_HOLD = 2.0
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def run(
@@ -44,15 +52,21 @@ def run(
     grace: float = 5.0,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> int:
     """Run ``cmd_argv`` as ``nprocs`` ranks on this node and return the job's exit status.
 
     Each rank gets this process's environment plus ``launch_variables`` (one free MASTER_PORT
     for all), runs in its own process group, and has each line of its stdout and
-    stderr written to ``stdout`` / ``stderr`` prefixed ``[rank N] ``.
+    stderr written to ``stdout`` / ``stderr`` prefixed ``[rank N] `` (torch's own ``[rankN]: ``
+    prefix, which it puts on tracebacks, is taken off: one prefix per line).
 
     The first rank to fail (a non-zero exit, or killed by a signal) stops the others: SIGTERM to
-    their process groups, SIGKILL to whatever is left ``grace`` seconds later. SIGINT and
+    their process groups, SIGKILL to whatever is left ``grace`` seconds later. A traceback on a
+    rank's stderr is held back until the rank exits (or for 2 s, if it goes on); when the job
+    failed, the root cause's traceback (the earliest uncaught exception that is not a
+    communication error, from the ranks' reports: :mod:`distcomm._processes.failures`) is
+    shown once, at the end, under a heading, and each other rank gets one line. SIGINT and
     SIGTERM received by this process (when called from the main thread) are forwarded to every
     rank's process group in the same way; a second one kills at once. Whatever happens,
     including an exception here, no rank (nor any process in a rank's group) is left running.
@@ -66,13 +80,16 @@ def run(
         stdout: where the ranks' stdout goes; default ``sys.stdout`` at the time of the call.
         stderr: where the ranks' stderr and the launcher's own messages go; default
             ``sys.stderr``.
+        log_dir: also keep each rank's whole output, unprefixed, in ``log_dir/rank-N.log``
+            (the folder is made if missing, private to the user; the files are 0600).
 
     Returns:
         0 when every rank exited 0; else the first failing rank's exit status (128 + N for
         signal N); else, after a forwarded signal N, 128 + N (130 for SIGINT, 143 for SIGTERM).
 
     Raises:
-        InvalidArgumentError: ``cmd_argv`` is empty, or ``nprocs`` or ``grace`` is invalid.
+        InvalidArgumentError: ``cmd_argv`` is empty, ``nprocs`` or ``grace`` is invalid, or
+            ``log_dir`` cannot be made or written.
         BackendNotFoundError: ``backend`` names no backend.
     """
     argv = [str(arg) for arg in cmd_argv]
@@ -90,8 +107,32 @@ def run(
         )
     if backend is not None:
         backend = check_backend(backend)
+    logs = _open_logs(log_dir, nprocs) if log_dir is not None else None
     job = _Job(argv, nprocs, backend, float(grace), stdout or sys.stdout, stderr or sys.stderr)
-    return job.run()
+    job.logs = logs
+    job.reports = tempfile.mkdtemp(prefix="distcomm-run-")  # 0700: the ranks' failure reports
+    try:
+        return job.run()
+    finally:
+        shutil.rmtree(job.reports, ignore_errors=True)
+        for log in logs or ():
+            log.close()
+
+
+def _open_logs(log_dir: str | os.PathLike[str], nprocs: int) -> list[IO[bytes]]:
+    """``log_dir/rank-N.log`` for every rank, created 0600 (the folder 0700 when made here)."""
+    try:
+        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        return [
+            os.fdopen(os.open(os.path.join(log_dir, f"rank-{rank}.log"), flags, 0o600), "wb")
+            for rank in range(nprocs)
+        ]
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"--log-dir {os.fspath(log_dir)!r} cannot hold the ranks' logs: {exc.strerror or exc}."
+            " HINT: give a folder you can write to (it is made if missing)."
+        ) from exc
 
 
 class _Job:
@@ -117,6 +158,10 @@ class _Job:
         self.signals: list[int] = []  # appended by the signal handler, read by the main loop
         self.failed: tuple[int, int] | None = None  # (rank, exit status) of the first failure
         self.write_lock = threading.Lock()
+        self.logs: list[IO[bytes]] | None = None  # rank-N.log files (--log-dir)
+        self.reports = ""  # the folder of the ranks' failure reports
+        self.held: dict[int, tuple[float, list[str]]] = {}  # rank -> (since, traceback lines)
+        self.shown: set[int] = set()  # ranks whose traceback was written as it came
 
     def run(self) -> int:
         previous = self._install_handlers()
@@ -133,12 +178,38 @@ class _Job:
             for reader in self.readers:
                 reader.join(timeout=1.0)
         if self.failed is not None:
-            rank, status = self.failed
-            self._say(f"rank {rank} failed with exit code {status}; stopped the other ranks")
-            return status
+            return self._report_failure(*self.failed)
+        self._release(list(self.held))
         if self.signals:
             return 128 + self.signals[0]
         return 0
+
+    def _report_failure(self, first: int, first_status: int) -> int:
+        """The root cause's traceback under a heading, a line per other rank, the verdict."""
+        reports = failures.read_reports(self.reports)
+        root = failures.root_cause(reports, first)
+        codes = [proc.poll() for proc in self.procs]
+        code = codes[root]
+        stopped = code is not None and -code in (signal.SIGTERM, signal.SIGKILL)
+        status = first_status if stopped or not code else exit_status(code)
+        report = reports.get(root)
+        where = f" on {report['host']}" if report and report.get("host") else ""
+        how = "then stopped by distcomm run" if stopped else f"exit code {status}"
+        with self.write_lock:
+            held = self.held.pop(root, (0.0, []))[1]
+            self.held.clear()  # the other ranks' tracebacks: one line each below
+        if not held and report and root not in self.shown:
+            held = [f"[rank {root}] {line}\n" for line in report["traceback"].splitlines()]
+        if held or report:
+            self._say(f"the first error: rank {root}{where} ({how}):")
+            for line in held:
+                self._write(self.stderr, line)
+        for rank, code in enumerate(codes):
+            if rank != root:
+                code = None if code is None else exit_status(code)
+                self._say(failures.summary_line(rank, code, reports.get(rank)))
+        self._say(f"rank {root} failed with exit code {status}; stopped the other ranks")
+        return status
 
     # -- steps --------------------------------------------------------------------------------
     def _install_handlers(self) -> dict[int, _Handler]:
@@ -155,6 +226,7 @@ class _Job:
             if self.signals:
                 return
             env = {**os.environ, **launch_variables(rank, self.nprocs, port, self.backend)}
+            env[_REPORTS] = self.reports
             proc = subprocess.Popen(
                 self.argv,
                 env=env,
@@ -167,7 +239,7 @@ class _Job:
                 assert pipe is not None
                 reader = threading.Thread(
                     target=self._copy,
-                    args=(pipe, f"[rank {rank}] ", out),
+                    args=(pipe, rank, out, out is self.stderr and pipe is proc.stderr),
                     name=f"distcomm-run-rank-{rank}",
                     daemon=True,
                 )
@@ -202,7 +274,28 @@ class _Job:
             if deadline is not None and time.monotonic() >= deadline:
                 self._kill(signal.SIGKILL)
                 deadline = None
+            with self.write_lock:
+                held = list(self.held.items())
+            self._release([rank for rank, (since, _) in held if self._stale(rank, since)])
             time.sleep(_POLL)
+
+    def _stale(self, rank: int, since: float) -> bool:
+        """A held traceback of a rank that goes on (it was logged, not fatal): write it."""
+        return (
+            self.failed is None
+            and self.procs[rank].poll() is None
+            and (time.monotonic() - since > _HOLD)
+        )
+
+    def _release(self, ranks: list[int]) -> None:
+        """Write the held tracebacks of ``ranks`` as they came."""
+        for rank in sorted(ranks):
+            with self.write_lock:
+                _, lines = self.held.pop(rank, (0.0, []))
+            if lines:
+                self.shown.add(rank)
+            for line in lines:
+                self._write(self.stderr, line)
 
     def _stop_leftovers(self) -> None:
         """Stop what the ranks left in their process groups: SIGTERM, then SIGKILL after grace."""
@@ -221,12 +314,35 @@ class _Job:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)
 
-    def _copy(self, pipe: IO[bytes], prefix: str, out: TextIO) -> None:
-        """Copy ``pipe`` to ``out`` line by line, prefixed; keep draining if ``out`` fails."""
+    def _copy(self, pipe: IO[bytes], rank: int, out: TextIO, errors: bool) -> None:
+        """Copy ``pipe`` to ``out`` line by line, prefixed ``[rank N] `` (torch's ``[rankN]: ``
+        taken off), holding a traceback back on stderr (``errors``); keep draining if ``out``
+        fails. Also to the rank's log, unchanged."""
+        prefix, torch_prefix = f"[rank {rank}] ", f"[rank{rank}]: "
+        log = None if self.logs is None else self.logs[rank]
         with pipe:
             for raw in iter(pipe.readline, b""):
+                if log is not None:
+                    with self.write_lock, contextlib.suppress(OSError, ValueError):
+                        log.write(raw)
+                        log.flush()
                 text = raw.decode("utf-8", errors="replace")
-                self._write(out, prefix + (text if text.endswith("\n") else text + "\n"))
+                text = text.removeprefix(torch_prefix)
+                line = prefix + (text if text.endswith("\n") else text + "\n")
+                if errors and self._hold(rank, text, line):
+                    continue
+                self._write(out, line)
+
+    def _hold(self, rank: int, text: str, line: str) -> bool:
+        """Keep ``line`` back if it is (or follows) the start of a traceback on stderr."""
+        with self.write_lock:
+            held = self.held.get(rank)
+            if held is None and not text.startswith(_TRACEBACK):
+                return False
+            if held is None:
+                held = self.held[rank] = (time.monotonic(), [])
+            held[1].append(line)
+            return True
 
     def _say(self, message: str) -> None:
         self._write(self.stderr, f"distcomm run: {message}\n")

@@ -28,6 +28,8 @@ def launch_variables(
         "MASTER_PORT": str(master_port),
         # The job's rank 0 serves its store: not torchrun's agent, even inside a torchrun worker
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # No failure reports to an outer `distcomm run` (distcomm run sets its own folder)
+        "DISTCOMM_RUN_REPORTS": "",
         "PYTHONUNBUFFERED": "1",
     }
     if backend is not None:

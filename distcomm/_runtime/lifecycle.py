@@ -14,7 +14,7 @@ from typing import Any
 
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
-from distcomm._runtime import exports, profiling, state
+from distcomm._runtime import exports, failure_reports, profiling, state
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
@@ -96,6 +96,7 @@ def init(
         profiling.enabled_by_environment()  # a malformed DISTCOMM_PROFILE is an error now
         launch = apply_overrides(detect_environment(method), request)
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
+        failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
         selection = select_backend(get_registry(), launch, request.backend)
         trace += selection.trace
         if selection.error is not None:

@@ -363,3 +363,42 @@ def test_the_launcher_imports_no_torch(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "0 []\n"
+
+
+PREFIXED = """
+import os, sys
+rank = os.environ["RANK"]
+print(f"[rank{rank}]: torch-style, prefixed by the rank itself", file=sys.stderr)
+print("plain é", flush=True)
+print(f"[rank{int(rank) + 1}]: another rank's prefix is kept", file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_one_prefix_per_line_and_every_rank_logged(tmp_path: Path) -> None:
+    """torch's own [rankN]: prefix is taken off (no "[rank 1] [rank1]: "), and --log-dir keeps
+    each rank's output as the rank wrote it, in files only the user can read."""
+    script = write(tmp_path / "prefixed.py", PREFIXED)
+    logs = tmp_path / "logs" / "run1"
+    result = distcomm_run("-n", "2", "--log-dir", str(logs), str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert "torch-style, prefixed by the rank itself" in lines_of(result.stderr, rank)
+        assert f"[rank{rank + 1}]: another rank's prefix is kept" in lines_of(result.stderr, rank)
+        assert lines_of(result.stdout, rank) == ["plain é"]
+        log = logs / f"rank-{rank}.log"
+        assert (log.stat().st_mode & 0o777) == 0o600
+        text = log.read_text(encoding="utf-8")
+        assert f"[rank{rank}]: torch-style" in text and "plain é" in text
+    assert (logs.stat().st_mode & 0o777) == 0o700
+    assert "[rank0]:" not in result.stderr
+
+
+def test_a_log_dir_that_cannot_be_made_is_a_usage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    script = write(tmp_path / "ok.py", "print('never runs')\n")
+    result = distcomm_run("-n", "2", "--log-dir", str(blocker / "logs"), str(script), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--log-dir" in result.stderr and "HINT" in result.stderr
+    assert "never runs" not in result.stdout

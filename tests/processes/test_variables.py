@@ -16,6 +16,7 @@ def test_launch_variables() -> None:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29500",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "DISTCOMM_RUN_REPORTS": "",
         "PYTHONUNBUFFERED": "1",
         "DISTCOMM_BACKEND": "gloo",
     }
