@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         dist_init,
         dist_mode,
     )
+    from distcomm._runtime.flight_recorder import dump_trace
     from distcomm._runtime.getters import (
         get_backend,
         get_communicator,
@@ -120,6 +121,7 @@ _EXPORTS = {
     "all_to_all_single": "distcomm._runtime.collectives",
     "assert_same": "distcomm._runtime.collectives",
     "profile": "distcomm._runtime.profiling",
+    "dump_trace": "distcomm._runtime.flight_recorder",
     "barrier": "distcomm._runtime.collectives",
     "broadcast": "distcomm._runtime.collectives",
     "broadcast_object": "distcomm._runtime.collectives",
@@ -248,6 +250,7 @@ __all__ = [
     "dist_finalize",
     "dist_init",
     "dist_mode",
+    "dump_trace",
     "finalize",
     "gather",
     "gather_object",

@@ -192,6 +192,14 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     from distcomm._bench.options import add_arguments
 
     add_arguments(bench_parser)
+    trace_parser = commands.add_parser(
+        "trace",
+        help="read the flight recorder's dumps of every rank (DISTCOMM_TRACE)",
+        description="Read DIR/rank-N.json, written by the flight recorder of each rank "
+        "(DISTCOMM_TRACE=N), and say where the ranks diverge, which stopped early and which "
+        "arrive last. See docs/debugging.md.",
+    )
+    trace_parser.add_argument("dir", metavar="DIR", help="the folder of the dumps")
     return parser, run_parser
 
 
@@ -252,6 +260,22 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
         run_parser.error(str(exc))
 
 
+def _trace(folder: str) -> int:
+    from distcomm._traces import analyse, load
+
+    try:
+        dumps = load(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        sys.stderr.write(
+            f"distcomm trace: error: cannot read the dumps in {folder!r}: {exc}. HINT: give the "
+            "folder of rank-N.json files (DISTCOMM_TRACE_DIR, default ./distcomm-trace/<job>).\n"
+        )
+        return 2
+    for line in analyse(dumps):
+        sys.stdout.write(line + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``distcomm`` command; returns the exit status.
 
@@ -264,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     from distcomm.errors import DistcommError
 
+    if args.command == "trace":
+        return _trace(args.dir)
     if args.command == "bench":
         from distcomm._bench.runner import run as bench
 

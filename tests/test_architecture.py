@@ -56,6 +56,7 @@ LAYERS = (
         "distcomm._value_codecs",
         "distcomm._sharing",
         "distcomm._bench",
+        "distcomm._traces",
         "distcomm.cli",
         "distcomm.testing",
         "distcomm.compat",

@@ -14,7 +14,7 @@ from typing import Any
 
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
-from distcomm._runtime import exports, failure_reports, profiling, state
+from distcomm._runtime import exports, failure_reports, flight_recorder, profiling, state
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
@@ -97,6 +97,7 @@ def init(
         launch = apply_overrides(detect_environment(method), request)
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
         failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
+        flight_recorder.start_from_environment(launch, launch.rank, launch.world_size)
         selection = select_backend(get_registry(), launch, request.backend)
         trace += selection.trace
         if selection.error is not None:

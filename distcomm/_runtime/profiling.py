@@ -40,8 +40,6 @@ __all__ = [
 
 #: The calls each rank keeps for "waited longest" (the counts and times cover every call).
 KEPT = 10_000
-_ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "int16": 2}
-_ITEMSIZE.update({"int32": 4, "float32": 4, "int64": 8, "float64": 8})
 #: nccl-tests' bus bandwidth factor per operation, for n ranks (1 for the others).
 _FACTORS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -78,7 +76,7 @@ class Recorder:
         if group[event.rank] != self.global_rank:
             return
         seconds = event.finished - event.started
-        nbytes = _bytes(event)
+        nbytes = event.nbytes
         bucket = -1 if nbytes is None else (0 if nbytes == 0 else 1 << (nbytes.bit_length() - 1))
         with self.lock:
             row = self.table.setdefault((event.op, bucket), [0, 0.0, 0])
@@ -90,12 +88,6 @@ class Recorder:
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"table": dict(self.table), "calls": list(self.calls)}
-
-
-def _bytes(event: CollectiveEvent) -> int | None:
-    if event.numel is None or event.dtype is None:
-        return None  # barrier and the object collectives: their sizes are not the caller's
-    return event.numel * _ITEMSIZE.get(event.dtype, 1)
 
 
 def summarise(comm: Communicator, recorder: Recorder) -> dict[str, Any]:

@@ -95,6 +95,18 @@ class CollectiveEvent:
     result: Any = None
     error: BaseException | None = None
 
+    @property
+    def nbytes(self) -> int | None:
+        """The tensor's bytes (None for barrier and the object collectives)."""
+        if self.numel is None or self.dtype is None:
+            return None
+        return self.numel * _ITEMSIZE.get(self.dtype, 1)
+
+
+#: Bytes per element of each dtype name distcomm moves.
+_ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "int16": 2}
+_ITEMSIZE.update({"int32": 4, "float32": 4, "int64": 8, "float64": 8})
+
 
 class HookHandle:
     """What :func:`add_hook` returns: ``remove()`` it (or use it as a context manager)."""

@@ -1,0 +1,119 @@
+"""``distcomm trace DIR``: the flight recorder's dumps of every rank, read together and said in
+words: the first operation where the ranks diverge, the ranks that stopped early, and the
+slowest ranks per operation (the rank that arrived last spends least time in a call)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from typing import Any
+
+__all__ = ["analyse", "load"]
+
+
+def load(folder: str) -> dict[int, dict[str, Any]]:
+    """Every ``rank-N.json`` of ``folder``, by rank.
+
+    Raises:
+        FileNotFoundError: ``folder`` holds no dump.
+    """
+    dumps: dict[int, dict[str, Any]] = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("rank-") and name.endswith(".json"):
+            with open(os.path.join(folder, name), encoding="utf-8") as source:
+                document = json.load(source)
+            dumps[int(document["rank"])] = document
+    if not dumps:
+        raise FileNotFoundError(f"no rank-N.json in {folder!r}")
+    return dumps
+
+
+def analyse(dumps: dict[int, dict[str, Any]]) -> list[str]:
+    """What the dumps say, in lines for people."""
+    world = max(int(d.get("world_size", 0)) for d in dumps.values())
+    lines = [f"{len(dumps)} of {world} ranks dumped: {', '.join(map(str, sorted(dumps)))}"]
+    missing = sorted(set(range(world)) - set(dumps))
+    if missing:
+        lines.append(f"no dump from ranks {missing} (killed before dumping, or never started)")
+    by_group: dict[tuple[int, ...], dict[int, dict[int, dict[str, Any]]]] = {}
+    for rank, document in dumps.items():
+        for entry in document["entries"]:
+            group = tuple(entry["group"])
+            by_group.setdefault(group, {}).setdefault(rank, {})[int(entry["seq"])] = entry
+    for group, ranks in sorted(by_group.items(), key=lambda kv: (-len(kv[0]), kv[0])):
+        name = "the world" if len(group) == world else f"group {list(group)}"
+        lines += _divergence(name, group, ranks)
+        lines += _slowest(name, ranks)
+    return lines
+
+
+def _divergence(
+    name: str, group: tuple[int, ...], ranks: dict[int, dict[int, dict[str, Any]]]
+) -> list[str]:
+    """The first seq at which the members called different operations, else who stopped early."""
+    seqs = sorted({seq for calls in ranks.values() for seq in calls})
+    common = max(min(calls) for calls in ranks.values()) if ranks else 0
+    for seq in seqs:
+        if seq < common:
+            continue  # before some rank's ring starts: not comparable
+        ops = {rank: calls[seq]["op"] for rank, calls in ranks.items() if seq in calls}
+        if len(set(ops.values())) > 1:
+            counts = collections.Counter(ops.values())
+            usual = counts.most_common(1)[0][0]
+            odd = {rank: op for rank, op in ops.items() if op != usual}
+            most = sorted(rank for rank, op in ops.items() if op == usual)
+            where = "; ".join(
+                f"rank {rank} called {op} ({ranks[rank][seq].get('site') or '?'})"
+                for rank, op in sorted(odd.items())
+            )
+            return [
+                f"{name}: the ranks diverge at operation #{seq}: ranks {most} called {usual}; "
+                f"{where}. The odd rank(s) skipped or added a collective before this one."
+            ]
+    last = {rank: max(calls) for rank, calls in ranks.items()}
+    top = max(last.values())
+    early = {rank: seq for rank, seq in last.items() if seq < top}
+    lines = []
+    for rank, seq in sorted(early.items()):
+        entry = ranks[rank][seq]
+        lines.append(
+            f"{name}: rank {rank} stopped early: its last operation was #{seq} "
+            f"({entry['op']}, {entry.get('site') or '?'}); the others reached #{top} "
+            f"({_op_at(ranks, top)})"
+        )
+    pending = [
+        f"rank {rank} (#{seq} {calls[seq]['op']})"
+        for rank, calls in sorted(ranks.items())
+        for seq in [max(calls)]
+        if calls[seq]["completed"] is None
+    ]
+    if pending:
+        lines.append(f"{name}: still in an operation when dumped: {', '.join(pending)}")
+    return lines or [f"{name}: every rank called the same {len(seqs)} operations"]
+
+
+def _op_at(ranks: dict[int, dict[int, dict[str, Any]]], seq: int) -> str:
+    return str(next(calls[seq]["op"] for calls in ranks.values() if seq in calls))
+
+
+def _slowest(name: str, ranks: dict[int, dict[int, dict[str, Any]]]) -> list[str]:
+    """Per operation, the rank that arrived last most often (it spent least time in the call)."""
+    last: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    seqs = set.intersection(*(set(calls) for calls in ranks.values())) if ranks else set()
+    for seq in seqs:
+        entries = {rank: calls[seq] for rank, calls in ranks.items()}
+        if len({e["op"] for e in entries.values()}) != 1 or len(entries) < 2:
+            continue
+        spent = {
+            rank: e["completed"] - e["issued"]
+            for rank, e in entries.items()
+            if e["completed"] is not None and e["error"] is None
+        }
+        if len(spent) == len(entries):
+            last[next(iter(entries.values()))["op"]][min(spent, key=spent.__getitem__)] += 1
+    return [
+        f"{name}: {op}: rank {rank} arrived last in {count} of {sum(counter.values())} calls"
+        for op, counter in sorted(last.items())
+        for rank, count in [counter.most_common(1)[0]]
+    ]
