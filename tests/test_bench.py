@@ -166,6 +166,7 @@ def test_under_torchrun(tmp_path: Path) -> None:
     assert torchrun is not None, "torchrun not found (it comes with torch)"
     ops = ["all_reduce", "all_gather_object"]
     command = [torchrun, "--nproc-per-node", "2", "-m", "distcomm", *bench_command(tmp_path, ops)]
-    done = run_job(command, timeout=240, cwd=tmp_path)
+    # TMPDIR: torchrun leaves a torchelastic_* folder in the temporary directory
+    done = run_job(["env", f"TMPDIR={tmp_path}", *command], timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     check_bench_json(tmp_path / "bench.json", ops, SIZES, 2, set())

@@ -18,7 +18,9 @@ HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.py"
 def test_torchrun_hello_prints_no_noise(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     assert torchrun is not None, "torchrun not found (it comes with torch)"
-    done = run_job([torchrun, "--nproc-per-node", "2", str(HELLO)], timeout=150, cwd=tmp_path)
+    # TMPDIR: torchrun leaves a torchelastic_* folder in the temporary directory
+    command = ["env", f"TMPDIR={tmp_path}", torchrun, "--nproc-per-node", "2", str(HELLO)]
+    done = run_job(command, timeout=150, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == [
         "2 ranks on gloo (env launch): sum of ranks 1 (expected 1)",
