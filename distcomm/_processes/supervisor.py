@@ -200,7 +200,9 @@ class _Job:
             self.held.clear()  # the other ranks' tracebacks: one line each below
         if not held and report and root not in self.shown:
             held = [f"[rank {root}] {line}\n" for line in report["traceback"].splitlines()]
-        if held or report:
+        if root in self.shown and not held:
+            self._say(f"the first error: rank {root}{where} ({how}); its traceback is above")
+        elif held or report:
             self._say(f"the first error: rank {root}{where} ({how}):")
             for line in held:
                 self._write(self.stderr, line)
@@ -280,12 +282,12 @@ class _Job:
             time.sleep(_POLL)
 
     def _stale(self, rank: int, since: float) -> bool:
-        """A held traceback of a rank that goes on (it was logged, not fatal): write it."""
-        return (
-            self.failed is None
-            and self.procs[rank].poll() is None
-            and (time.monotonic() - since > _HOLD)
-        )
+        """A held traceback of a rank that goes on, or ended well (it was logged, not fatal):
+        write it."""
+        if self.failed is not None:
+            return False
+        code = self.procs[rank].poll()
+        return code == 0 or (code is None and time.monotonic() - since > _HOLD)
 
     def _release(self, ranks: list[int]) -> None:
         """Write the held tracebacks of ``ranks`` as they came."""

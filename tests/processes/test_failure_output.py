@@ -114,3 +114,30 @@ def test_the_root_cause_is_the_earliest_real_error() -> None:
     assert summary_line(4, 143, None) == "rank 4: stopped by distcomm run (SIGTERM)"
     assert summary_line(5, 0, None) == "rank 5: finished"
     assert summary_line(6, 3, None) == "rank 6: exit code 3"
+
+
+PRINTS_THEN_DIES = """
+import os, sys, time, traceback
+if os.environ["RANK"] == "1":
+    try:
+        raise ValueError("bad shard")
+    except ValueError:
+        traceback.print_exc()
+    time.sleep(3)  # the traceback is written after 2 s, while the rank goes on
+    sys.exit(4)
+time.sleep(30)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_root_traceback_already_written_is_not_written_again(tmp_path: Path) -> None:
+    script = tmp_path / "prints.py"
+    script.write_text(PRINTS_THEN_DIES)
+    command = [sys.executable, "-m", "distcomm", "run", "-n", "2", "--grace", "1", str(script)]
+    done = run_job(command, timeout=50, cwd=tmp_path)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 4, done.stderr
+    assert sum("Traceback" in line for line in lines) == 1, done.stderr
+    heading = "distcomm run: the first error: rank 1 (exit code 4); its traceback is above"
+    assert lines.index(heading) > lines.index("[rank 1] ValueError: bad shard"), done.stderr
+    assert lines[-1] == "distcomm run: rank 1 failed with exit code 4; stopped the other ranks"
