@@ -136,7 +136,9 @@ def test_under_distcomm_run_on_gloo_with_raw_and_a_plot(tmp_path: Path) -> None:
     ops = OPS + OBJECT_OPS
     command = [sys.executable, "-m", "distcomm", "run", "-n", "2", "--backend", "gloo", "-m"]
     command += ["distcomm", *bench_command(tmp_path, ops, "--compare", "raw")]
-    done = run_job([*command, "--plot", str(tmp_path / "bench.png")], timeout=240)
+    plot = ["--plot", str(tmp_path / "bench.png")]
+    # MPLCONFIGDIR: matplotlib would otherwise leave its font cache in ~/.cache/matplotlib
+    done = run_job(["env", f"MPLCONFIGDIR={tmp_path / 'mpl'}", *command, *plot], timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = check_bench_json(tmp_path / "bench.json", ops, SIZES, 2, native_ops("gloo"))
     assert doc["backend"] == "gloo" and doc["launcher"] == "env"
