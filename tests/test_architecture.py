@@ -42,7 +42,13 @@ PUBLIC = (
 )
 #: Layers, lowest first: a module may import its own layer and those below.
 LAYERS = (
-    ("distcomm.errors", "distcomm.protocol", "distcomm._logs", "distcomm._version"),
+    (
+        "distcomm.errors",
+        "distcomm.protocol",
+        "distcomm._logs",
+        "distcomm._measures",
+        "distcomm._version",
+    ),
     ("distcomm.environment",),
     ("distcomm.backend",),
     ("distcomm.fakelink", "distcomm._plugins"),

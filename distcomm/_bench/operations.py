@@ -1,5 +1,5 @@
-"""What ``distcomm bench`` times: each operation's buffers, its distcomm call, and the
-nccl-tests bus-bandwidth factor.
+"""What ``distcomm bench`` times: each operation's buffers and its distcomm call (nccl-tests'
+bus bandwidth factors are in :mod:`distcomm._measures`, shared with ``distcomm.profile``).
 
 Sizes follow nccl-tests: ``size`` is the operation's whole buffer (all_reduce and broadcast: the
 tensor; all_gather: the gathered output, each rank giving ``size / n``; reduce_scatter: the input,
@@ -24,38 +24,24 @@ class Operation:
     name: str
     #: "tensor" (float32 buffers) or "object" (a dict holding a byte array)
     kind: str
-    #: nccl-tests' bus bandwidth factor for ``n`` ranks
-    factor: Callable[[int], float]
     #: each rank's share is ``size / n`` (gathers, scatters, all_to_all)
     split: bool
     #: its name in ``Capabilities.ops`` (whether the engine runs it natively)
     capability: str
 
 
-def _ring(n: int) -> float:
-    return 2 * (n - 1) / n
-
-
-def _share(n: int) -> float:
-    return (n - 1) / n
-
-
-def _one(n: int) -> float:
-    return 1.0
-
-
 OPERATIONS: dict[str, Operation] = {
     op.name: op
     for op in (
-        Operation("all_reduce", "tensor", _ring, False, "all_reduce"),
-        Operation("broadcast", "tensor", _one, False, "broadcast"),
-        Operation("all_gather", "tensor", _share, True, "all_gather_into_tensor"),
-        Operation("reduce_scatter", "tensor", _share, True, "reduce_scatter_tensor"),
-        Operation("all_to_all", "tensor", _share, True, "all_to_all_single"),
-        Operation("all_gather_object", "object", _share, True, "objects"),
-        Operation("broadcast_object", "object", _one, False, "objects"),
-        Operation("gather_object", "object", _share, True, "objects"),
-        Operation("scatter_object", "object", _share, True, "objects"),
+        Operation("all_reduce", "tensor", False, "all_reduce"),
+        Operation("broadcast", "tensor", False, "broadcast"),
+        Operation("all_gather", "tensor", True, "all_gather_into_tensor"),
+        Operation("reduce_scatter", "tensor", True, "reduce_scatter_tensor"),
+        Operation("all_to_all", "tensor", True, "all_to_all_single"),
+        Operation("all_gather_object", "object", True, "objects"),
+        Operation("broadcast_object", "object", False, "objects"),
+        Operation("gather_object", "object", True, "objects"),
+        Operation("scatter_object", "object", True, "objects"),
     )
 }
 

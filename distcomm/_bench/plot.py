@@ -29,9 +29,9 @@ def plot(path: str, header: dict[str, Any], records: list[dict[str, Any]]) -> No
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from distcomm._bench.report import human
+    from distcomm._measures import human_bytes
 
-    sizes_as_text = FuncFormatter(lambda value, _: human(int(value)) if value >= 1 else "")
+    sizes_as_text = FuncFormatter(lambda value, _: human_bytes(int(value)) if value >= 1 else "")
 
     lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:

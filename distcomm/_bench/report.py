@@ -7,15 +7,9 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["Progress", "human", "print_table", "write_json"]
+from distcomm._measures import human_bytes
 
-
-def human(size: int) -> str:
-    """``65536`` -> ``"64 KiB"``."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
+__all__ = ["Progress", "print_table", "write_json"]
 
 
 def _time(seconds: float) -> str:
@@ -55,7 +49,9 @@ class Progress:
             return
         first = records[0]
         times = ", ".join(f"{r['engine']} {_time(r['time_s'])}" for r in records)
-        self._write(f"[{self.count}/{self.total}] {first['op']} {human(first['size'])}: {times}")
+        self._write(
+            f"[{self.count}/{self.total}] {first['op']} {human_bytes(first['size'])}: {times}"
+        )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -85,7 +81,7 @@ def print_table(records: list[dict[str, Any]]) -> None:
     print(head)
     for r in records:
         spread = f"{_time(r['time_s'])} ({_time(r['time_min_s'])}-{_time(r['time_max_s'])})"
-        line = f"{r['op']:<18} {human(r['size']):>8} {r['engine']:<8} {spread:>30} "
+        line = f"{r['op']:<18} {human_bytes(r['size']):>8} {r['engine']:<8} {spread:>30} "
         line += f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}"
         if "raw_over_distcomm" in r:
             line += f" {r['raw_over_distcomm']:>13.2f}"

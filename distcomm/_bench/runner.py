@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from distcomm._bench.operations import OPERATIONS, prepare
-from distcomm._bench.report import Progress, human, print_table, write_json
+from distcomm._bench.report import Progress, print_table, write_json
+from distcomm._measures import busbw_factor, human_bytes
 
 __all__ = ["run"]
 
@@ -108,7 +109,7 @@ def _measure(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     unmatched: list[str] = []
     for op, size in plan:
-        progress.start(f"{op.name} {human(size)}")
+        progress.start(f"{op.name} {human_bytes(size)}")
         prepared = prepare(comm, op, size, args.device)
         sides: dict[str, Callable[[], object]] = {"distcomm": prepared.call}
         raw = None  # the engine's own call, where it has the operation (distcomm emulates)
@@ -123,6 +124,7 @@ def _measure(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
         for engine, rounds in times.items():
             seconds = statistics.median(rounds)
             algbw = prepared.nbytes / seconds / 1e9
+            factor = busbw_factor(op.name, comm.world_size)
             record = {
                 "op": op.name,
                 "size": size,
@@ -135,8 +137,8 @@ def _measure(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
                 "time_min_s": min(rounds),
                 "time_max_s": max(rounds),
                 "algbw_GBps": algbw,
-                "busbw_factor": op.factor(comm.world_size),
-                "busbw_GBps": algbw * op.factor(comm.world_size),
+                "busbw_factor": factor,
+                "busbw_GBps": algbw * factor,
             }
             if engine == "raw":
                 ratios = [r / d for r, d in zip(rounds, times["distcomm"], strict=True)]

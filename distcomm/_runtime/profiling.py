@@ -18,9 +18,10 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from distcomm._measures import busbw_factor, human_bytes
 from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
 from distcomm.errors import InvalidArgumentError
 
@@ -40,16 +41,6 @@ __all__ = [
 
 #: The calls each rank keeps for "waited longest" (the counts and times cover every call).
 KEPT = 10_000
-#: nccl-tests' bus bandwidth factor per operation, for n ranks (1 for the others).
-_FACTORS: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "all_gather_into_tensor": lambda n: (n - 1) / n,
-    "reduce_scatter_tensor": lambda n: (n - 1) / n,
-    "all_to_all_single": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-}
 
 
 class Recorder:
@@ -105,7 +96,7 @@ def summarise(comm: Communicator, recorder: Recorder) -> dict[str, Any]:
         seconds = max(row[1] for row in rows)
         nbytes = max(row[2] for row in rows)
         algbw = nbytes / seconds / 1e9 if seconds > 0 and bucket >= 0 else None
-        factor = _FACTORS[op](comm.world_size) if op in _FACTORS else 1.0
+        factor = busbw_factor(op, comm.world_size)
         ops.append(
             {
                 "op": op,
@@ -143,7 +134,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         "  waited longest",
     ]
     for row in summary["ops"]:
-        size = "-" if row["size"] is None else _human(row["size"])
+        size = "-" if row["size"] is None else human_bytes(row["size"])
         bw = ["-" if v is None else f"{v:.3f}" for v in (row["algbw_GBps"], row["busbw_GBps"])]
         waited = " ".join(f"{r}:{n}" for r, n in row["waited_longest"].items() if n)
         lines.append(
@@ -151,13 +142,6 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{bw[0]:>11} {bw[1]:>11}  {waited or '-'}"
         )
     return "\n".join(lines)
-
-
-def _human(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size // scale} {unit}"
-    return f"{size} B"
 
 
 def _seconds(value: float) -> str:
