@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -21,13 +20,13 @@ import time
 import traceback
 from types import TracebackType
 
+from distcomm.backend._pipeline.failures import lost_peer
 from distcomm.errors import DistTimeoutError, EngineError, RankFailedError
 
 __all__ = ["VARIABLE", "install", "is_communication_error"]
 
 #: The folder ``distcomm run`` gives its ranks for their reports.
 VARIABLE = "DISTCOMM_RUN_REPORTS"
-_PEER_GONE = re.compile(r"connection (closed|reset|refused)|by peer|broken pipe", re.IGNORECASE)
 _installed = threading.Lock()
 _done = False
 
@@ -38,7 +37,7 @@ def is_communication_error(exc: BaseException) -> bool:
     if isinstance(exc, (DistTimeoutError, RankFailedError)):
         return True
     if isinstance(exc, EngineError) or type(exc).__name__ in ("DistBackendError", "RuntimeError"):
-        return bool(_PEER_GONE.search(str(exc)))
+        return lost_peer(str(exc))
     return False
 
 

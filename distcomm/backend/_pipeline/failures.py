@@ -17,7 +17,7 @@ from typing import Any
 from distcomm.backend import aborts
 from distcomm.errors import DistTimeoutError, EngineError
 
-__all__ = ["Failures", "missing_ranks"]
+__all__ = ["Failures", "lost_peer", "missing_ranks"]
 
 #: Engine messages that mean a peer process went away (gloo, MPI, sockets).
 _LOST_PEER = (
@@ -29,6 +29,12 @@ _LOST_PEER = (
     "socket closed",
     "end of file",
 )
+
+
+def lost_peer(message: str) -> bool:
+    """Whether an engine's error message means that a peer process went away."""
+    text = message.lower()
+    return any(phrase in text for phrase in _LOST_PEER)
 
 
 def missing_ranks(progress: Mapping[int, int], size: int, seq: int) -> list[int]:
@@ -90,7 +96,7 @@ class Failures:
         label = _label(op, seq)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         self.unusable = f"{label} failed: {first}"
-        lost = any(phrase in str(exc).lower() for phrase in _LOST_PEER)
+        lost = lost_peer(str(exc))
         missing, detail = self._arrivals(seq) if seq else (None, "")
         what = "a peer went away" if lost else "the engine failed"
         hint = (
