@@ -8,7 +8,7 @@ distcomm error derives from both so that existing ``except`` clauses keep workin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "AlreadyInitializedError",
@@ -88,6 +88,9 @@ class OperationError(DistcommError):
         group: a description of the communicator.
         missing_ranks: ranks (of that communicator) that had not reached the operation, when
             known; None when distcomm could not find out.
+        stacks: after a timeout, where each of ``missing_ranks`` that answered was: its
+            Python stack (rank -> text, innermost call last), also shown in the message;
+            empty when none answered or distcomm could not ask.
     """
 
     def __init__(
@@ -98,12 +101,14 @@ class OperationError(DistcommError):
         seq: int | None = None,
         group: str | None = None,
         missing_ranks: Sequence[int] | None = None,
+        stacks: Mapping[int, str] | None = None,
     ):
         super().__init__(message)
         self.op = op
         self.seq = seq
         self.group = group
         self.missing_ranks = tuple(missing_ranks) if missing_ranks is not None else None
+        self.stacks = dict(stacks or {})
 
 
 class DistTimeoutError(OperationError, TimeoutError):

@@ -1,5 +1,6 @@
 """What a hang looks like with distcomm: rank 1 skips a barrier, and every other rank gets a
-DistTimeoutError naming the barrier, its sequence number and rank 1, within the timeout.
+DistTimeoutError naming the barrier, its sequence number and rank 1, within the timeout, and
+showing where rank 1 is (its Python stack: asleep in ``load_next_shard``).
 
     DISTCOMM_TIMEOUT=3 distcomm run -n 3 examples/timeouts.py
 
@@ -14,12 +15,17 @@ import numpy as np
 
 import distcomm
 
+
+def load_next_shard(seconds: float) -> None:
+    time.sleep(seconds)  # rank 1 is busy here while the others wait for it
+
+
 comm = distcomm.init()
 rank = comm.rank
 work = distcomm.all_reduce(np.full(4, rank + 1.0), async_op=True)  # a temporary, owned by work
 work.wait()
 if rank == 1:
-    time.sleep(comm.timeout + 2)  # skips the barrier the others wait in
+    load_next_shard(comm.timeout + 4)  # skips the barrier the others wait in
     print(f"rank {rank}: woke up after the others gave up")
 else:
     try:

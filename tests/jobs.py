@@ -34,14 +34,19 @@ def find_mpirun() -> str | None:
 
 
 def run_job(
-    command: list[str], *, timeout: float = 180, cwd: str | os.PathLike[str] | None = None
+    command: list[str],
+    *,
+    timeout: float = 180,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` as a user's job would start: the clean environment, no stdin, output
-    captured as text, and a timeout so that a hung job fails the test instead of the suite."""
+    """Run ``command`` as a user's job would start: the clean environment (plus ``env``), no
+    stdin, output captured as text, and a timeout so that a hung job fails the test instead of
+    the suite."""
     return subprocess.run(
         command,
         cwd=cwd,
-        env=job_environment(),
+        env={**job_environment(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -156,6 +156,7 @@ def test_timeouts_example_names_the_skipped_barrier_under_every_launcher(
                 in (done.stdout)
             )
         assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in done.stdout
+        assert "in load_next_shard\n" in done.stdout, "where rank 1 is"
         assert "rank 1: woke up after the others gave up" in done.stdout
     else:
         assert done.returncode != 0
@@ -163,4 +164,5 @@ def test_timeouts_example_names_the_skipped_barrier_under_every_launcher(
             done.stderr
         )
         assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in done.stderr
+        assert "in load_next_shard\n" in done.stderr, "where rank 1 is"
         assert "aborts the job (MPI_Abort)" in done.stderr

@@ -6,7 +6,8 @@ the group's global ranks, shape, dtype, bytes, root, the call site (the first fr
 distcomm), when it was issued and completed (wall clock), and its error. The ring is written to
 ``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``) as ``rank-<N>.json`` (0600, in a 0700
 folder): at exit, when an operation of this rank times out, on ``DISTCOMM_TRACE_SIGNAL`` (default
-SIGUSR2) and on SIGTERM (both chained to the handlers already installed), and on
+SIGUSR2) and on SIGTERM (both chained to the handlers already installed), before a rank aborts
+the job (every rank's, as its last words: :mod:`distcomm.backend.aborts`), and on
 :func:`dump_trace`. Off (no DISTCOMM_TRACE), nothing is registered.
 """
 
@@ -25,6 +26,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from distcomm.backend import aborts
 from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, NotInitializedError
 
@@ -138,6 +140,7 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
     path = os.path.join(os.path.abspath(folder), f"rank-{rank}.json")
     _current = FlightRecorder(int(value), path, rank, world_size)
     atexit.register(_dump_quietly)
+    aborts.add_last_words(_dump_quietly)
     for sig in {signum, signal.SIGTERM}:
         _chain(sig)
 

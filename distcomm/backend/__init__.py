@@ -9,7 +9,13 @@ A backend is a :class:`BaseCommunicator` subclass that overrides engine primitiv
 docs/plugins.md.
 """
 
-from distcomm.backend.aborts import abort_job, abort_on_uncaught_exception
+from distcomm.backend.aborts import (
+    abort_job,
+    abort_on_uncaught_exception,
+    add_last_words,
+    last_words,
+    set_abort_notice,
+)
 from distcomm.backend.arrays import Adapter, adapter_for, as_torch
 from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.devices import select_cuda_device
@@ -45,11 +51,14 @@ __all__ = [
     "WrappedWork",
     "abort_job",
     "abort_on_uncaught_exception",
+    "add_last_words",
     "adapter_for",
     "as_torch",
     "free_port",
     "hookimpl",
     "hookspec",
+    "last_words",
     "read_int",
     "select_cuda_device",
+    "set_abort_notice",
 ]

@@ -11,10 +11,18 @@
 How a job is ended is the backend's to say (:func:`set_job_abort`; ``MPI_Abort`` on MPI); by
 default the process exits with status 1, which every launcher (``distcomm run``, torchrun, srun)
 sees as a failed rank.
+
+An abort leaves no time for ``atexit``: what a process must write before it ends (the flight
+recorder's dump) registers with :func:`add_last_words`. Before ending the job, :func:`abort_job`
+runs them, then tells the other ranks (:func:`set_abort_notice`; MPI's side channel asks each
+rank to run its own and waits a moment for them), so that every rank's dump is there. Where the
+launcher ends the other ranks with SIGTERM (``distcomm run``, torchrun, Slurm), their SIGTERM
+handler writes them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -30,13 +38,18 @@ __all__ = [
     "abort_job",
     "abort_on_exception",
     "abort_on_uncaught_exception",
+    "add_last_words",
+    "last_words",
     "on_timeout",
+    "set_abort_notice",
     "set_job_abort",
 ]
 
 ON_TIMEOUT_CHOICES = ("raise", "abort")
 
 _job_abort: Callable[[], object] | None = None
+_abort_notice: Callable[[], object] | None = None
+_last_words: list[Callable[[], object]] = []
 #: Seconds for the launcher to forward this rank's last output before the job ends.
 _FORWARD = 0.3
 _hook_lock = threading.Lock()
@@ -49,11 +62,37 @@ def set_job_abort(abort: Callable[[], object]) -> None:
     _job_abort = abort
 
 
+def set_abort_notice(notice: Callable[[], object]) -> None:
+    """Make ``notice()`` the way to have the other ranks run their :func:`last_words` before
+    this one ends the job (it returns once they did, or after a moment)."""
+    global _abort_notice
+    _abort_notice = notice
+
+
+def add_last_words(callback: Callable[[], object]) -> None:
+    """Call ``callback()`` before the job is aborted, by this rank or another (once per abort)."""
+    _last_words.append(callback)
+
+
+def last_words() -> None:
+    """Run what :func:`add_last_words` registered (a failing one is skipped); a backend calls it
+    when another rank says that it is about to end the job."""
+    for callback in list(_last_words):
+        with contextlib.suppress(Exception):  # last words must not keep the job from ending
+            callback()
+
+
 def abort_job(message: str) -> NoReturn:
-    """Print ``message`` on stderr and end the job: the backend's way, else exit status 1."""
+    """Print ``message`` on stderr, run the last words of this rank and of the others (when any
+    are registered here), and end the job: the backend's way, else exit status 1."""
     stderr = _real_stderr()
     stderr.write(message if message.endswith("\n") else message + "\n")
     stderr.flush()
+    if _last_words:
+        last_words()
+        if _abort_notice is not None:
+            with contextlib.suppress(Exception):  # the others not told: end the job all the same
+                _abort_notice()
     abort = _job_abort
     if abort is not None:
         time.sleep(_FORWARD)  # a launcher's output forwarding drops what is in flight at abort

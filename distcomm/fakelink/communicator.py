@@ -89,6 +89,9 @@ class FakeLinkCommunicator(BaseCommunicator):
     def _peer_progress(self) -> dict[int, int]:
         return self.fabric.progress(self.uid)
 
+    def _peer_stacks(self, ranks: list[int]) -> dict[int, str]:
+        return self.fabric.stacks(self.uid, ranks)
+
     def _abort_job(self, message: str) -> None:
         """Thread-ranks end their fabric, never the process: every rank waiting in it stops."""
         self.fabric.abort(message)

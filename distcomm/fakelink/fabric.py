@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from distcomm.backend import stacks
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import DistcommError, InvalidArgumentError
 
@@ -150,6 +151,13 @@ class Fabric:
         """The sequence number each rank of communicator ``uid`` has reached."""
         with self.cond:
             return {rank: comm.seq for rank, comm in self._members.get(uid, {}).items()}
+
+    def stacks(self, uid: int, ranks: list[int]) -> dict[int, str]:
+        """Where each of ``ranks`` of communicator ``uid`` is: its thread's Python stack."""
+        with self.cond:
+            members = self._members.get(uid, {})
+            comms = {rank: members[rank] for rank in ranks if rank in members}
+        return {rank: stacks.where(comm) for rank, comm in comms.items()}
 
     def join(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import traceback
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 
 from distcomm._runtime import state
 from distcomm._runtime.request import resolve_timeout
+from distcomm.backend import stacks
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
@@ -21,8 +21,6 @@ __all__ = ["run_threads"]
 
 T = TypeVar("T")
 _GRACE = 5.0
-#: distcomm's own modules (not its subpackages): frames there are not where a user's rank is stuck.
-_CORE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_threads(
@@ -120,15 +118,17 @@ def run_threads(
     for thread in threads:
         thread.start()
     if not done.wait(timeout):
-        where = _where(threads)
-        fabric.abort(f"run_threads timed out after {timeout:g} s")
         unfinished = [r for r, f in enumerate(finished) if not f]
+        where = {r: stacks.where(thread=threads[r].ident) for r in unfinished}
+        fabric.abort(f"run_threads timed out after {timeout:g} s")
+        shown = stacks.describe(where, unfinished, "Where they are")
         raise DistTimeoutError(
             f"run_threads: ranks {unfinished} did not finish within {timeout:g} s.\n"
-            f"{where}HINT: a rank is stuck where shown (a rank outside distcomm keeps the others "
-            "waiting in their next collective), or it is merely slow: raise timeout=.",
+            f"{shown}\nHINT: a rank is stuck where shown (a rank outside distcomm keeps the "
+            "others waiting in their next collective), or it is merely slow: raise timeout=.",
             op="run_threads",
             missing_ranks=unfinished,
+            stacks=where,
         )
     if failures:
         deadline = time.monotonic() + _GRACE
@@ -157,23 +157,3 @@ def _caused_by_abort(exc: BaseException | None) -> bool:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return False
-
-
-def _where(threads: list[threading.Thread]) -> str:
-    """Where each live thread is: its innermost frame outside threading and distcomm's core."""
-    frames = sys._current_frames()
-    lines = []
-    for thread in threads:
-        frame = frames.get(thread.ident or -1)
-        if thread.is_alive() and frame is not None:
-            stack = traceback.extract_stack(frame)
-            entry = ([f for f in stack if not _internal(f.filename)] or stack)[-1]
-            lines.append(
-                f"  {thread.name}: {entry.filename}:{entry.lineno} in {entry.name}: {entry.line}\n"
-            )
-    return "".join(lines)
-
-
-def _internal(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return path == os.path.abspath(threading.__file__) or os.path.dirname(path) == _CORE

@@ -65,3 +65,35 @@ def test_the_timeout_policy_reads_the_environment() -> None:
     assert aborts.on_timeout({"DISTCOMM_ON_TIMEOUT": " Abort "}) == "abort"
     assert aborts.abort_on_exception({}) is True
     assert aborts.abort_on_exception({"DISTCOMM_ABORT_ON_EXCEPTION": "0"}) is False
+
+
+# -- last words ------------------------------------------------------------------------------------
+LAST_WORDS = """
+from distcomm.backend import aborts
+if {notice}:
+    aborts.set_abort_notice(lambda: print("OTHERS TOLD", flush=True))
+aborts.set_job_abort(lambda: print("JOB ABORTED", flush=True))
+if {words}:
+    aborts.add_last_words(lambda: 1 / 0)  # a failing one does not keep the job from ending
+    aborts.add_last_words(lambda: print("LAST WORDS", flush=True))
+aborts.abort_job("distcomm: the reason")
+"""
+
+
+@pytest.mark.parametrize(
+    ("words", "notice", "said"),
+    [
+        (True, True, "LAST WORDS\nOTHERS TOLD\nJOB ABORTED\n"),
+        (True, False, "LAST WORDS\nJOB ABORTED\n"),
+        (False, True, "JOB ABORTED\n"),  # nothing to write anywhere: the job ends at once
+    ],
+)
+def test_an_abort_runs_the_last_words_then_tells_the_others(
+    words: bool, notice: bool, said: str
+) -> None:
+    code = textwrap.dedent(LAST_WORDS.format(words=words, notice=notice))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_plain_env()
+    )
+    assert done.returncode == 1 and done.stderr == "distcomm: the reason\n", done.stderr
+    assert done.stdout == said

@@ -1,5 +1,6 @@
 """DISTCOMM_TRACE and ``distcomm trace``: a real 4-rank gloo job in which rank 3 skips a barrier;
-the dumps name that rank and that operation. Also: the signal, the permissions, bad settings."""
+the dumps name that rank and that operation. A real 4-rank MPI job that a rank aborts while rank
+3 is elsewhere: rank 3 dumps too, asked first. Also: the signal, the permissions, bad settings."""
 
 from __future__ import annotations
 
@@ -51,6 +52,42 @@ def test_distcomm_trace_names_the_rank_that_skipped_and_the_operation(tmp_path: 
     first = next(line for line in said.stdout.splitlines() if "diverge" in line)
     assert "operation #6" in first and "ranks [0, 1, 2] called barrier" in first
     assert "rank 3 called all_reduce" in first and "skips.py:11" in first
+
+
+WANDERS = """
+import time
+import numpy as np
+import distcomm
+
+def wander_off():
+    time.sleep(60)
+
+distcomm.init()
+for step in range(5):
+    distcomm.all_reduce(np.ones(8, dtype=np.float32))
+if distcomm.get_rank() == 3:
+    wander_off()
+distcomm.barrier()
+"""
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_before_an_mpi_abort_every_rank_dumps(tmp_path: Path, mpirun: str) -> None:
+    """The ranks in the barrier time out and one ends the job (MPI_Abort, which leaves no time
+    for atexit); first it asks every rank to dump, rank 3 too, asleep elsewhere."""
+    script = tmp_path / "wanders.py"
+    script.write_text(WANDERS)
+    traces = tmp_path / "traces"
+    env = {"DISTCOMM_TRACE": "100", "DISTCOMM_TIMEOUT": "2", "DISTCOMM_TRACE_DIR": str(traces)}
+    done = run_job([mpirun, "-n", "4", sys.executable, str(script)], env=env, cwd=tmp_path)
+    assert done.returncode != 0 and "MPI_Abort" in done.stderr, done.stdout + done.stderr
+    dumps = sorted(p.name for p in traces.glob("rank-*.json"))
+    assert dumps == [f"rank-{r}.json" for r in range(4)], done.stderr
+    said = run_job([sys.executable, "-m", "distcomm", "trace", str(traces)], timeout=60)
+    assert said.returncode == 0, said.stderr
+    assert "rank 3 stopped early: its last operation was #5 (all_reduce" in said.stdout
+    assert "the others reached #6 (barrier)" in said.stdout, said.stdout
 
 
 SIGNALLED = """

@@ -44,9 +44,15 @@ def test_resize_makes_every_rank_raise_the_mismatch() -> None:
 def test_skip_ends_at_once_naming_the_rank_that_left() -> None:
     error, took = failure(faults.skip(rank=1, at=2))
     assert took < 5  # not the run's 30 s timeout: every rank left waits and none can go on
-    last = error.traceback.strip().splitlines()[-1]
-    assert last.startswith("distcomm.errors.DistTimeoutError: all_reduce (operation #5)")
-    assert "ranks that had not arrived: [1]" in last and "returned without calling it" in last
+    lines = error.traceback.strip().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("distcomm.errors."))
+    assert lines[first].startswith("distcomm.errors.DistTimeoutError: all_reduce (operation #5)")
+    assert "ranks that had not arrived: [1]" in lines[first]
+    assert "returned without calling it" in lines[first]
+    assert lines[first + 2 : first + 4] == [
+        "  rank 1:",
+        "    (no Python frame: the thread has ended)",
+    ], "the stack of a rank that returned"
 
 
 def test_raise_at_fails_that_rank_with_the_given_error() -> None:

@@ -24,7 +24,13 @@ from distcomm import (
     LaunchInfo,
     ReduceOp,
 )
-from distcomm.backend import abort_job, abort_on_uncaught_exception, monitor, select_cuda_device
+from distcomm.backend import (
+    abort_job,
+    abort_on_uncaught_exception,
+    monitor,
+    select_cuda_device,
+    set_abort_notice,
+)
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.native import native_call
@@ -152,6 +158,11 @@ class MpiWork(BaseWork):
         return "" if self.seq is not None else "the matching message did not arrive"
 
 
+def _answer_wait() -> float:
+    """Seconds a question over the side channel waits for its answers (a few ticks)."""
+    return 3 * monitor.interval() + 0.5
+
+
 class MpiCommunicator(BaseCommunicator):
     """A distcomm communicator over an mpi4py ``Comm`` (``native``)."""
 
@@ -207,20 +218,26 @@ class MpiCommunicator(BaseCommunicator):
 
     def _blocked_timeout(self, seq: int, waited: float) -> None:
         label = self.blocked_op or f"{self.op} (operation #{seq})"
-        detail = self._arrivals(seq)[1] if seq > 0 else ""
+        missing, detail = self._arrivals(seq) if seq > 0 else (None, "")
+        shown = self._stacks(missing)[1]
+        where = f"\n{shown}\n" if shown else " "
         abort_job(
             f"distcomm: rank {self.rank} of {self.describe()}: {label} has not completed after "
-            f"{waited:.0f} s (timeout {self.timeout:g} s){'; ' + detail if detail else ''}. MPI "
-            "cannot cancel it, so distcomm aborts the job (MPI_Abort). HINT: a rank is stuck, "
-            "died or skipped this call; if it is merely slow, raise init(timeout=...) or "
-            "DISTCOMM_TIMEOUT."
+            f"{waited:.0f} s (timeout {self.timeout:g} s){'; ' + detail if detail else ''}."
+            f"{where}MPI cannot cancel it, so distcomm aborts the job "
+            "(MPI_Abort). HINT: a rank is stuck, died or skipped this call; if it is merely "
+            "slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
         )
 
     def _peer_progress(self) -> dict[int, int]:
         peers = [g for r, g in enumerate(self.global_ranks) if r != self.rank]
-        wait = 3 * monitor.interval() + 0.5
-        answers = self._side.ask(self._key, peers, wait)
+        answers = self._side.ask(self._key, peers, _answer_wait())
         return {self.global_ranks.index(g): seq for g, seq in answers.items()}
+
+    def _peer_stacks(self, ranks: list[int]) -> dict[int, str]:
+        peers = [self.global_ranks[r] for r in ranks]
+        answers = self._side.where(self._key, peers, _answer_wait())
+        return {self.global_ranks.index(g): text for g, text in answers.items()}
 
     def _check_tag(self, tag: Any) -> None:
         super()._check_tag(tag)
@@ -412,6 +429,7 @@ def create(
     monitor.watch(side)
     if world.Get_size() > 1:  # a dying rank would leave the others waiting: it ends the job
         abort_on_uncaught_exception(world.Get_rank(), lambda: world.Abort(1), "MPI_Abort")
+        set_abort_notice(lambda: side.job_ends(_answer_wait()))
     return MpiCommunicator(
         world.Dup(),
         owns=True,

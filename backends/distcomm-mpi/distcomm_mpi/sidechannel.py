@@ -1,9 +1,13 @@
-"""Questions between the ranks of an MPI job, out of band: "which operation are you at?"
+"""Questions between the ranks of an MPI job, out of band: "which operation are you at?" and
+"where are you?".
 
 When an operation times out, the rank that waited asks every other member of the communicator
-for its sequence number on a private duplicate of COMM_WORLD; each rank's monitor thread answers
+for its sequence number on a private duplicate of COMM_WORLD, then asks the ones behind for
+their Python stack (:func:`distcomm.backend.stacks.where`); each rank's monitor thread answers
 a few times per second, whatever its main thread is doing (blocked in another collective, busy
 in Python, asleep). A rank that does not answer in time is reported as such, never guessed.
+A question is two integers: the communicator's key and the tag to answer on, negated for
+"where are you?".
 
 Communicators are named by a key every member computes alike: their world ranks and how many
 communicators of the same ranks this process made before (members create groups collectively,
@@ -24,12 +28,18 @@ from typing import Any
 
 from mpi4py import MPI
 
+from distcomm.backend import aborts, stacks
+
 __all__ = ["SideChannel", "channel"]
 
 _QUERY = 1
 _FIRST_REPLY = 2
 _MESSAGE = struct.Struct("<qq")  # (communicator key, reply tag) / (sequence number, 0)
 _UNKNOWN = -1
+#: The key of "the job ends" (communicators' keys are CRC-32 values, never negative).
+_ENDING = -1
+#: The longest answer to "where are you?", in bytes.
+_WHERE_BYTES = 4 * stacks.MAX_TEXT
 
 _channel: SideChannel | None = None
 
@@ -83,34 +93,63 @@ class SideChannel:
                 key, tag = _MESSAGE.unpack(self._inbox)
                 asker = self._status.Get_source()
                 comm = self._known.get(key, lambda: None)()
-                seq = _UNKNOWN if comm is None else int(comm.seq)
-                reply = bytearray(_MESSAGE.pack(seq, 0))
-                self._sends.append((self._comm.Isend(reply, asker, tag), reply))
+                if key == _ENDING:
+                    aborts.last_words()
+                    reply = bytearray(_MESSAGE.pack(0, 0))
+                elif tag < 0:  # where are you?
+                    text = stacks.where(comm).encode(errors="replace")[:_WHERE_BYTES]
+                    reply = bytearray(text)
+                else:
+                    seq = _UNKNOWN if comm is None else int(comm.seq)
+                    reply = bytearray(_MESSAGE.pack(seq, 0))
+                self._sends.append((self._comm.Isend(reply, asker, abs(tag)), reply))
                 self._request = self._comm.Irecv(self._inbox, MPI.ANY_SOURCE, _QUERY)
             self._sends = [(r, b) for r, b in self._sends if not r.Test()]
 
     def ask(self, key: int, peers: Sequence[int], wait: float) -> dict[int, int]:
         """Each of ``peers`` (world ranks)'s sequence number on communicator ``key``; peers that
         did not answer within ``wait`` seconds, or do not know it, are left out."""
+        replies = self._exchange(key, peers, wait, where=False)
+        seqs = {peer: _MESSAGE.unpack(reply)[0] for peer, reply in replies.items()}
+        return {peer: seq for peer, seq in seqs.items() if seq != _UNKNOWN}
+
+    def where(self, key: int, peers: Sequence[int], wait: float) -> dict[int, str]:
+        """Where each of ``peers`` (world ranks) is: the stack of the thread that uses
+        communicator ``key`` there; peers that did not answer within ``wait`` seconds are left
+        out."""
+        replies = self._exchange(key, peers, wait, where=True)
+        return {peer: reply.decode(errors="replace") for peer, reply in replies.items()}
+
+    def job_ends(self, wait: float) -> None:
+        """Tell every other rank that this one is about to end the job; return once each has
+        run its last words, or after ``wait`` seconds."""
+        me = self._comm.Get_rank()
+        self._exchange(_ENDING, [r for r in range(self._comm.Get_size()) if r != me], wait, False)
+
+    def _exchange(
+        self, key: int, peers: Sequence[int], wait: float, where: bool
+    ) -> dict[int, bytes]:
+        """Ask ``peers`` about communicator ``key``; their answers within ``wait`` seconds."""
         with self._lock:
             if self.closed:
                 return {}
             tag = _FIRST_REPLY + next(self._tags) % (self._tag_ub - _FIRST_REPLY)
-            question = bytearray(_MESSAGE.pack(key, tag))
-            replies = {peer: bytearray(_MESSAGE.size) for peer in peers}
+            question = bytearray(_MESSAGE.pack(key, -tag if where else tag))
+            size = _WHERE_BYTES if where else _MESSAGE.size
+            replies = {peer: bytearray(size) for peer in peers}
             receives = {peer: self._comm.Irecv(replies[peer], peer, tag) for peer in peers}
             for peer in peers:
                 self._sends.append((self._comm.Isend(question, peer, _QUERY), question))
-        answers: dict[int, int] = {}
+        answers: dict[int, bytes] = {}
+        status = MPI.Status()
         deadline = time.monotonic() + wait
         while receives and time.monotonic() < deadline:
             self.serve()  # peers asking us at the same time get their answer too
             with self._lock:
-                for peer in [p for p, r in receives.items() if r.Test()]:
-                    seq = _MESSAGE.unpack(replies[peer])[0]
-                    if seq != _UNKNOWN:
-                        answers[peer] = seq
-                    del receives[peer]
+                for peer, request in list(receives.items()):
+                    if request.Test(status):
+                        answers[peer] = bytes(replies[peer][: status.Get_count(MPI.BYTE)])
+                        del receives[peer]
             time.sleep(0.005)
         with self._lock:
             for request in receives.values():

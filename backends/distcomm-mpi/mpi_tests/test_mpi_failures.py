@@ -1,6 +1,7 @@
 """The mpi backend when things go wrong, inside a real MPI job (``mpirun -n N pytest
---with-mpi``): a Work waited for with a timeout names the rank that had not arrived (asked over
-the side channel), and an MPI error is a distcomm error that leaves no watchdog mark behind.
+--with-mpi``): a Work waited for with a timeout names the rank that had not arrived and shows
+where it is (both asked over the side channel), and an MPI error is a distcomm error that
+leaves no watchdog mark behind.
 
 Each test sacrifices a communicator of its own (a timed-out or failed one cannot be used again)
 and leaves every request completed, so the job ends cleanly.
@@ -31,6 +32,10 @@ def _sacrifice(world: Communicator) -> Communicator:
     return group
 
 
+def _late_rank_waits_here() -> None:
+    distcomm.barrier()  # every other rank has timed out
+
+
 def test_a_timed_out_wait_names_the_rank_that_had_not_arrived(world: Communicator) -> None:
     group = _sacrifice(world)
     if world.rank != LATE:
@@ -44,8 +49,13 @@ def test_a_timed_out_wait_names_the_rank_that_had_not_arrived(world: Communicato
         assert f"ranks that had not arrived: [{LATE}] (rank {LATE} has run no collective)" in (
             str(error)
         )
+        assert list(error.stacks) == [LATE], error.stacks
+        assert "in _late_rank_waits_here\n" in error.stacks[LATE], error.stacks
+        assert error.stacks[LATE] in str(error).replace("\n  ", "\n")  # shown, indented
         assert time.monotonic() - start < 10
-    distcomm.barrier()  # every rank has timed out, or is the late one
+        distcomm.barrier()
+    else:
+        _late_rank_waits_here()
     if world.rank == LATE:  # completes the others' pending barrier (MPI matches a
         late = group.barrier(async_op=True)  # non-blocking collective with its like only)
         assert late is not None and late.wait()

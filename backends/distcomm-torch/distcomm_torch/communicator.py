@@ -132,6 +132,7 @@ class TorchCommunicator(BaseCommunicator):
         self._published = 0
         if progress is not None and self.world_size > 1:
             monitor.watch(self)
+            progress.answer_for(self)
 
     @property
     def native(self) -> Any:
@@ -184,6 +185,7 @@ class TorchCommunicator(BaseCommunicator):
         """Publish this rank's progress when it changed (the monitor thread calls it)."""
         seq = self.seq  # published after a failure too: the other ranks read it then
         if seq != self._published and self._progress is not None:
+            self._progress.active(now)
             self._progress.publish(self._progress_key, self._rank, seq)
             self._published = seq
 
@@ -191,6 +193,11 @@ class TorchCommunicator(BaseCommunicator):
         if self._progress is None:
             return None
         return self._progress.read(self._progress_key, self._world_size)
+
+    def _peer_stacks(self, ranks: list[int]) -> dict[int, str] | None:
+        if self._progress is None:
+            return None
+        return self._progress.where({rank: self._global_ranks[rank] for rank in ranks})
 
     def _issue(
         self, start: Callable[..., Any], args: tuple[Any, ...], *buffers: Any
@@ -315,6 +322,8 @@ class TorchCommunicator(BaseCommunicator):
 
     def _finalize(self) -> None:
         monitor.unwatch(self)
+        if self._progress is not None:
+            self._progress.release(self)
         self._progress = None
         for _, adopted in self._adopted.values():
             adopted.finalize()

@@ -159,7 +159,7 @@ def _progress() -> StoreProgress | None:
         store = dist.distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError, ValueError):
         return None
-    return StoreProgress(store)
+    return StoreProgress(store, dist.get_rank())
 
 
 def _master_over_mpi(launch: LaunchInfo) -> tuple[str, int]:

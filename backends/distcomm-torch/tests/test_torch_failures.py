@@ -40,7 +40,9 @@ def test_a_skipped_barrier_names_the_op_its_seq_and_the_missing_rank(
         assert (kind, op, seq, missing) == ("DistTimeoutError", "barrier", 2, (1,)), message
         assert "barrier (operation #2) on gloo 'world' (3 ranks)" in message
         assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in message
-        assert elapsed < 2 * TIMEOUT, f"rank {rank} waited {elapsed:.1f} s"
+        # the timeout, then a few monitor ticks to read the ranks' progress and ask where
+        # rank 1 is (it may have left by then: no answer)
+        assert elapsed < TIMEOUT + 4, f"rank {rank} waited {elapsed:.1f} s"
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,9 @@ Both retire the communicator (an engine cannot cancel a half-done collective) an
 error that names the operation, its sequence number, the communicator and the ranks that had
 not arrived. Those are found out of band, by the backend's :meth:`Failures._peer_progress`: the
 sequence number each member has reached (torch's store on gloo and nccl, a side channel on MPI,
-the fabric for thread-ranks); a backend that cannot tell says "unknown", never a guess.
+the fabric for thread-ranks); a backend that cannot tell says "unknown", never a guess. After a
+timeout, :meth:`Failures._peer_stacks` asks those ranks where they are, by the same way, and
+the error shows their Python stacks (:mod:`distcomm.backend.stacks`).
 ``DISTCOMM_ON_TIMEOUT=abort`` turns a timeout into the end of the job
 (:mod:`distcomm.backend.aborts`).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from distcomm.backend import aborts
+from distcomm.backend import aborts, stacks
 from distcomm.errors import DistTimeoutError, EngineError
 
 __all__ = ["Failures", "lost_peer", "missing_ranks"]
@@ -74,17 +76,19 @@ class Failures:
         """
         label = _label(op, seq)
         missing, detail = self._arrivals(seq) if seq else (None, waiting_for or "")
+        where, shown = self._stacks(missing)
+        gap = f"\n{shown}\n" if shown else " "
         late = (
             f"can never complete ({stalled})" if stalled else f"did not complete within {limit:g} s"
         )
         self.unusable = f"{label} {'stalled' if stalled else f'timed out after {limit:g} s'}"
         message = (
-            f"{label} on {self.describe()} {late}"
-            f"{'; ' + detail if detail else ''}. HINT: a rank is stuck, died or skipped this "
-            "call; if it is merely slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
+            f"{label} on {self.describe()} {late}{'; ' + detail if detail else ''}."
+            f"{gap}HINT: a rank is stuck, died or "
+            "skipped this call; if it is merely slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
         )
         error = DistTimeoutError(
-            message, op=op, seq=seq, group=self.describe(), missing_ranks=missing
+            message, op=op, seq=seq, group=self.describe(), missing_ranks=missing, stacks=where
         )
         if aborts.on_timeout() == "abort":
             self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
@@ -118,12 +122,35 @@ class Failures:
         """
         return None
 
+    def _peer_stacks(self, ranks: list[int]) -> Mapping[int, str] | None:
+        """Where each of ``ranks`` (members) is: the text of :func:`distcomm.backend.stacks.where`
+        there, found out of band within a few seconds; a member that did not answer is left
+        out. None: this backend cannot ask.
+
+        Called on the timed-out rank only, after :meth:`_peer_progress`.
+        """
+        return None
+
     def _abort_job(self, message: str) -> None:
         """End the job after a timeout under ``DISTCOMM_ON_TIMEOUT=abort`` (thread-ranks end
         their fabric instead, and the caller raises)."""
         aborts.abort_job(message)
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _stacks(self, missing: list[int] | None) -> tuple[dict[int, str], str]:
+        """Where each of ``missing`` is, asked out of band, and the block that shows it ("" when
+        none was missing or the backend cannot ask)."""
+        if not missing:
+            return {}, ""
+        try:
+            found = self._peer_stacks(missing)
+        except Exception as exc:  # the side channel failed too: say so, never guess
+            return {}, f"The stacks of the ranks that had not arrived are unknown ({exc})."
+        if found is None:
+            return {}, ""
+        where = {rank: found[rank] for rank in missing if rank in found}
+        return where, stacks.describe(where, missing)
+
     def _arrivals(self, seq: int) -> tuple[list[int] | None, str]:
         """The ranks that had not reached operation ``seq``, and a sentence saying so."""
         try:

@@ -16,6 +16,7 @@ Each public operation runs validate -> normalise -> world of 1 -> stage -> primi
 from __future__ import annotations
 
 import itertools
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -88,6 +89,9 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self.blocked_seq = 0
         self.blocked_op = ""
         self.p2p_marks = itertools.count(1)
+        #: The thread that made this communicator: the one that uses it (one thread per rank),
+        #: whose stack :func:`distcomm.backend.stacks.where` shows a peer.
+        self._thread = threading.get_ident()
         self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
         self._pending = PendingWorks()

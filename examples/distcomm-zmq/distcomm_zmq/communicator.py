@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from distcomm.backend import BaseCommunicator, BaseWork, LaunchInfo
+from distcomm.backend import BaseCommunicator, BaseWork, LaunchInfo, stacks
 from distcomm.errors import DistcommError
 from distcomm.protocol import NON_MEMBER, Communicator, NonMember, ReduceOp, Work
 from distcomm_zmq import algorithms, rendezvous
@@ -161,6 +161,7 @@ class ZmqCommunicator(BaseCommunicator):
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         transport.progress[uid] = lambda: self.seq
+        transport.whereabouts[uid] = lambda: stacks.where(self)
 
     @property
     def native(self) -> Transport:
@@ -214,6 +215,11 @@ class ZmqCommunicator(BaseCommunicator):
         peers = [g for r, g in enumerate(self.global_ranks) if r != self.rank]
         answers = self.transport.ask_progress(self.uid, peers, 1.0)
         return {self.global_ranks.index(g): seq for g, seq in answers.items() if seq >= 0}
+
+    def _peer_stacks(self, ranks: list[int]) -> dict[int, str]:
+        peers = [self.global_ranks[r] for r in ranks]
+        answers = self.transport.ask_where(self.uid, peers, 1.0)
+        return {self.global_ranks.index(g): text for g, text in answers.items() if text}
 
     # -- the primitives ------------------------------------------------------------------------
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
@@ -269,6 +275,7 @@ class ZmqCommunicator(BaseCommunicator):
             self._queue.put(None)
             self._worker.join(self.timeout)
         self.transport.progress.pop(self.uid, None)
+        self.transport.whereabouts.pop(self.uid, None)
         if self._owns:
             self.transport.close()
 

@@ -12,7 +12,8 @@ waits for ZeroMQ to let go of it (:meth:`Transport.settle`) before it completes,
 may write into its tensor again.
 
 The receiver also answers "how far are you?" (the ``seq`` each communicator has reached), which
-a timed-out operation asks its peers to name the ranks that had not arrived.
+a timed-out operation asks its peers to name the ranks that had not arrived, and then "where are
+you?" (the Python stack of the thread using the communicator), which it asks those ranks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import zmq
 __all__ = ["COLLECTIVE", "COPY_BELOW", "P2P", "Closed", "Transport"]
 
 #: Message kinds.
-COLLECTIVE, P2P, ASK, ANSWER = 0, 1, 2, 3
+COLLECTIVE, P2P, ASK, ANSWER, WHERE, HERE = 0, 1, 2, 3, 4, 5
 #: Payloads smaller than this are copied into the message (cheaper than tracking them).
 COPY_BELOW = 64 * 1024
 _HEADER = struct.Struct("<BqqI")  # kind, communicator, key, source (a global rank)
@@ -64,8 +65,10 @@ class Transport:
         self._sockets: list[zmq.Socket[Any]] = []
         self._lock = threading.Lock()
         self._closed = False
-        #: What each communicator has reached (its ``seq``), for peers that ask.
+        #: What each communicator has reached (its ``seq``), and where the thread using it is
+        #: (a stack's text), for peers that ask.
         self.progress: dict[int, Callable[[], int]] = {}
+        self.whereabouts: dict[int, Callable[[], str]] = {}
         self._stop_address = f"inproc://distcomm-zmq-stop-{id(self)}"
         self._stop_in = context.socket(zmq.PULL)
         self._stop_in.bind(self._stop_address)
@@ -158,8 +161,8 @@ class Transport:
                 except zmq.Again:
                     break
                 kind, comm, key, src = _HEADER.unpack(header.buffer)
-                if kind == ASK:
-                    self._answer(comm, src)
+                if kind in (ASK, WHERE):
+                    self._answer(kind, comm, src)
                     continue
                 with self._cond:
                     self._arrived.setdefault((kind, comm, key, src), collections.deque()).append(
@@ -167,24 +170,41 @@ class Transport:
                     )
                     self._cond.notify_all()
 
-    def _answer(self, comm: int, src: int) -> None:
+    def _answer(self, kind: int, comm: int, src: int) -> None:
+        if kind == WHERE:
+            whereabouts = self.whereabouts.get(comm)
+            text = "" if whereabouts is None else whereabouts()
+            self.send(HERE, comm, 0, src, text.encode(errors="replace"))
+            return
         reached = self.progress.get(comm)
-        seq = -1 if reached is None else reached()
-        self.send(ANSWER, comm, seq, src)
+        self.send(ANSWER, comm, -1 if reached is None else reached(), src)
 
     # -- asking --------------------------------------------------------------------------------
     def ask_progress(self, comm: int, peers: Sequence[int], wait: float) -> dict[int, int]:
         """The ``seq`` each of ``peers`` (global ranks) reached on communicator ``comm``, for
         those that answered within ``wait`` seconds."""
+        answers = self._ask(ASK, comm, peers, wait)
+        return {peer: key for peer, (key, _) in answers.items()}  # an answer's key: the seq
+
+    def ask_where(self, comm: int, peers: Sequence[int], wait: float) -> dict[int, str]:
+        """Where each of ``peers`` (global ranks) is (the stack of the thread that uses
+        communicator ``comm`` there), for those that answered within ``wait`` seconds."""
+        answers = self._ask(WHERE, comm, peers, wait)
+        return {peer: bytes(text).decode(errors="replace") for peer, (_, text) in answers.items()}
+
+    def _ask(
+        self, kind: int, comm: int, peers: Sequence[int], wait: float
+    ) -> dict[int, tuple[int, Any]]:
+        """Send question ``kind`` to ``peers``; their answers' (key, payload) by peer."""
+        reply = ANSWER if kind == ASK else HERE
         for peer in peers:
-            self.send(ASK, comm, 0, peer)
+            self.send(kind, comm, 0, peer)
         deadline = time.monotonic() + wait
-        answers: dict[int, int] = {}
+        answers: dict[int, tuple[int, Any]] = {}
         with self._cond:
             while len(answers) < len(peers) and time.monotonic() < deadline:
-                for slot in [s for s in self._arrived if s[:2] == (ANSWER, comm)]:
-                    answers[slot[3]] = slot[2]  # the key of an answer is the peer's seq
-                    del self._arrived[slot]
+                for slot in [s for s in self._arrived if s[:2] == (reply, comm)]:
+                    answers[slot[3]] = (slot[2], self._arrived.pop(slot)[0])
                 if len(answers) < len(peers):
                     self._cond.wait(max(0.0, deadline - time.monotonic()))
         return answers

@@ -128,3 +128,19 @@ def test_a_world_of_one() -> None:
         assert x.tolist() == [1.0] * 3 and comm.backend == "zmq"
     finally:
         comm.finalize()
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_shows_where_the_late_ranks_are(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked over the transport ("where are you?"), answered by the late ranks' receiver
+    threads while their program sleeps (tests/straggler.py)."""
+    from straggler import late_ranks
+
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", "2")
+    said = spawn(late_ranks, 4, str(tmp_path), backend="zmq", timeout=100)
+    for message in said[0::2]:
+        assert "ranks that had not arrived: [1, 3]" in message, message
+        assert "  ranks 1, 3:" in message and "in load_a_huge_shard" in message, message
+    assert said[1::2] == [None, None]
