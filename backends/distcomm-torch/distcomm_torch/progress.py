@@ -24,6 +24,7 @@ member.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
 import weakref
@@ -92,6 +93,9 @@ class StoreProgress:
         if self._owner is None:
             self._owner = weakref.ref(comm)
             self._quiet = comm.timeout / 2
+            if self._rank == 0:  # a store kept from an earlier init (an adopted group)
+                with contextlib.suppress(Exception):
+                    self._store.delete_key(_CLOSING)
             monitor.watch(self)
             atexit.register(self._leave)
 
@@ -153,7 +157,11 @@ class StoreProgress:
                 while int(self._store.add(_LISTENING, 0)) > 0 and time.monotonic() < deadline:
                     time.sleep(0.02)
 
-        _within(_READ_LIMIT, leave)
+        try:
+            _within(_READ_LIMIT, leave)
+        except RuntimeError:  # at exit, Python 3.12+ starts no thread: rank 0 is its own server
+            with contextlib.suppress(Exception):
+                leave()
 
     def where(self, ranks: Mapping[int, int]) -> dict[int, str] | None:
         """Where each member of ``ranks`` (member -> its rank in the default group) is; members
