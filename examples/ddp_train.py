@@ -1,11 +1,14 @@
 """A real, small DDP training on CPU: distcomm starts the job, torch's DDP trains, distcomm
 averages the metrics.
 
-Run:  distcomm run -n 2 examples/ddp_train.py [--steps 300]
+Run:  distcomm run -n 2 examples/ddp_train.py [--steps 300]      (gloo)
+      mpirun -n 2 python examples/ddp_train.py                   (mpi)
 
 The model learns y = 3*x0 - 2*x1 + 0.5*x2 + 1 from synthetic data; each rank draws its own
-batches. ``distcomm.init(backend="gloo")`` creates torch's default process group, which DDP uses
-to average gradients; the loss printed is the mean over ranks (``all_reduce(x, "mean")``).
+batches. ``distcomm.init()`` leaves torch's default process group behind whatever backend it
+picks (gloo makes it; beside mpi distcomm makes one, docs/interop.md), and DDP averages the
+gradients over it; the loss printed is the mean over ranks (``all_reduce(x, "mean")``, on the
+backend distcomm picked).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
 
-    distcomm.init(backend="gloo")  # DDP needs a torch process group: ask for a torch backend
+    distcomm.init()  # torch was imported: torch's default process group exists after it
     # The DDP model lives inside train(): it is gone before finalize() destroys the group it
     # uses (a DDP module that outlives its Gloo group can abort the process at exit).
     first, last = train(args.steps)

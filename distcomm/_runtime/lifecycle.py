@@ -15,10 +15,11 @@ from typing import Any
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
 from distcomm._runtime import exports, failure_reports, flight_recorder, profiling, state
+from distcomm._runtime import torch_group as torch_groups
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
-from distcomm.backend import aborts
+from distcomm.backend import BaseCommunicator, aborts
 from distcomm.backend._pipeline import agreement
 from distcomm.errors import AlreadyInitializedError
 from distcomm.protocol import Communicator
@@ -40,6 +41,7 @@ def init(
     device: Any = None,
     export_env: bool = True,
     debug: str | None = None,
+    torch_group: str | bool | None = None,
     **options: Any,
 ) -> Communicator:
     """Initialise distcomm and return the default communicator.
@@ -57,10 +59,16 @@ def init(
             or 1800.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device, for GPU backends.
         export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-            MASTER_PORT where absent, so env-reading code agrees; ``finalize`` removes them.
+            MASTER_PORT where absent, so env-reading code agrees (the master address and port
+            of the torch rendezvous, where there is one); ``finalize`` removes them.
         debug: the mismatch check (docs/debugging.md): ``"sample"`` (the first 64
             collectives of each communicator, then every 1024th), ``"check"`` (every one) or
             ``"off"``; default ``DISTCOMM_DEBUG``, else ``"sample"``.
+        torch_group: beside a backend that makes no torch default process group (mpi,
+            linklink, plugins), make one (gloo; nccl for a GPU device) so that torch-native
+            code (DDP, Accelerate) works: ``"auto"`` when the program has imported torch,
+            True, or False; default ``DISTCOMM_TORCH_GROUP``, else ``"auto"``
+            (docs/interop.md). It is ``comm.torch_group``.
         **options: passed to the backend's factory.
 
     Calling ``init`` again returns the running communicator; arguments that are given and
@@ -81,6 +89,7 @@ def init(
         timeout=timeout,
         device=device,
         debug=debug,
+        torch_group=torch_group,
         options=options,
     )
     requested = request.given()
@@ -94,6 +103,7 @@ def init(
         aborts.abort_on_exception()
         debug_policy = request.debug or agreement.policy()  # DISTCOMM_DEBUG checked now too
         profiling.enabled_by_environment()  # a malformed DISTCOMM_PROFILE is an error now
+        beside_choice = torch_groups.policy(request.torch_group)
         launch = apply_overrides(detect_environment(method), request)
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
         failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
@@ -108,6 +118,16 @@ def init(
         )
         if hasattr(comm, "debug"):
             comm.debug = debug_policy
+        try:
+            beside, why = torch_groups.make(
+                beside_choice, comm, launch, get_registry(), timeout_s, request.device
+            )
+        except BaseException:
+            comm.finalize()
+            raise
+        trace.append(why)
+        if beside is not None and isinstance(comm, BaseCommunicator):
+            comm.torch_group = beside.native
         effective = {
             "backend": comm.backend,
             "method": launch.method,
@@ -118,9 +138,10 @@ def init(
             "timeout": timeout_s,
             **requested,
         }
-        ctx = state.Context(comm, launch, trace, effective)
+        ctx = state.Context(comm, launch, trace, effective, torch_beside=beside)
         if export_env:
-            ctx.exported = exports.export_env(launch)
+            made = beside if beside is not None else comm
+            ctx.exported = exports.export_env(getattr(made, "launch", launch))
         ctx.recorder = profiling.start(comm)
         state.set_process(ctx)
         logger.info("initialised %r: %s", comm, "; ".join(trace))
@@ -144,6 +165,8 @@ def finalize() -> None:
             finally:
                 if ctx.recorder is not None:
                     ctx.recorder.stop()
+                if ctx.torch_beside is not None:
+                    ctx.torch_beside.finalize()
                 ctx.comm.finalize()
         finally:
             exports.unexport_env(ctx.exported)

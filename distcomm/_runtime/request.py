@@ -13,6 +13,7 @@ import os
 from typing import Any, cast
 
 from distcomm._plugins.names import normalise_backend
+from distcomm._runtime import torch_group as torch_groups
 from distcomm.backend._pipeline import agreement
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import InvalidArgumentError
@@ -33,6 +34,8 @@ class InitRequest:
         timeout: seconds.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         debug: the mismatch check policy (``"sample"``, ``"check"`` or ``"off"``).
+        torch_group: whether to make torch's default process group beside a non-torch
+            backend (``"auto"``, True or False; :mod:`~distcomm._runtime.torch_group`).
         options: the backend factory's own options.
     """
 
@@ -45,6 +48,7 @@ class InitRequest:
     timeout: float | None = None
     device: str | None = None
     debug: str | None = None
+    torch_group: str | bool | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -60,12 +64,14 @@ class InitRequest:
         timeout: float | datetime.timedelta | None = None,
         device: Any = None,
         debug: str | None = None,
+        torch_group: str | bool | None = None,
         options: dict[str, Any] | None = None,
     ) -> InitRequest:
         """Parse ``init``'s arguments.
 
         Raises:
-            InvalidArgumentError: a timeout, a device or a check policy that is not one.
+            InvalidArgumentError: a timeout, a device, a check policy or a torch group choice
+                that is not one.
         """
         return cls(
             backend=None if backend is None else normalise_backend(str(backend)),
@@ -77,6 +83,7 @@ class InitRequest:
             timeout=None if timeout is None else resolve_timeout(timeout),
             device=None if device is None else _check_device(device),
             debug=None if debug is None else agreement.policy(debug),
+            torch_group=None if torch_group is None else torch_groups.policy(torch_group),
             options=dict(options or {}),
         )
 

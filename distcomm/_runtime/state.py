@@ -29,6 +29,9 @@ class Context:
         exported: environment variables ``init`` set (``finalize`` removes exactly these).
         thread_owned: True inside run_threads (finalize is a no-op there).
         recorder: the DISTCOMM_PROFILE recorder (:mod:`~distcomm._runtime.profiling`), if on.
+        torch_beside: the torch backend's communicator over torch's default process group,
+            when ``init`` made one beside a non-torch backend
+            (:mod:`~distcomm._runtime.torch_group`); ``finalize`` ends it.
     """
 
     comm: Communicator
@@ -38,6 +41,7 @@ class Context:
     exported: dict[str, str] = dataclasses.field(default_factory=dict)
     thread_owned: bool = False
     recorder: Any = None
+    torch_beside: Communicator | None = None
 
 
 class _ThreadState(threading.local):

@@ -54,6 +54,11 @@ class BaseCommunicator(
         name: a label for messages (``"world"``, ``"group 1"``).
     """
 
+    #: torch's ProcessGroup over the same ranks, for torch-native code (DDP's
+    #: ``process_group=``, FSDP): ``native`` on the torch backends; on any other, the default
+    #: group ``init`` made beside it (``init(torch_group=...)``, docs/interop.md); else None.
+    torch_group: Any = None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "uint8" not in cls.capabilities.dtypes:

@@ -1,5 +1,6 @@
 """A real one-node Slurm (scripts/slurm.sh): srun tasks on gloo and on mpi, mpirun inside an
-sbatch script, python in a batch script without srun, and the example batch script.
+sbatch script, python in a batch script without srun, the example batch script, and torch-native
+libraries (DDP, FSDP, Accelerate, Ignite) after ``distcomm.init()`` on mpi.
 
 Every job is a real Slurm job: 4 tasks on this 2-core node with ``--overcommit``. The cluster is
 private (its own configuration, munged and ports under /run/distcomm-slurm; a system Slurm is
@@ -23,11 +24,13 @@ from typing import Any
 
 import pytest
 from bench_records import check_bench_json
+from interop_records import check_interop
 from jobs import job_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm.sh"
 RANK = Path(__file__).resolve().parent / "rank_report.py"
+CLIENTS = Path(__file__).resolve().parents[1] / "interop_clients.py"
 TASKS = 4
 
 
@@ -216,6 +219,16 @@ def test_the_conformance_kit_on_the_zmq_plugin_under_srun(slurm: str, tmp_path: 
     done = slurm_job(slurm, [*command, "--distcomm-backend=zmq"], cwd=tmp_path, timeout=280)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.count(f"{len(CHECKS)} passed in ") == TASKS, done.stdout[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_torch_native_libraries_under_srun_mpi(slurm: str, tmp_path: Path) -> None:
+    """``srun --mpi=pmi2``: mpi is chosen, and distcomm makes torch's default group beside it,
+    so DDP, FSDP, Accelerate and Ignite work right after ``distcomm.init()``."""
+    command = ["srun", "-n", "2", "--overcommit", "--mpi=pmi2", "--time=3"]
+    done = slurm_job(slurm, [*command, sys.executable, str(CLIENTS), str(tmp_path)], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    check_interop(tmp_path, 2, "mpi")
 
 
 @pytest.mark.timeout(300)

@@ -126,6 +126,7 @@ class TorchCommunicator(BaseCommunicator):
         self._owns_group = owns_group
         self.device: torch.device | None = None
         self._adopted: dict[int, tuple[Any, Communicator]] = {}
+        self.torch_group = self.native
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
         self._progress = progress
         self._progress_key = "" if progress is None else progress.key(self.native)

@@ -103,7 +103,7 @@ def failed(
 def _wait_for_master(
     name: str, launch: LaunchInfo, addr: str, port: int, timeout: float, deadline: float
 ) -> None:
-    pause, reason = 0.05, "no answer"
+    pause, reason = 0.01, "no answer"
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:

@@ -1,0 +1,131 @@
+"""A torch default process group beside a backend that makes none (mpi, linklink, plugins).
+
+torch-native code (DDP, FSDP, Accelerate, Ignite) reaches for torch's default process group.
+The torch backends make it; after any other backend, ``init(torch_group=...)`` (or
+``DISTCOMM_TORCH_GROUP``) makes one too, through the ``gloo`` backend (``nccl`` when the device
+is a GPU) of the torch plugin, so the same code runs under mpirun as under torchrun:
+
+- ``"auto"`` (the default): only when the program has imported torch before ``init()`` (a
+  numpy-only MPI program pays nothing), the world is larger than 1 and no default group exists;
+- ``True``: whenever the world is larger than 1 and no default group exists (torch is imported;
+  an error names what to install when it cannot be);
+- ``False``: never.
+
+Its rendezvous travels over the communicator just made: rank 0 takes a free port on its address
+(the launch's master address, loopback for a one-node job, else its host's address) and
+broadcasts both, so no launcher variable is needed. ``finalize()`` destroys it (distcomm made it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from distcomm._logs import logger
+from distcomm.backend.ports import free_port
+from distcomm.backend.registry import Registry
+from distcomm.environment.info import LaunchInfo
+from distcomm.errors import BackendUnavailableError, InvalidArgumentError
+from distcomm.protocol import Communicator
+
+__all__ = ["CHOICES", "make", "policy"]
+
+#: What ``init(torch_group=...)`` takes.
+CHOICES = ("auto", True, False)
+_WORDS: dict[str, str | bool] = {"auto": "auto", "1": True, "true": True, "yes": True}
+_WORDS.update({"on": True, "0": False, "false": False, "no": False, "off": False})
+
+
+def policy(given: Any = None, environ: Mapping[str, str] | None = None) -> str | bool:
+    """``init``'s ``torch_group``, else ``DISTCOMM_TORCH_GROUP``, else ``"auto"``.
+
+    Raises:
+        InvalidArgumentError: a value that is none of :data:`CHOICES`.
+    """
+    if given is not None:
+        if given in CHOICES and not (isinstance(given, int) and not isinstance(given, bool)):
+            return str(given) if isinstance(given, str) else bool(given)
+        raise InvalidArgumentError(
+            f"torch_group={given!r} is not a choice; valid: 'auto', True, False. HINT: 'auto' "
+            "makes torch's default process group when the program imported torch."
+        )
+    environ = os.environ if environ is None else environ
+    raw = environ.get("DISTCOMM_TORCH_GROUP", "").strip()
+    if not raw:
+        return "auto"
+    if raw.lower() not in _WORDS:
+        raise InvalidArgumentError(
+            f"DISTCOMM_TORCH_GROUP={raw!r} is not a choice; valid: auto, 1, 0 (also true, "
+            "false, yes, no, on, off). HINT: 0 keeps distcomm from making torch's default "
+            "process group beside a non-torch backend."
+        )
+    return _WORDS[raw.lower()]
+
+
+def make(
+    choice: str | bool,
+    comm: Communicator,
+    launch: LaunchInfo,
+    registry: Registry,
+    timeout: float,
+    device: str | None,
+) -> tuple[Communicator | None, str]:
+    """Make torch's default process group beside ``comm`` where ``choice`` says so.
+
+    Returns:
+        The torch backend's communicator over the new group (None if none was made), and a
+        sentence for the trace saying why.
+
+    Raises:
+        BackendUnavailableError: ``choice`` is True and torch or distcomm-torch is missing.
+    """
+    if choice is False:
+        return None, "torch group: off"
+    if comm.world_size == 1:
+        return None, "torch group: none needed (a world of 1)"
+    if choice == "auto" and "torch" not in sys.modules:
+        return None, "torch group: none (the program had not imported torch)"
+    name = "nccl" if device is not None and device.startswith("cuda") else "gloo"
+    spec = registry.backends.get(name)
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        return _missing(choice, f"torch is not installed ({exc})")
+    if not dist.is_available():
+        return _missing(choice, "this torch build has no torch.distributed")
+    if dist.is_initialized():
+        return None, "torch group: the backend made or found one"
+    if spec is None:
+        return _missing(choice, "distcomm-torch is not installed")
+    addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
+    beside = launch.replace(
+        f"derived: rank 0's, over the {comm.backend} communicator",
+        master_addr=addr,
+        master_port=port,
+    )
+    made = spec.factory(beside, timeout=timeout, device=device)
+    logger.info("made torch's default process group (%s) at %s:%s", name, addr, port)
+    return made, f"torch group: {name}, made beside {comm.backend} (rendezvous {addr}:{port})"
+
+
+def _address(launch: LaunchInfo) -> tuple[str, int]:
+    """Rank 0's rendezvous address and a free port on it."""
+    one_node = launch.num_nodes == 1 and launch.local_world_size == launch.world_size
+    if launch.master_addr:
+        host = launch.master_addr
+    else:
+        host = "127.0.0.1" if one_node else socket.gethostbyname(socket.gethostname())
+    return host, free_port("127.0.0.1" if one_node else host)
+
+
+def _missing(choice: str | bool, why: str) -> tuple[None, str]:
+    if choice is True:
+        raise BackendUnavailableError(
+            f"init(torch_group=True) cannot make torch's default process group: {why}. HINT: "
+            "pip install distcomm-torch (it brings torch), or torch_group='auto'.",
+            reason=why,
+        )
+    return None, f"torch group: none ({why})"

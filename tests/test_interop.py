@@ -1,0 +1,53 @@
+"""torch-native libraries right after ``distcomm.init()``: DDP, FSDP, HF Accelerate and
+PyTorch-Ignite in one 2-rank job per launcher (tests/interop_clients.py): ``distcomm run``
+(gloo, which makes torch's default group itself) and ``mpirun`` (mpi, with the group distcomm
+makes beside it). ``srun --mpi=pmi2``: tests/launchers/test_slurm.py. A numpy-only program under
+mpirun makes no group, and does not even import torch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from interop_records import check_interop
+from jobs import run_job
+
+CLIENTS = str(Path(__file__).resolve().parent / "interop_clients.py")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize(("launcher", "backend"), [("distcomm run", "gloo"), ("mpirun", "mpi")])
+def test_torch_native_libraries_work_after_init(
+    launcher: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if launcher == "mpirun":
+        command = [request.getfixturevalue("mpirun"), "-n", "2", sys.executable]
+    else:
+        command = [sys.executable, "-m", "distcomm", "run", "-n", "2"]
+    done = run_job([*command, CLIENTS, str(tmp_path)], cwd=tmp_path, timeout=200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    check_interop(tmp_path, 2, backend)
+
+
+NUMPY_ONLY = """
+import sys
+import numpy as np
+import distcomm
+
+comm = distcomm.init()
+x = np.ones(2)
+distcomm.all_reduce(x)
+print(comm.backend, comm.torch_group, "torch" in sys.modules, x.tolist(), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_a_numpy_only_program_under_mpirun_imports_no_torch(tmp_path: Path, mpirun: str) -> None:
+    script = tmp_path / "numpy_only.py"
+    script.write_text(NUMPY_ONLY)
+    done = run_job([mpirun, "-n", "2", sys.executable, str(script)], cwd=tmp_path, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["mpi None False [2.0, 2.0]"] * 2, done.stdout
