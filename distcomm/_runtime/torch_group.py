@@ -13,7 +13,9 @@ is a GPU) of the torch plugin, so the same code runs under mpirun as under torch
 
 Its rendezvous travels over the communicator just made: rank 0 takes a free port on its address
 (the launch's master address, loopback for a one-node job, else its host's address) and
-broadcasts both, so no launcher variable is needed. ``finalize()`` destroys it (distcomm made it).
+broadcasts both, so no launcher variable is needed. The torch backend makes it as a companion
+(``companion=True``: distcomm's operations never run on it, so it neither publishes progress nor
+reads the store while idle). ``finalize()`` destroys it (distcomm made it).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def make(
         master_addr=addr,
         master_port=port,
     )
-    made = spec.factory(beside, timeout=timeout, device=device)
+    made = spec.factory(beside, timeout=timeout, device=device, companion=True)
     logger.info("made torch's default process group (%s) at %s:%s", name, addr, port)
     return made, f"torch group: {name}, made beside {comm.backend} (rendezvous {addr}:{port})"
 

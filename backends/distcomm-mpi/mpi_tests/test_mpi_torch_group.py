@@ -67,3 +67,21 @@ def test_bad_choices_are_refused_before_any_communication(
     with pytest.raises(distcomm.InvalidArgumentError, match="DISTCOMM_TORCH_GROUP='maybe'"):
         distcomm.init()
     assert not distcomm.is_initialized()
+
+
+@pytest.mark.usefixtures("no_world")
+def test_gloo_under_mpirun_exports_the_rendezvous_it_agreed_over_mpi() -> None:
+    """mpirun gives no master address: gloo agrees on one over MPI, and exports it, so that
+    env:// code that runs later meets at the same place."""
+    comm = distcomm.init(backend="gloo")
+    if comm.world_size == 1:  # a world of 1 meets nowhere: nothing to export
+        assert "MASTER_PORT" not in os.environ
+        return
+    launch = comm.launch  # type: ignore[attr-defined]
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == (
+        launch.master_addr,
+        str(launch.master_port),
+    )
+    assert comm.torch_group is dist.group.WORLD  # type: ignore[attr-defined]
+    distcomm.finalize()
+    assert "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ

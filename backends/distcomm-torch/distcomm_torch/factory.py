@@ -29,9 +29,14 @@ def create(
     *,
     timeout: float = 1800.0,
     device: str | None = None,
+    companion: bool = False,
     **options: Any,
 ) -> TorchCommunicator:
     """Factory of ``gloo`` and ``nccl``: the default communicator for ``launch``.
+
+    ``companion=True`` is distcomm's own, for torch's default group made beside another
+    backend (``init(torch_group=...)``): distcomm's operations never run on it, so it publishes
+    no progress and answers no "where are you?" (which would read the store while idle).
 
     Raises:
         BackendUnavailableError: the rendezvous is impossible (no master address or port), or a
@@ -59,7 +64,7 @@ def create(
         launch=launch,
         timeout=timeout,
         name="world",
-        progress=_progress(),
+        progress=None if companion else _progress(),
     )
     if name == "gloo":
         return GlooCommunicator(None, owns_group=not adopting, **kwargs)
