@@ -119,15 +119,15 @@ def init(
         if hasattr(comm, "debug"):
             comm.debug = debug_policy
         try:
-            beside, why = torch_groups.make(
+            beside, group, why = torch_groups.make(
                 beside_choice, comm, launch, get_registry(), timeout_s, request.device
             )
         except BaseException:
             comm.finalize()
             raise
         trace.append(why)
-        if beside is not None and isinstance(comm, BaseCommunicator):
-            comm.torch_group = beside.native
+        if group is not None and isinstance(comm, BaseCommunicator) and comm.torch_group is None:
+            comm.torch_group = group
         effective = {
             "backend": comm.backend,
             "method": launch.method,

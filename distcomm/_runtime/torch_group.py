@@ -74,22 +74,28 @@ def make(
     registry: Registry,
     timeout: float,
     device: str | None,
-) -> tuple[Communicator | None, str]:
+) -> tuple[Communicator | None, Any, str]:
     """Make torch's default process group beside ``comm`` where ``choice`` says so.
 
     Returns:
-        The torch backend's communicator over the new group (None if none was made), and a
+        The torch backend's communicator over the new group (None if none was made), torch's
+        default group (the new one, or one the program had made; None if there is none), and a
         sentence for the trace saying why.
 
     Raises:
         BackendUnavailableError: ``choice`` is True and torch or distcomm-torch is missing.
     """
+    if getattr(comm, "torch_group", None) is not None:
+        return None, None, "torch group: the backend's own"
+    found = _default_group()
+    if found is not None:
+        return None, found, "torch group: the program's own (left as it is)"
     if choice is False:
-        return None, "torch group: off"
+        return None, None, "torch group: off"
     if comm.world_size == 1:
-        return None, "torch group: none needed (a world of 1)"
+        return None, None, "torch group: none needed (a world of 1)"
     if choice == "auto" and "torch" not in sys.modules:
-        return None, "torch group: none (the program had not imported torch)"
+        return None, None, "torch group: none (the program had not imported torch)"
     name = "nccl" if device is not None and device.startswith("cuda") else "gloo"
     spec = registry.backends.get(name)
     try:
@@ -98,8 +104,6 @@ def make(
         return _missing(choice, f"torch is not installed ({exc})")
     if not dist.is_available():
         return _missing(choice, "this torch build has no torch.distributed")
-    if dist.is_initialized():
-        return None, "torch group: the backend made or found one"
     if spec is None:
         return _missing(choice, "distcomm-torch is not installed")
     addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
@@ -110,7 +114,17 @@ def make(
     )
     made = spec.factory(beside, timeout=timeout, device=device, companion=True)
     logger.info("made torch's default process group (%s) at %s:%s", name, addr, port)
-    return made, f"torch group: {name}, made beside {comm.backend} (rendezvous {addr}:{port})"
+    why = f"torch group: {name}, made beside {comm.backend} (rendezvous {addr}:{port})"
+    return made, dist.group.WORLD, why
+
+
+def _default_group() -> Any:
+    """torch's default process group if the program imported torch and has one, else None."""
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
 
 def _address(launch: LaunchInfo) -> tuple[str, int]:
@@ -123,11 +137,11 @@ def _address(launch: LaunchInfo) -> tuple[str, int]:
     return host, free_port("127.0.0.1" if one_node else host)
 
 
-def _missing(choice: str | bool, why: str) -> tuple[None, str]:
+def _missing(choice: str | bool, why: str) -> tuple[None, None, str]:
     if choice is True:
         raise BackendUnavailableError(
             f"init(torch_group=True) cannot make torch's default process group: {why}. HINT: "
             "pip install distcomm-torch (it brings torch), or torch_group='auto'.",
             reason=why,
         )
-    return None, f"torch group: none ({why})"
+    return None, None, f"torch group: none ({why})"

@@ -61,18 +61,20 @@ def test_no_group_when_off_alone_or_torch_not_imported(monkeypatch: pytest.Monke
     registry = Registry()
     assert torch_group.make(False, World(), LAUNCH, registry, 60, None) == (
         None,
+        None,
         "torch group: off",
     )
-    made, why = torch_group.make(True, World(size=1), LAUNCH, registry, 60, None)
-    assert made is None and "a world of 1" in why
+    made, group, why = torch_group.make(True, World(size=1), LAUNCH, registry, 60, None)
+    assert made is None and group is None and "a world of 1" in why
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    made, why = torch_group.make("auto", World(), LAUNCH, registry, 60, None)
-    assert made is None and "had not imported torch" in why
+    made, group, why = torch_group.make("auto", World(), LAUNCH, registry, 60, None)
+    assert made is None and group is None and "had not imported torch" in why
     assert "torch" not in sys.modules, "auto imported torch for a program that had not"
 
 
 def test_asked_for_without_the_torch_plugin_says_what_to_install() -> None:
     with pytest.raises(BackendUnavailableError, match="pip install distcomm-torch"):
         torch_group.make(True, World(), LAUNCH, Registry(), 60, None)
-    made, why = torch_group.make("auto", World(), LAUNCH, Registry(), 60, None)
-    assert made is None and why == "torch group: none (distcomm-torch is not installed)"
+    made, group, why = torch_group.make("auto", World(), LAUNCH, Registry(), 60, None)
+    assert (made, group) == (None, None)
+    assert why == "torch group: none (distcomm-torch is not installed)"

@@ -85,3 +85,28 @@ def test_gloo_under_mpirun_exports_the_rendezvous_it_agreed_over_mpi() -> None:
     assert comm.torch_group is dist.group.WORLD  # type: ignore[attr-defined]
     distcomm.finalize()
     assert "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ
+
+
+@pytest.mark.usefixtures("no_world")
+def test_a_group_the_program_made_is_used_and_left_alone() -> None:
+    """torch's default group made by the program before ``init(backend="mpi")``: it is
+    ``comm.torch_group``, and ``finalize()`` does not destroy it (distcomm did not make it)."""
+    from mpi4py import MPI
+
+    from distcomm.backend import free_port
+
+    world = MPI.COMM_WORLD
+    port = world.bcast(free_port() if world.Get_rank() == 0 else None, root=0)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=world.Get_rank(),
+        world_size=world.Get_size(),
+    )
+    try:
+        comm = distcomm.init(backend="mpi")
+        assert comm.torch_group is dist.group.WORLD  # type: ignore[attr-defined]
+        distcomm.finalize()
+        assert dist.is_initialized(), "finalize() destroyed the program's own group"
+    finally:
+        dist.destroy_process_group()
