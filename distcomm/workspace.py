@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm import _value_codecs as codecs
+from distcomm._files import private_folders
 from distcomm._runtime.collectives import resolve_group
 from distcomm._sharing import Failure
 from distcomm.errors import InvalidArgumentError
@@ -270,7 +271,7 @@ def _write(
 ) -> _Note:
     meta, data = codec.encode(value)
     if shared_dir:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        private_folders(folder)
     name = f"distcomm-{_job(comm)}-c{next(_calls)}-r{comm.rank}-{secrets.token_hex(4)}"
     path = os.path.join(folder, name)
     temporary = path + ".part"

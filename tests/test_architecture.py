@@ -47,6 +47,7 @@ LAYERS = (
         "distcomm.protocol",
         "distcomm._logs",
         "distcomm._measures",
+        "distcomm._files",
         "distcomm._version",
     ),
     ("distcomm.environment",),

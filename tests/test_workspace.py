@@ -83,6 +83,39 @@ def test_files_are_private_atomic_and_named_for_the_job(monkeypatch: pytest.Monk
     assert workspace.live_files() == []
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["shared-memory", "shared-directory"])
+def test_private_on_creation_whatever_the_umask(
+    shared: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files 0600 and a folder made for a shared directory 0700 when created, under the most
+    permissive umask (0): never created open and closed after."""
+    modes: list[int] = []
+    real_write = os.write
+
+    def watching_write(fd: int, data: Any) -> int:
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(workspace.os, "write", watching_write)
+    folder = tmp_path / "new" / "exchange"
+    previous = os.umask(0)
+    try:
+
+        def body() -> list[Any]:
+            where = str(folder) if shared else None
+            return workspace.gather_objects({"rank": distcomm.get_rank()}, directory=where)
+
+        results = run_threads(body, 2, timeout=30)
+    finally:
+        os.umask(previous)
+    assert results[0] == [{"rank": 0}, {"rank": 1}]
+    assert modes and set(modes) == {0o600}, modes
+    if shared:  # the folder and the one made above it
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+    assert workspace.live_files() == []
+
+
 def test_cleanup_at_exit_and_on_sigterm(tmp_path: Path) -> None:
     """A file still live when the process ends is removed; SIGTERM still ends the process."""
     script = textwrap.dedent(

@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import IO, Any, TextIO
 
+from distcomm._files import private_folders
 from distcomm._plugins.loader import check_backend
 from distcomm._processes import failures
-from distcomm._processes.variables import exit_status, launch_variables
+from distcomm._processes.variables import exit_status, launch_variables, new_run_id
 from distcomm.backend.ports import free_port
 from distcomm.errors import InvalidArgumentError
 
@@ -122,7 +123,7 @@ def run(
 def _open_logs(log_dir: str | os.PathLike[str], nprocs: int) -> list[IO[bytes]]:
     """``log_dir/rank-N.log`` for every rank, created 0600 (the folder 0700 when made here)."""
     try:
-        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        private_folders(log_dir)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
         return [
             os.fdopen(os.open(os.path.join(log_dir, f"rank-{rank}.log"), flags, 0o600), "wb")
@@ -223,11 +224,12 @@ class _Job:
         self.signals.append(signum)
 
     def _start(self) -> None:
-        port = free_port()
+        port, run = free_port(), new_run_id()
         for rank in range(self.nprocs):
             if self.signals:
                 return
-            env = {**os.environ, **launch_variables(rank, self.nprocs, port, self.backend)}
+            variables = launch_variables(rank, self.nprocs, port, self.backend, run)
+            env = {**os.environ, **variables}
             env[_REPORTS] = self.reports
             proc = subprocess.Popen(
                 self.argv,

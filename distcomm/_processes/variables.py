@@ -6,16 +6,24 @@ and flame's ``run_local`` (:mod:`distcomm._processes.workers`).
 
 from __future__ import annotations
 
+import uuid
+
 __all__ = ["exit_status", "launch_variables"]
 
 
 def launch_variables(
-    rank: int, nprocs: int, master_port: int, backend: str | None = None
+    rank: int,
+    nprocs: int,
+    master_port: int,
+    backend: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, str]:
     """The variables that make a process rank ``rank`` of a single-node job of ``nprocs``.
 
     They are what torchrun sets on one node (read by distcomm's ``env`` detection), plus
-    ``PYTHONUNBUFFERED=1`` and, when ``backend`` is given, ``DISTCOMM_BACKEND``.
+    ``PYTHONUNBUFFERED=1``, when ``backend`` is given ``DISTCOMM_BACKEND``, and when ``run_id``
+    is given ``DISTCOMM_RUN_ID`` (the job's identity at its rendezvous: a process of another
+    run that reaches it fails at once, naming both).
     """
     variables = {
         "RANK": str(rank),
@@ -34,7 +42,14 @@ def launch_variables(
     }
     if backend is not None:
         variables["DISTCOMM_BACKEND"] = backend
+    if run_id is not None:
+        variables["DISTCOMM_RUN_ID"] = run_id
     return variables
+
+
+def new_run_id() -> str:
+    """A fresh identity for one run of ``distcomm run`` or ``spawn``."""
+    return uuid.uuid4().hex[:12]
 
 
 def exit_status(returncode: int) -> int:

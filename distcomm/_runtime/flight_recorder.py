@@ -26,6 +26,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from distcomm._files import private_folders
 from distcomm.backend import aborts
 from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, NotInitializedError
@@ -92,7 +93,7 @@ class FlightRecorder:
             "dumped": time.time(),
             "entries": entries,
         }
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        private_folders(os.path.dirname(self.path))
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         with os.fdopen(os.open(self.path + ".tmp", flags, 0o600), "w", encoding="utf-8") as out:
             json.dump(document, out)

@@ -16,7 +16,7 @@ from distcomm.errors import EnvironmentDetectionError
 
 __all__ = ["detect"]
 
-_JOB_ID_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+_JOB_ID_VARIABLES = ("DISTCOMM_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 #: What torchrun puts in TORCHELASTIC_RUN_ID when no --rdzv-id is given: no id at all.
 _NO_RUN_ID = "none"
 #: TORCHELASTIC_USE_AGENT_STORE values that mean torchrun's agent serves the store (it sets True).
@@ -88,7 +88,8 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
 
 
 def _job_id(environ: Mapping[str, str]) -> tuple[str, str | None]:
-    """Return ``(source, job id)``: TORCHELASTIC_RUN_ID (unless torchrun's "none"), SLURM_JOB_ID."""
+    """Return ``(source, job id)``: DISTCOMM_RUN_ID (``distcomm run``'s, ``spawn``'s),
+    TORCHELASTIC_RUN_ID (unless torchrun's "none"), SLURM_JOB_ID."""
     for name in _JOB_ID_VARIABLES:
         value = read_text(environ, name)
         if value is not None and value != _NO_RUN_ID:

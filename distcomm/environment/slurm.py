@@ -89,6 +89,8 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
     port, sources["master_port"] = master_port(environ)
     job_id = read_text(environ, "SLURM_JOB_ID")
     sources["job_id"] = "SLURM_JOB_ID" if job_id is not None else "default"
+    if job_id is not None:  # two steps of one job are two worlds: the step is part of it
+        job_id, sources["job_id"] = f"{job_id}.{step}", "derived: SLURM_JOB_ID.SLURM_STEP_ID"
     reason = f"srun task step (SLURM_STEP_ID={step!r}, SLURM_PROCID set)"
     wireup = None
     if mpi is not None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from distcomm._plugins.loader import check_backend
-from distcomm._processes.variables import launch_variables
+from distcomm._processes.variables import launch_variables, new_run_id
 from distcomm._processes.workers import run_processes
 from distcomm.backend.ports import free_port
 from distcomm.errors import InvalidArgumentError
@@ -70,12 +70,12 @@ def spawn(
             f"timeout={timeout!r} must be a positive number of seconds. HINT: the default is 120."
         )
     name = check_backend(backend)
-    port = free_port()
+    port, run = free_port(), new_run_id()
     return run_processes(
         fn,
         nprocs,
         args,
-        variables=lambda rank: launch_variables(rank, nprocs, port, name),
+        variables=lambda rank: launch_variables(rank, nprocs, port, name, run),
         backend=name,
         timeout=timeout,
     )

@@ -41,12 +41,12 @@ PRECEDENCE = [
     ),
     pytest.param(
         srun_task(1, 1, 0, 2, "n1", "2", 1, PMI_RANK="1", PMI_SIZE="2"),
-        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234", "PMI_SIZE=2"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234.0", "PMI_SIZE=2"),
         id="srun-mpi-pmi2",
     ),
     pytest.param(
         srun_task(1, 1, 0, 2, "n1", "2", 1, PMIX_RANK="1"),
-        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "n1", 16234, "1234.0"),
         id="srun-mpi-pmix",
     ),
     pytest.param(

@@ -10,42 +10,42 @@ from distcomm._runtime.detection import detect_environment
 DETECTED = [
     pytest.param(
         srun_task(4, 0, 2, 6, "node[01-03]", "2(x3)", 3),
-        launch("slurm", 4, 6, 0, 2, 2, 3, "node01", 16234, "1234"),
+        launch("slurm", 4, 6, 0, 2, 2, 3, "node01", 16234, "1234.0"),
         id="srun-node01-03",
     ),
     pytest.param(
         srun_task(6, 0, 3, 7, "a,b[1-2],c", "2(x3),1", 4),
-        launch("slurm", 6, 7, 0, 1, 3, 4, "a", 16234, "1234"),
+        launch("slurm", 6, 7, 0, 1, 3, 4, "a", 16234, "1234.0"),
         id="srun-a-b12-c-last",
     ),
     pytest.param(
         srun_task(3, 1, 1, 7, "a,b[1-2],c", "2(x3),1", 4, job_id="987654"),
-        launch("slurm", 3, 7, 1, 2, 1, 4, "a", 22654, "987654"),
+        launch("slurm", 3, 7, 1, 2, 1, 4, "a", 22654, "987654.0"),
         id="srun-a-b12-c-mid",
     ),
     pytest.param(
         srun_task(1, 1, 0, 7, "a,b[1-2],c", "2(x3),1", 4),
-        launch("slurm", 1, 7, 1, 2, 0, 4, "a", 16234, "1234"),
+        launch("slurm", 1, 7, 1, 2, 0, 4, "a", 16234, "1234.0"),
         id="srun-a-b12-c-first",
     ),
     pytest.param(
         srun_task(1, 0, 1, 2, "linux[1,2]", "1(x2)", 2),
-        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 16234, "1234"),
+        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 16234, "1234.0"),
         id="srun-linux12",
     ),
     pytest.param(
         srun_task(3, 1, 1, 7, "nodeA,nodeB[001,003],nodeC", "2(x3),1", 4),
-        launch("slurm", 3, 7, 1, 2, 1, 4, "nodeA", 16234, "1234"),
+        launch("slurm", 3, 7, 1, 2, 1, 4, "nodeA", 16234, "1234.0"),
         id="srun-nodeB001",
     ),
     pytest.param(
         srun_task(5, 1, 1, 8, "gpu-[1-2]-ib", "4(x2)", 2),
-        launch("slurm", 5, 8, 1, 4, 1, 2, "gpu-1-ib", 16234, "1234"),
+        launch("slurm", 5, 8, 1, 4, 1, 2, "gpu-1-ib", 16234, "1234.0"),
         id="srun-gpu-ib",
     ),
     pytest.param(
         srun_task(2, 0, 2, 4, "x[1-2]y[3-4]", "1(x4)", 4),
-        launch("slurm", 2, 4, 0, 1, 2, 4, "x1y3", 16234, "1234"),
+        launch("slurm", 2, 4, 0, 1, 2, 4, "x1y3", 16234, "1234.0"),
         id="srun-xy",
     ),
     pytest.param(
@@ -59,7 +59,7 @@ DETECTED = [
             "SLURM_TASKS_PER_NODE": "1(x2)",
             "SLURM_JOB_ID": "10000",
         },
-        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 15000, "10000"),
+        launch("slurm", 1, 2, 0, 1, 1, 2, "linux1", 15000, "10000.3"),
         id="srun-old-variables",
     ),
     pytest.param(
@@ -76,7 +76,7 @@ DETECTED = [
     ),
     pytest.param(
         srun_task(1, 1, 0, 2, "n1", "2", 1, MASTER_ADDR="10.0.0.7", MASTER_PORT="2345"),
-        launch("slurm", 1, 2, 1, 2, 0, 1, "10.0.0.7", 2345, "1234"),
+        launch("slurm", 1, 2, 1, 2, 0, 1, "10.0.0.7", 2345, "1234.0"),
         id="srun-master-override",
     ),
 ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from distcomm._processes.variables import launch_variables
+from distcomm._processes.variables import launch_variables, new_run_id
 
 
 def test_launch_variables() -> None:
-    assert launch_variables(1, 4, 29500, "gloo") == {
+    assert launch_variables(1, 4, 29500, "gloo", "0123abcd") == {
         "RANK": "1",
         "WORLD_SIZE": "4",
         "LOCAL_RANK": "1",
@@ -19,5 +19,12 @@ def test_launch_variables() -> None:
         "DISTCOMM_RUN_REPORTS": "",
         "PYTHONUNBUFFERED": "1",
         "DISTCOMM_BACKEND": "gloo",
+        "DISTCOMM_RUN_ID": "0123abcd",
     }
     assert "DISTCOMM_BACKEND" not in launch_variables(0, 1, 29500)
+    assert "DISTCOMM_RUN_ID" not in launch_variables(0, 1, 29500)
+
+
+def test_each_run_has_its_own_id() -> None:
+    ids = {new_run_id() for _ in range(100)}
+    assert len(ids) == 100 and all(len(i) == 12 for i in ids)

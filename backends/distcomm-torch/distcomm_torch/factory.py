@@ -155,6 +155,12 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> Laun
         traceback.clear_frames(exc.__traceback__)
         del store
         raise error from exc
+    if launch.world_size > 1:
+        try:
+            rendezvous.confirm(name, launch, store, f"{launch.master_addr}:{launch.master_port}")
+        except BaseException:
+            dist.destroy_process_group()
+            raise
     return launch
 
 

@@ -7,11 +7,18 @@ to accept connections (so that an unreachable master ends at the timeout with a 
 naming rank 0, not with torch's retries and C++ message), then connect. Each rank marks its
 arrival in the store; when torch's rendezvous times out, the ranks without a mark are the ones
 named as missing.
+
+Only the job's own ranks meet (:mod:`distcomm.backend.claims`): the store records the job of the
+process that serves it, each rank claims its rank with an atomic add, and a rank of another job,
+or a second claim of one rank, fails at once (and makes the others of this rendezvous fail when
+they confirm it, after torch's). A store for a one-node job (a loopback master address) listens
+on loopback only: nothing of a single-node job can be reached from another machine.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import socket
 import time
 from typing import Any
@@ -19,12 +26,17 @@ from typing import Any
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
-from distcomm.backend import free_port
+from distcomm.backend import claims, free_port
 from distcomm.errors import DistcommError
 
-__all__ = ["failed", "open_store"]
+__all__ = ["confirm", "failed", "open_store"]
 
 _ARRIVED = "distcomm/arrived/"
+_CLAIMED = "distcomm/claimed/"
+_DUPLICATE = "distcomm/duplicate"
+_JOB = "distcomm/job"
+#: Seconds a rank waits, after torch's rendezvous, for a second claim of a rank to show.
+_SETTLE = 0.1
 
 
 def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: float) -> Any:
@@ -40,6 +52,8 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
     if not serves:
         _wait_for_master(name, launch, addr, port, timeout, deadline)
     try:
+        listening = _loopback_socket(addr, port) if serves else None
+        server: dict[str, Any] = {} if listening is None else {"master_listen_fd": listening}
         store = dist.TCPStore(  # type: ignore[attr-defined]  # re-exported from torch._C
             addr,
             port,
@@ -47,6 +61,7 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
             serves,
             timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
             wait_for_workers=False,
+            **server,
         )
     except (RuntimeError, OSError) as exc:
         role = "serve" if serves else "reach"
@@ -66,9 +81,68 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
             backend=name,
             reason=str(exc),
         ) from exc
+    _claim(name, launch, store, f"{addr}:{port}")
     store.set(f"{_ARRIVED}{launch.rank}", "1")
     store.set_timeout(datetime.timedelta(seconds=timeout))
     return store
+
+
+def _loopback_socket(addr: str, port: int) -> int | None:
+    """A socket listening at ``addr:port`` for the store's server, when ``addr`` is a loopback
+    address (its descriptor, which the server takes over); None otherwise (torch's server
+    listens on every interface, as a multi-node job needs)."""
+    try:
+        if not ipaddress.ip_address(addr).is_loopback:
+            return None
+    except ValueError:
+        if addr != "localhost":
+            return None
+        addr = "127.0.0.1"
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def _claim(name: str, launch: LaunchInfo, store: Any, where: str) -> None:
+    """Claim this rank (and the rendezvous, for this job) in ``store``; see the module docstring.
+
+    Under torchrun's agent store nothing is claimed: torchrun's own rendezvous admitted these
+    workers, and its store outlives a restart of them (whose claims would look like a second).
+
+    Raises:
+        BackendUnavailableError: the store is another job's, or another process has this rank.
+    """
+    if launch.agent_store:
+        return
+    if launch.job_id:
+        owner = bytes(store.compare_set(_JOB, "", launch.job_id)).decode(errors="replace")
+        if owner != launch.job_id:
+            raise claims.other_job(name, where, launch.rank, launch.job_id, owner)
+    if int(store.add(f"{_CLAIMED}{launch.rank}", 1)) > 1:
+        store.set(_DUPLICATE, str(launch.rank))
+        raise claims.duplicate_rank(name, where, launch.rank)
+
+
+def confirm(name: str, launch: LaunchInfo, store: Any, where: str) -> None:
+    """After torch's rendezvous: fail if a rank of it was claimed twice meanwhile (this process
+    then met a process of another job).
+
+    Raises:
+        BackendUnavailableError: a second claim of a rank was seen.
+    """
+    if launch.agent_store:
+        return
+    time.sleep(_SETTLE)
+    if store.check([_DUPLICATE]):
+        rank = int(bytes(store.get(_DUPLICATE)).decode())
+        raise claims.duplicate_rank(name, where, rank)
 
 
 def failed(

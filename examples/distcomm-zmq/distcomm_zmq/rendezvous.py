@@ -5,6 +5,10 @@ a DEALER socket there and says ``(rank, its inbox address)``; once all have, ran
 with the full table. Everything comes from the :class:`~distcomm.backend.LaunchInfo` the backend
 is given (no environment reading here). A rank missing at the deadline makes rank 0 fail naming
 it; a rank that hears nothing names rank 0.
+
+Only the job's own ranks meet (the kit's :mod:`distcomm.backend.claims`): a rank says its job
+id too, and rank 0 turns away a rank of another job (it fails naming both ids); a rank claimed
+twice ends the rendezvous for every process in it, with the kit's error.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from distcomm.backend import LaunchInfo
-from distcomm.errors import DistTimeoutError, InvalidArgumentError
+from distcomm.backend import LaunchInfo, claims
+from distcomm.errors import BackendUnavailableError, DistTimeoutError, InvalidArgumentError
 
 __all__ = ["bind_inbox", "exchange", "is_loopback", "single_node"]
 
@@ -82,13 +86,14 @@ def exchange(
         )
     address = f"tcp://{launch.master_addr}:{launch.master_port}"
     if launch.rank == 0:
-        return _collect(context, address, endpoint, launch.world_size, timeout)
-    return _report(context, address, endpoint, launch.rank, timeout)
+        return _collect(context, address, endpoint, launch, timeout)
+    return _report(context, address, endpoint, launch, timeout)
 
 
 def _collect(
-    context: zmq.Context[Any], address: str, endpoint: str, size: int, timeout: float
+    context: zmq.Context[Any], address: str, endpoint: str, launch: LaunchInfo, timeout: float
 ) -> list[str]:
+    size, where = launch.world_size, address.removeprefix("tcp://")
     router = context.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 1000)
     try:
@@ -114,7 +119,16 @@ def _collect(
                     missing_ranks=missing,
                 )
             sender, message = router.recv_multipart()
-            rank, theirs = json.loads(message)
+            rank, theirs, job = json.loads(message)
+            if launch.job_id and job and job != launch.job_id:  # turned away; rank 0 goes on
+                error = claims.other_job("zmq", where, rank, job, launch.job_id)
+                router.send_multipart((sender, json.dumps({"error": str(error)}).encode()))
+                continue
+            if table[rank] is not None:  # everyone in this rendezvous fails
+                error = claims.duplicate_rank("zmq", where, rank)
+                for each in [*senders, sender]:
+                    router.send_multipart((each, json.dumps({"error": str(error)}).encode()))
+                raise error
             table[rank] = theirs
             senders.append(sender)
         reply = json.dumps(table).encode()
@@ -126,13 +140,14 @@ def _collect(
 
 
 def _report(
-    context: zmq.Context[Any], address: str, endpoint: str, rank: int, timeout: float
+    context: zmq.Context[Any], address: str, endpoint: str, launch: LaunchInfo, timeout: float
 ) -> list[str]:
+    rank = launch.rank
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     try:
         dealer.connect(address)
-        dealer.send(json.dumps([rank, endpoint]).encode())
+        dealer.send(json.dumps([rank, endpoint, launch.job_id]).encode())
         if not dealer.poll(int(timeout * 1000)):
             raise DistTimeoutError(
                 f"backend 'zmq': rank {rank} got no address table from rank 0's rendezvous at "
@@ -141,7 +156,10 @@ def _report(
                 "check that every rank was started and reaches the master address (MASTER_ADDR).",
                 op="rendezvous",
             )
-        table: list[str] = json.loads(dealer.recv())
+        answer = json.loads(dealer.recv())
+        if isinstance(answer, dict):  # turned away: another job's, or a rank claimed twice
+            raise BackendUnavailableError(answer["error"], backend="zmq", reason="rendezvous")
+        table: list[str] = answer
         return table
     finally:
         dealer.close()

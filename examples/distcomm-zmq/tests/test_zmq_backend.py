@@ -144,3 +144,56 @@ def test_a_timeout_shows_where_the_late_ranks_are(
         assert "ranks that had not arrived: [1, 3]" in message, message
         assert "  ranks 1, 3:" in message and "in load_a_huge_shard" in message, message
     assert said[1::2] == [None, None]
+
+
+def test_the_rendezvous_accepts_only_its_own_job_s_ranks() -> None:
+    """Rank 0 turns away a rank of another job (it fails naming both ids) and goes on; a rank
+    claimed twice ends the rendezvous for everyone in it (the kit's errors, in one process:
+    the ranks are threads with inproc inboxes)."""
+    import threading
+
+    import zmq
+    from distcomm_zmq.rendezvous import exchange
+
+    from distcomm.backend import free_port
+    from distcomm.errors import BackendUnavailableError
+
+    context = zmq.Context()
+    results: dict[str, Any] = {}
+
+    def join(name: str, rank: int, size: int, port: int, job: str | None) -> None:
+        launch = LaunchInfo("env", rank, size, rank, size, 0, 1, "127.0.0.1", port, job_id=job)
+        try:
+            results[name] = exchange(context, launch, f"inproc://{name}", 20)
+        except Exception as exc:
+            results[name] = exc
+
+    def in_thread(*args: Any) -> threading.Thread:
+        thread = threading.Thread(target=join, args=args)
+        thread.start()
+        time.sleep(0.3)  # in this order
+        return thread
+
+    try:
+        port = free_port()
+        threads = [in_thread("a0", 0, 2, port, "A"), in_thread("b1", 1, 2, port, "B")]
+        threads.append(in_thread("a1", 1, 2, port, "A"))
+        for thread in threads:
+            thread.join(30)
+        assert isinstance(results["b1"], BackendUnavailableError), results
+        assert f"rank 1 of job 'B' reached the rendezvous of job 'A' at 127.0.0.1:{port}" in (
+            str(results["b1"])
+        )
+        assert results["a0"] == results["a1"] == ["inproc://a0", "inproc://a1"]
+
+        port = free_port()  # no job ids: a second claim of rank 1 fails everyone there
+        threads = [
+            in_thread(f"{n}", r, 3, port, None) for n, r in (("x0", 0), ("x1", 1), ("y1", 1))
+        ]
+        for thread in threads:
+            thread.join(30)
+        for name in ("x0", "x1", "y1"):
+            assert isinstance(results[name], BackendUnavailableError), results
+            assert f"two processes claim rank 1 at 127.0.0.1:{port}" in str(results[name])
+    finally:
+        context.destroy(linger=0)
