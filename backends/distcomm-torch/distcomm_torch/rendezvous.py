@@ -18,6 +18,7 @@ on loopback only: nothing of a single-node job can be reached from another machi
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import socket
 import time
@@ -215,5 +216,7 @@ def _not_arrived(store: Any, size: int) -> list[int] | None:
 
 
 def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in errno.errorcode and exc.strerror:
+        return f"{errno.errorcode[exc.errno]}: {exc.strerror}"  # as torch's own: EADDRINUSE
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
