@@ -102,7 +102,6 @@ class StoreProgress:
     def release(self, comm: Any) -> None:
         """Stop answering if ``comm``, being finalized, is the one answered for."""
         if self._owner is not None and self._owner() is comm:
-            monitor.unwatch(self)
             self._leave()
 
     def monitor_tick(self, now: float) -> None:
