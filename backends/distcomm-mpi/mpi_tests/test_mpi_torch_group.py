@@ -15,6 +15,8 @@ import torch.distributed as dist
 
 import distcomm
 
+pytestmark = pytest.mark.mpi  # the launcher's variables stay: init() sees the MPI job
+
 
 @pytest.fixture
 def no_world() -> Iterator[None]:
@@ -27,7 +29,10 @@ def no_world() -> Iterator[None]:
 
 @pytest.mark.usefixtures("no_world")
 def test_auto_makes_torch_s_default_group_beside_mpi() -> None:
+    from mpi4py import MPI
+
     comm = distcomm.init()
+    assert comm.world_size == MPI.COMM_WORLD.Get_size(), "init() did not see the MPI job"
     if comm.world_size == 1:  # a world of 1 needs none
         assert comm.torch_group is None and not dist.is_initialized()  # type: ignore[attr-defined]
         return
