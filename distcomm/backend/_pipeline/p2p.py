@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from distcomm.backend._pipeline.steps import Steps
-from distcomm.errors import InvalidArgumentError, NotSupportedError
+from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.protocol import Work
 
 __all__ = ["PointToPoint"]
@@ -60,6 +60,8 @@ class PointToPoint(Steps):
         """Start a message; an engine exception becomes EngineError."""
         try:
             work: Work = primitive(*args)
+        except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists
+            raise
         except self.engine_errors as exc:
             raise self.engine_failed(op, None, exc) from exc
         return work

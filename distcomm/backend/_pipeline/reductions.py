@@ -20,6 +20,7 @@ from distcomm.backend.arrays import (
     check_op_dtype,
     normalise_bool_op,
 )
+from distcomm.errors import DistcommError
 from distcomm.protocol import ReduceOp, Work
 
 __all__ = ["Reductions"]
@@ -45,6 +46,8 @@ class Reductions(Steps):
                 self.blocked_seq = self.seq = seq
                 try:
                     done = plain(tensor)
+                except DistcommError:  # distcomm's own: never wrapped as an engine's
+                    raise
                 except self.engine_errors as exc:
                     raise self.engine_failed("all_reduce", self.seq, exc) from exc
                 finally:

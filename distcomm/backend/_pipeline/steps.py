@@ -188,6 +188,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
         if async_op:
             try:
                 return primitive(*args, True)
+            except DistcommError:  # distcomm's own (a timeout): never wrapped, whatever
+                raise  # engine_errors lists (an OSError there catches DistTimeoutError)
             except self.engine_errors as exc:
                 raise self.engine_failed(self.op, self.seq, exc) from exc
         self.blocked_seq = self.seq
@@ -195,6 +197,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
             work = primitive(*args, False)
             if work is not None:
                 work.wait()
+        except DistcommError:
+            raise
         except self.engine_errors as exc:
             raise self.engine_failed(self.op, self.seq, exc) from exc
         finally:
