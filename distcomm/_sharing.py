@@ -17,7 +17,7 @@ from typing import Any
 
 from distcomm._runtime.collectives import resolve_group
 from distcomm.backend._pipeline import objects
-from distcomm.backend._pipeline.agreement import call_site
+from distcomm.backend._pipeline.history import call_site
 from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
 from distcomm.errors import InvalidArgumentError, MainOnlyCollectiveError, RankFailedError
 from distcomm.protocol import Communicator

@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any
 
+from distcomm.backend._pipeline.divergence import Timeline, first_divergence
+
 __all__ = ["analyse", "load"]
 
 
@@ -53,24 +55,27 @@ def _divergence(
 ) -> list[str]:
     """The first seq at which the members called different operations, else who stopped early."""
     seqs = sorted({seq for calls in ranks.values() for seq in calls})
-    common = max(min(calls) for calls in ranks.values()) if ranks else 0
-    for seq in seqs:
-        if seq < common:
-            continue  # before some rank's ring starts: not comparable
-        ops = {rank: calls[seq]["op"] for rank, calls in ranks.items() if seq in calls}
-        if len(set(ops.values())) > 1:
-            counts = collections.Counter(ops.values())
-            usual = counts.most_common(1)[0][0]
-            odd = {rank: op for rank, op in ops.items() if op != usual}
-            most = sorted(rank for rank, op in ops.items() if op == usual)
-            where = "; ".join(
-                f"rank {rank} called {op} ({ranks[rank][seq].get('site') or '?'})"
-                for rank, op in sorted(odd.items())
-            )
-            return [
-                f"{name}: the ranks diverge at operation #{seq}: ranks {most} called {usual}; "
-                f"{where}. The odd rank(s) skipped or added a collective before this one."
-            ]
+    found = first_divergence(
+        {
+            rank: Timeline(runs=[(seq, calls[seq]["op"]) for seq in sorted(calls)], end=max(calls))
+            for rank, calls in ranks.items()
+        }
+    )
+    if found is not None:
+        seq = found.seq
+        ops = {rank: op for rank, op in found.keys.items() if op is not None}
+        counts = collections.Counter(ops.values())
+        usual = counts.most_common(1)[0][0]
+        odd = {rank: op for rank, op in ops.items() if op != usual}
+        most = sorted(rank for rank, op in ops.items() if op == usual)
+        where = "; ".join(
+            f"rank {rank} called {op} ({ranks[rank][seq].get('site') or '?'})"
+            for rank, op in sorted(odd.items())
+        )
+        return [
+            f"{name}: the ranks diverge at operation #{seq}: ranks {most} called {usual}; "
+            f"{where}. The odd rank(s) skipped or added a collective before this one."
+        ]
     last = {rank: max(calls) for rank, calls in ranks.items()}
     top = max(last.values())
     early = {rank: seq for rank, seq in last.items() if seq < top}

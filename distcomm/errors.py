@@ -121,13 +121,20 @@ class EngineError(OperationError, RuntimeError):
 
 
 class CollectiveMismatchError(OperationError, ValueError):
-    """The ranks of a group called different collectives at one operation: another op, dtype,
-    element count, root or reduce op. The operation was not run, and the communicator can
-    still be used (see OperationError's attributes).
+    """The ranks of a group called different collectives: another op, dtype, element count,
+    root or reduce op, or one rank a collective where another called none. ``seq`` is the
+    **first** operation at which they differ (see OperationError's attributes). Found before
+    any rank ran it, the operation was not run and the communicator can still be used;
+    otherwise ``ran`` says which operations ran with mismatched calls, and the communicator is
+    retired.
 
     Attributes:
         table: one row per rank of the group, in rank order: a dict with ``op``, ``shape``,
-            ``dtype``, ``numel``, ``root``, ``reduce_op`` and ``site`` (the call's file:line).
+            ``dtype``, ``numel``, ``root``, ``reduce_op`` and ``site`` (the call's file:line;
+            for calls made earlier, where that call was first made), all None with a ``note``
+            for a rank that made no collective there.
+        ran: ``(first, last)``: the operations that ran on some rank after the ranks parted
+            (their results may be wrong), or None when none did.
     """
 
     def __init__(
@@ -138,9 +145,11 @@ class CollectiveMismatchError(OperationError, ValueError):
         op: str | None = None,
         seq: int | None = None,
         group: str | None = None,
+        ran: tuple[int, int] | None = None,
     ):
         super().__init__(message, op=op, seq=seq, group=group)
         self.table = [dict(row) for row in table]
+        self.ran = ran
 
 
 class MainOnlyCollectiveError(OperationError, RuntimeError):

@@ -3,7 +3,9 @@
 - a hook that counts the collectives and the bytes they move;
 - the mismatch check: rank 0's batch is larger than the others';
 - the main-only guard: a collective inside ``main_process_only``;
-- ``assert_same``: one rank's weights drifted.
+- ``assert_same``: one rank's weights drifted;
+- a mismatch late in the job, between kinds of calls the ranks made before (nothing local can
+  tell): the barrier after it names the first diverging operation and those that ran with it.
 
     distcomm run -n 2 examples/debugging.py        (gloo; mpirun -n 2 python ... for mpi)
 
@@ -57,4 +59,14 @@ try:
     distcomm.assert_same(weights, what="weights after step 1")
 except distcomm.NotSameError as exc:
     print(f"rank {rank}: NotSameError: ranks {exc.ranks} differ in {exc.keys}")
+
+for step in range(200):  # a bug at step 150: rank 1 takes the max where the others sum
+    op = "max" if step == 0 or (rank == 1 and step == 150) else "sum"
+    distcomm.all_reduce(np.zeros(4, dtype=np.float32), op=op)
+try:
+    distcomm.barrier()
+except distcomm.CollectiveMismatchError as exc:
+    assert exc.ran is not None
+    first, last = exc.ran
+    print(f"rank {rank}: late mismatch at #{exc.seq}; #{first} to #{last} ran after it")
 distcomm.finalize()

@@ -29,6 +29,11 @@ def job_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
 
 
+def dev_shm_names() -> set[str]:
+    """The names in /dev/shm now: a job that distcomm ended must leave the same set behind."""
+    return set(os.listdir("/dev/shm"))
+
+
 def find_mpirun() -> str | None:
     """The path of ``mpirun``, the venv's MPICH first; None where there is none."""
     return shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")

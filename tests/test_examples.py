@@ -71,10 +71,12 @@ def test_debugging_example_catches_each_bug() -> None:
         "[rank 0] rank 0: MainOnlyCollectiveError: barrier inside main_process_only "
         "'save_checkpoint'",
         """[rank 0] rank 0: NotSameError: ranks [1] differ in ["['layer.bias']"]""",
+        "[rank 0] rank 0: late mismatch at #156; #156 to #205 ran after it",
         "[rank 0] rank 0: mismatch at #3: element counts by rank [6, 4]",
         "[rank 0] rank 0: the hook saw 2 collectives, 4000 tensor bytes",
         "[rank 1] rank 1: NotSameError: ranks [1] differ in [\"['layer.bias']\"]",
         "[rank 1] rank 1: RankFailedError: rank 0 failed in main_process_only",
+        "[rank 1] rank 1: late mismatch at #156; #156 to #205 ran after it",
         "[rank 1] rank 1: mismatch at #3: element counts by rank [6, 4]",
         "[rank 1] rank 1: the hook saw 2 collectives, 4000 tensor bytes",
     ]
@@ -158,6 +160,8 @@ def test_timeouts_example_names_the_skipped_barrier_under_every_launcher(
         assert "ranks that had not arrived: [1] (rank 1 is at operation #1)" in done.stdout
         assert "in load_next_shard\n" in done.stdout, "where rank 1 is"
         assert "rank 1: woke up after the others gave up" in done.stdout
+        assert "rank 1: finalize: collective mismatch at operation #2" in done.stdout
+        assert "ranks 0, 2: barrier" in done.stdout, "what rank 1 skipped"
     else:
         assert done.returncode != 0
         assert f"of {backend} 'world' (3 ranks): barrier (operation #2) has not completed" in (

@@ -1,8 +1,12 @@
 """What ``distcomm run`` says when a job fails: the root cause, once, and a line per other rank.
 
 The ranks' reports (:mod:`distcomm._runtime.failure_reports`) name each uncaught exception, its
-time and whether it is a communication error. The root cause is the earliest exception that is
-not one (else the earliest; else, without reports, the first rank to fail).
+time, its kind and whether it is a communication error (a consequence of another rank's trouble:
+a timeout, a lost peer, a failed rank). The root cause is the earliest exception that is not one
+(a collective mismatch, say, even when another rank's timeout came first; else the earliest;
+else, without reports, the first rank to fail). Every other rank gets one line that says what
+happened to it: its own operation timed out, a peer went away, a collective mismatch, another
+exception, or how it ended.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import signal
 from typing import Any
 
 __all__ = ["read_reports", "root_cause", "summary_line"]
+
+#: The longest exception message a line quotes.
+_QUOTED = 100
 
 
 def read_reports(folder: str) -> dict[int, dict[str, Any]]:
@@ -41,17 +48,84 @@ def root_cause(reports: dict[int, dict[str, Any]], first_failed: int) -> int:
     return int(min(real or reports.values(), key=lambda r: float(r.get("time", 0)))["rank"])
 
 
-def summary_line(rank: int, status: int | None, report: dict[str, Any] | None) -> str:
-    """One line for a rank that is not the root cause: what happened to it."""
+def summary_line(
+    rank: int,
+    status: int | None,
+    report: dict[str, Any] | None,
+    root: dict[str, Any] | None = None,
+) -> str:
+    """One line for a rank that is not the root cause: what happened to it.
+
+    Args:
+        rank: the rank.
+        status: its exit status (128 + N for signal N), or None if it is still running.
+        report: its report, if it wrote one.
+        root: the root cause's report, if any: a rank that ``distcomm run`` stopped is said to
+            be stopped after the root cause's collective mismatch, or to be a rank that the
+            root cause's timed-out operation waited for.
+    """
     if report is not None:
-        first = (str(report.get("message", "")).strip().splitlines() or [""])[0]
-        first = first if len(first) <= 100 else first[:99] + "..."
-        what = f"{report.get('type', 'Exception')}: {first}" if first else report.get("type", "")
-        if report.get("communication"):
-            return f"rank {rank}: peer went away ({what})"
-        return f"rank {rank}: also failed: {what}"
+        return f"rank {rank}: {_what_happened(report)}"
     if status is None or status == 0:
         return f"rank {rank}: finished" if status == 0 else f"rank {rank}: still running"
     if status > 128 and status - 128 in (signal.SIGTERM, signal.SIGKILL):
-        return f"rank {rank}: stopped by distcomm run ({signal.Signals(status - 128).name})"
+        line = f"rank {rank}: stopped by distcomm run ({signal.Signals(status - 128).name})"
+        return line + _after(rank, root)
     return f"rank {rank}: exit code {status}"
+
+
+def _what_happened(report: dict[str, Any]) -> str:
+    """What a report says happened to its rank, in a few words."""
+    kind = report.get("kind")
+    operation = _operation(report)
+    if kind == "mismatch":  # seq: the first operation at which the ranks' calls differ
+        seq = report.get("seq")
+        return "collective mismatch" + (f" at operation #{seq}" if seq else "")
+    if kind == "timeout":
+        limit = report.get("limit")
+        line = "timed out" + (f" in {operation}" if operation else "")
+        line += f" after {limit:g} s" if isinstance(limit, (int, float)) else ""
+        waited = report.get("missing_ranks")
+        if waited:
+            line += f", waiting for {_ranks(waited)}"
+        return line
+    if kind == "lost peer":
+        return "a peer went away " + (f"during {operation}" if operation else f"({_quote(report)})")
+    if kind == "rank failed":
+        return f"another rank failed ({_quote(report)})"
+    if kind == "interrupted":
+        return "interrupted (KeyboardInterrupt)"
+    return f"also failed: {_quote(report)}"
+
+
+def _after(rank: int, root: dict[str, Any] | None) -> str:
+    """What the root cause says about a rank that ``distcomm run`` stopped ("" if nothing)."""
+    if root is None:
+        return ""
+    cause = f"rank {root.get('rank')}"
+    if root.get("kind") == "mismatch":
+        seq = root.get("seq")
+        return f" after {cause}'s collective mismatch" + (f" at operation #{seq}" if seq else "")
+    if root.get("kind") == "timeout" and rank in (root.get("missing_ranks") or ()):
+        return f"; {cause} timed out waiting for it"
+    return ""
+
+
+def _operation(report: dict[str, Any]) -> str:
+    """``all_reduce (operation #12)``, or ``recv`` (no sequence number), or "" (no operation)."""
+    op, seq = report.get("op"), report.get("seq")
+    if not op:
+        return ""
+    return f"{op} (operation #{seq})" if seq else str(op)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _quote(report: dict[str, Any]) -> str:
+    """``Type: the message's first line``, cut at 100 characters."""
+    first = (str(report.get("message", "")).strip().splitlines() or [""])[0]
+    first = first if len(first) <= _QUOTED else first[: _QUOTED - 1] + "..."
+    kind = str(report.get("type", "Exception"))
+    return f"{kind}: {first}" if first else kind

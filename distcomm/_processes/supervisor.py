@@ -3,8 +3,10 @@
 :func:`run` starts one child process per rank with the launcher variables that distcomm's ``env``
 detection reads (:mod:`distcomm._processes.variables`), copies each child's output to the
 launcher's, prefixed ``[rank N] ``, and stops the whole job as soon as one rank fails or the
-launcher is interrupted. Every child runs in its own session (process group), so that signals reach
-a rank only through the launcher, and so that a rank's own children are stopped with it.
+launcher is interrupted (after a Ctrl-C it says so in one line, without the ranks'
+``KeyboardInterrupt`` tracebacks: :mod:`distcomm._processes.tracebacks`). Every child runs in
+its own session (process group), so that signals reach a rank only through the launcher, and so
+that a rank's own children are stopped with it.
 
 This module imports neither torch nor any backend; ``distcomm.testing.spawn`` shares its variables.
 """
@@ -26,7 +28,7 @@ from typing import IO, Any, TextIO
 
 from distcomm._files import private_folders
 from distcomm._plugins.loader import check_backend
-from distcomm._processes import failures
+from distcomm._processes import failures, tracebacks
 from distcomm._processes.variables import exit_status, launch_variables, new_run_id
 from distcomm.backend.ports import free_port
 from distcomm.errors import InvalidArgumentError
@@ -43,7 +45,8 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 _REPORTS = "DISTCOMM_RUN_REPORTS"
 #: A traceback on a rank's stderr is held back until the rank exits, or this many seconds.
 _HOLD = 2.0
-_TRACEBACK = "Traceback (most recent call last):"
+#: Seconds after a Ctrl-C before the launcher says which ranks it still waits for.
+_PATIENCE = 2.0
 
 
 def run(
@@ -69,7 +72,10 @@ def run(
     communication error, from the ranks' reports: :mod:`distcomm._processes.failures`) is
     shown once, at the end, under a heading, and each other rank gets one line. SIGINT and
     SIGTERM received by this process (when called from the main thread) are forwarded to every
-    rank's process group in the same way; a second one kills at once. Whatever happens,
+    rank's process group in the same way; a second one kills at once. After SIGINT (Ctrl-C),
+    the ranks' ``KeyboardInterrupt`` tracebacks are dropped (their other output is kept) and
+    one line says that the job was interrupted and how many ranks were stopped (another, if
+    they take more than 2 s, names those still running). Whatever happens,
     including an exception here, no rank (nor any process in a rank's group) is left running.
 
     Args:
@@ -163,6 +169,7 @@ class _Job:
         self.reports = ""  # the folder of the ranks' failure reports
         self.held: dict[int, tuple[float, list[str]]] = {}  # rank -> (since, traceback lines)
         self.shown: set[int] = set()  # ranks whose traceback was written as it came
+        self.interrupted: list[int] = []  # the ranks that were running at a Ctrl-C
 
     def run(self) -> int:
         previous = self._install_handlers()
@@ -181,9 +188,20 @@ class _Job:
         if self.failed is not None:
             return self._report_failure(*self.failed)
         self._release(list(self.held))
+        if self.signals and self.signals[0] == signal.SIGINT:
+            self._say(self._interrupt_line())
         if self.signals:
             return 128 + self.signals[0]
         return 0
+
+    def _interrupt_line(self) -> str:
+        """``interrupted (Ctrl-C); stopped 4 ranks`` (and how many had to be killed)."""
+        stopped = len(self.interrupted)
+        if not stopped:
+            return "interrupted (Ctrl-C)"
+        killed = sum(self.procs[rank].poll() == -signal.SIGKILL for rank in self.interrupted)
+        line = f"interrupted (Ctrl-C); stopped {stopped} rank{'s' if stopped > 1 else ''}"
+        return line + (f" ({killed} with SIGKILL)" if killed else "")
 
     def _report_failure(self, first: int, first_status: int) -> int:
         """The root cause's traceback under a heading, a line per other rank, the verdict."""
@@ -210,7 +228,7 @@ class _Job:
         for rank, code in enumerate(codes):
             if rank != root:
                 code = None if code is None else exit_status(code)
-                self._say(failures.summary_line(rank, code, reports.get(rank)))
+                self._say(failures.summary_line(rank, code, reports.get(rank), report))
         self._say(f"rank {root} failed with exit code {status}; stopped the other ranks")
         return status
 
@@ -254,6 +272,7 @@ class _Job:
         """Wait until every rank has exited; start stopping them at the first failure or signal."""
         handled = 0  # signals acted on
         deadline: float | None = None  # when to SIGKILL what is left; None: not stopping
+        notice: float | None = None  # when to name the ranks that a Ctrl-C has not stopped yet
         stopping = False
         while True:
             codes = [proc.poll() for proc in self.procs]
@@ -269,12 +288,15 @@ class _Job:
                     self._kill(signal.SIGKILL)
                 else:
                     stopping, deadline = True, time.monotonic() + self.grace
-                    name = signal.Signals(self.signals[0]).name
-                    self._say(f"got {name}; forwarded it to every rank (again to kill them now)")
-                    self._kill(self.signals[0])
+                    notice = self._forward(codes)
                 handled = len(self.signals)
             if all(code is not None for code in codes):
                 return
+            if notice is not None and time.monotonic() >= notice and handled == 1:
+                left = [str(rank) for rank, code in enumerate(codes) if code is None]
+                which = f"rank {left[0]}" if len(left) == 1 else f"ranks {', '.join(left)}"
+                self._say(f"waiting for {which} to stop (Ctrl-C again to kill them now)")
+                notice = None
             if deadline is not None and time.monotonic() >= deadline:
                 self._kill(signal.SIGKILL)
                 deadline = None
@@ -283,19 +305,33 @@ class _Job:
             self._release([rank for rank, (since, _) in held if self._stale(rank, since)])
             time.sleep(_POLL)
 
+    def _forward(self, codes: list[int | None]) -> float | None:
+        """Forward the first signal to every rank; return when to name the ranks still running
+        after a Ctrl-C (None: not a Ctrl-C, whose line comes at the end)."""
+        self._kill(self.signals[0])
+        if self.signals[0] == signal.SIGINT:
+            self.interrupted = [rank for rank, code in enumerate(codes) if code is None]
+            return time.monotonic() + _PATIENCE
+        name = signal.Signals(self.signals[0]).name
+        self._say(f"got {name}; forwarded it to every rank (again to kill them now)")
+        return None
+
     def _stale(self, rank: int, since: float) -> bool:
         """A held traceback of a rank that goes on, or ended well (it was logged, not fatal):
-        write it."""
-        if self.failed is not None:
+        write it. Not while the job is being stopped: the end sorts them out."""
+        if self.failed is not None or self.signals:
             return False
         code = self.procs[rank].poll()
         return code == 0 or (code is None and time.monotonic() - since > _HOLD)
 
     def _release(self, ranks: list[int]) -> None:
-        """Write the held tracebacks of ``ranks`` as they came."""
+        """Write the held tracebacks of ``ranks`` as they came (after a Ctrl-C, without the
+        ``KeyboardInterrupt`` ones)."""
         for rank in sorted(ranks):
             with self.write_lock:
                 _, lines = self.held.pop(rank, (0.0, []))
+            if self.signals and self.signals[0] == signal.SIGINT:
+                lines = tracebacks.without_interrupts(lines, f"[rank {rank}] ")
             if lines:
                 self.shown.add(rank)
             for line in lines:
@@ -320,9 +356,10 @@ class _Job:
 
     def _copy(self, pipe: IO[bytes], rank: int, out: TextIO, errors: bool) -> None:
         """Copy ``pipe`` to ``out`` line by line, prefixed ``[rank N] `` (torch's ``[rankN]: ``
-        taken off), holding a traceback back on stderr (``errors``); keep draining if ``out``
-        fails. Also to the rank's log, unchanged."""
+        and the rank's own ``[rank N] `` taken off), holding a traceback back on stderr
+        (``errors``); keep draining if ``out`` fails. Also to the rank's log, unchanged."""
         prefix, torch_prefix = f"[rank {rank}] ", f"[rank{rank}]: "
+        own = (torch_prefix, prefix)  # torch's, and the one a rank's own report carries
         log = None if self.logs is None else self.logs[rank]
         with pipe:
             for raw in iter(pipe.readline, b""):
@@ -331,17 +368,19 @@ class _Job:
                         log.write(raw)
                         log.flush()
                 text = raw.decode("utf-8", errors="replace")
-                text = text.removeprefix(torch_prefix)
+                for lead in own:
+                    text = text.removeprefix(lead)
                 line = prefix + (text if text.endswith("\n") else text + "\n")
                 if errors and self._hold(rank, text, line):
                     continue
                 self._write(out, line)
 
     def _hold(self, rank: int, text: str, line: str) -> bool:
-        """Keep ``line`` back if it is (or follows) the start of a traceback on stderr."""
+        """Keep ``line`` back if it is (or follows) the start of a traceback on stderr
+        (:func:`distcomm._processes.tracebacks.starts`)."""
         with self.write_lock:
             held = self.held.get(rank)
-            if held is None and not text.startswith(_TRACEBACK):
+            if held is None and not tracebacks.starts(text):
                 return False
             if held is None:
                 held = self.held[rank] = (time.monotonic(), [])

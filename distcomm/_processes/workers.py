@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from distcomm._plugins.loader import check_backend
 from distcomm._processes.variables import exit_status
 from distcomm._runtime.lifecycle import finalize, init
+from distcomm.backend._uncaught import format_exception
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 
 __all__ = ["run_processes"]
@@ -356,8 +357,8 @@ def _run_rank(
         result = fn(*args)
         if backend is not None:
             finalize()
-    except BaseException:
-        conn.send((False, traceback.format_exc()))
+    except BaseException as exc:
+        conn.send((False, format_exception(exc)))
         if backend is not None:
             with contextlib.suppress(Exception):
                 finalize()

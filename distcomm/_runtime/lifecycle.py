@@ -19,7 +19,7 @@ from distcomm._runtime import torch_group as torch_groups
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
-from distcomm.backend import BaseCommunicator, aborts
+from distcomm.backend import BaseCommunicator, _uncaught, aborts
 from distcomm.backend._pipeline import agreement
 from distcomm.errors import AlreadyInitializedError
 from distcomm.protocol import Communicator
@@ -106,6 +106,7 @@ def init(
         beside_choice = torch_groups.policy(request.torch_group)
         launch = apply_overrides(detect_environment(method), request)
         trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
+        _uncaught.install(launch.rank if launch.world_size > 1 else None)
         failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
         flight_recorder.start_from_environment(launch, launch.rank, launch.world_size)
         selection = select_backend(get_registry(), launch, request.backend)
@@ -138,6 +139,7 @@ def init(
             "timeout": timeout_s,
             **requested,
         }
+        _uncaught.install(comm.rank if comm.world_size > 1 else None)  # back above torch's
         ctx = state.Context(comm, launch, trace, effective, torch_beside=beside)
         if export_env:
             made = beside if beside is not None else comm

@@ -20,6 +20,7 @@ reads the store while idle). ``finalize()`` destroys it (distcomm made it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distcomm._logs import logger
+from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.ports import free_port
 from distcomm.backend.registry import Registry
 from distcomm.environment.info import LaunchInfo
@@ -106,7 +108,8 @@ def make(
         return _missing(choice, "this torch build has no torch.distributed")
     if spec is None:
         return _missing(choice, "distcomm-torch is not installed")
-    addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
+    with _setting_up(comm):  # not the program's operation #1
+        addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
     beside = launch.replace(
         f"derived: rank 0's, over the {comm.backend} communicator",
         master_addr=addr,
@@ -145,3 +148,11 @@ def _missing(choice: str | bool, why: str) -> tuple[None, None, str]:
             reason=why,
         )
     return None, None, f"torch group: none ({why})"
+
+
+def _setting_up(comm: Communicator) -> contextlib.AbstractContextManager[None]:
+    """Calls that are init's, not the program's (``BaseCommunicator._setting_up``); a
+    communicator of another kind counts them as it does."""
+    if isinstance(comm, BaseCommunicator):
+        return comm._setting_up()
+    return contextlib.nullcontext()

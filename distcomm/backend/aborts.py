@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import NoReturn, TextIO
+from typing import NoReturn
 
+from distcomm.backend import _uncaught
 from distcomm.errors import InvalidArgumentError
 
 __all__ = [
@@ -52,8 +50,6 @@ _abort_notice: Callable[[], object] | None = None
 _last_words: list[Callable[[], object]] = []
 #: Seconds for the launcher to forward this rank's last output before the job ends.
 _FORWARD = 0.3
-_hook_lock = threading.Lock()
-_hooked = False
 
 
 def set_job_abort(abort: Callable[[], object]) -> None:
@@ -83,11 +79,12 @@ def last_words() -> None:
 
 
 def abort_job(message: str) -> NoReturn:
-    """Print ``message`` on stderr, run the last words of this rank and of the others (when any
-    are registered here), and end the job: the backend's way, else exit status 1."""
-    stderr = _real_stderr()
-    stderr.write(message if message.endswith("\n") else message + "\n")
-    stderr.flush()
+    """Print ``message`` on stderr (each line ``[rank N] ``-prefixed in a world of several
+    ranks, in one piece; nothing when it is empty), run the last words of this rank and of the
+    others (when any are registered here), and end the job: the backend's way, else exit
+    status 1."""
+    if message:
+        _uncaught.write(message)
     if _last_words:
         last_words()
         if _abort_notice is not None:
@@ -98,11 +95,6 @@ def abort_job(message: str) -> NoReturn:
         time.sleep(_FORWARD)  # a launcher's output forwarding drops what is in flight at abort
         abort()
     os._exit(1)
-
-
-def _real_stderr() -> TextIO:
-    """The process's stderr, even while some code has swapped ``sys.stderr`` for a buffer."""
-    return sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
 
 
 def on_timeout(environ: Mapping[str, str] | None = None) -> str:
@@ -145,29 +137,17 @@ def abort_on_uncaught_exception(rank: int, abort: Callable[[], object], how: str
         abort: ends every rank (``MPI.COMM_WORLD.Abort``).
         how: names ``abort`` in the message, e.g. ``"MPI_Abort"``.
     """
-    global _hooked
     set_job_abort(abort)
     if not abort_on_exception():
         return
-    with _hook_lock:
-        if _hooked:
-            return
-        _hooked = True
-        previous = sys.excepthook
 
-    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        # Print through the real stderr: a hook wrapped around this one (torch's prefixes each
-        # line with the rank) collects the output to print after, which the abort would lose.
-        saved, sys.stderr = sys.stderr, _real_stderr()
-        try:
-            previous(kind, exc, tb)
-        finally:
-            sys.stderr = saved
-        abort_job(
-            f"distcomm: rank {rank} died of an uncaught {kind.__name__} (traceback above); "
+    def ending(exc: BaseException) -> str:
+        return (
+            f"distcomm: rank {rank} died of an uncaught {type(exc).__name__} (traceback above); "
             f"ending the whole job ({how}) so that the other ranks do not wait for it. "
             "HINT: DISTCOMM_ABORT_ON_EXCEPTION=0 keeps the job running (the others then stop "
             "at their timeout)."
         )
 
-    sys.excepthook = hook
+    _uncaught.install(rank)
+    _uncaught.end_job_with(ending)

@@ -16,9 +16,11 @@ native dtype on a native device and, with ``async_op=True``, may return a
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
+from distcomm.backend._pipeline import confirmation
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
 from distcomm.backend._pipeline.movement import Movement
@@ -29,7 +31,7 @@ from distcomm.backend._pipeline.rooted import Rooted
 from distcomm.backend._pipeline.sameness import Sameness
 from distcomm.backend.work import retained
 from distcomm.environment.info import LaunchInfo
-from distcomm.errors import DistcommWarning
+from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
 
 __all__ = ["BaseCommunicator"]
 
@@ -102,12 +104,23 @@ class BaseCommunicator(
     def finalize(self) -> None:
         """Release the engine's resources for this communicator. Idempotent.
 
+        First, unless the mismatch check is off, the ranks confirm that they made the same
+        collectives (a vote of point-to-point messages: every member calls ``finalize``); if
+        they did not, the communicator is released all the same and the
+        :class:`~distcomm.errors.CollectiveMismatchError` raised, so that no rank ends as if
+        nothing happened. Not while an exception is being handled (``finalize`` in a
+        ``finally`` block or an ``except`` clause): that exception says what went wrong, and
+        the other ranks may never come. Ranks that do not call ``finalize`` within the timeout
+        (busy, failed or gone) are no evidence of a mismatch: a warning says so, and this rank
+        finalizes alone.
+
         Waits (up to the timeout) for the Works handed out that have not completed; if one
         still has not, the engine may yet use its memory and the communicator, so both are
         kept until the process exits instead of freed (with a warning).
         """
         if self.unusable == "finalized":
             return
+        failed = self._confirm_the_end()
         left = self._pending.settle(self.timeout if self.unusable is None else 0.0)
         if left:
             retained().append(self)
@@ -122,3 +135,30 @@ class BaseCommunicator(
         else:
             self._finalize()
         self.unusable = "finalized"
+        if failed is not None:
+            raise failed
+
+    def _confirm_the_end(self) -> DistcommError | None:
+        """Before finalizing: confirm with the other ranks that they made the same calls (a
+        vote, unless the policy is off or this communicator already failed); the error to
+        raise once the communicator is released, if they did not or the vote failed."""
+        h = self._history
+        handling = sys.exc_info()[1] is not None  # the exception in flight says what went wrong
+        if h is None or self.unusable is not None or handling or not self._can_confirm():
+            if h is not None:
+                h.ended = True
+            return None
+        h.ended = True
+        try:
+            confirmation.vote(self, confirmation.FINALIZE)
+        except CollectiveMismatchError as exc:
+            return exc
+        except DistcommError as exc:  # no evidence of a mismatch: the others are busy or gone
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            warnings.warn(
+                f"{first} Finalized without it. HINT: every rank calls finalize() at the end; "
+                "a rank that failed or left early explains this (look at its output).",
+                DistcommWarning,
+                stacklevel=3,
+            )
+        return None

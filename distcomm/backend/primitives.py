@@ -24,6 +24,7 @@ from distcomm.errors import NotSupportedError
 from distcomm.protocol import ReduceOp, Work
 
 if TYPE_CHECKING:
+    from distcomm.backend.specs import Capabilities
     from distcomm.protocol import Communicator, NonMember
 
 __all__ = ["INTERNAL_TAG", "Primitives"]
@@ -38,6 +39,7 @@ class Primitives:
     _rank: int
     _world_size: int
     backend_name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
 
     #: Optional shortcut of the commonest call, ``_all_reduce_plain(tensor) -> bool``: a blocking
     #: SUM, in place, of ``tensor`` exactly as the caller passed it (a numpy array or a torch
@@ -46,6 +48,9 @@ class Primitives:
     #: ``all_reduce`` calls it inside its sequence number and "blocked in" mark, and turns
     #: ``engine_errors`` into EngineError, like every primitive.
     _all_reduce_plain: Callable[[Any], bool] | None = None
+    #: The tag of distcomm's own messages (:meth:`_control_isend`): never a user's. An engine
+    #: with fewer tags sets it to one of them that it refuses to users (MPI: its largest).
+    _vote_tag: int = INTERNAL_TAG + 1
 
     def _missing(self, name: str) -> NotImplementedError:
         return NotImplementedError(
@@ -121,6 +126,28 @@ class Primitives:
             adapter.copy_(output, mine)
 
         return self._then(self._broadcast(full, src, async_op), keep_mine, full, output)
+
+    def _control_isend(self, payload: bytearray, dst: int) -> Work:
+        """Start sending ``payload`` (a few bytes to a few KiB) to member ``dst``, out of the
+        way of every collective and of the program's own messages: distcomm's votes (the
+        mismatch check at a barrier, in finalize, before a new kind of call). Sends and
+        receives between two members match in order. The Work must complete by
+        ``is_completed()`` polling alone, and a receive that never completes must leave the
+        engine usable. Default: :meth:`_isend` on :attr:`_vote_tag`; an engine whose messages
+        need a blocking wait (Gloo's) sends them another way (torch's store)."""
+        return self._isend(payload, dst, self._vote_tag)
+
+    def _control_ready(self) -> bool:
+        """Whether :meth:`_control_isend` and :meth:`_control_irecv` work here (default: this
+        engine has point-to-point messages). Without them the mismatch check still runs at
+        its check points and on the failure path, but not at barriers, in ``finalize`` nor
+        before a new kind of call."""
+        return bool(self.capabilities.p2p)
+
+    def _control_irecv(self, payload: bytearray, src: int) -> Work:
+        """Start receiving into ``payload`` the next message :meth:`_control_isend` sent from
+        member ``src`` to this one (it is at most ``len(payload)`` bytes)."""
+        return self._irecv(payload, src, self._vote_tag)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         """Chunk r of ``input`` goes to rank r. Default: point-to-point with INTERNAL_TAG."""

@@ -157,7 +157,7 @@ class Fabric:
         with self.cond:
             members = self._members.get(uid, {})
             comms = {rank: members[rank] for rank in ranks if rank in members}
-        return {rank: stacks.where(comm) for rank, comm in comms.items()}
+        return {rank: stacks.answer(comm) for rank, comm in comms.items()}
 
     def join(
         self,

@@ -84,6 +84,11 @@ def pytest_configure(config: pytest.Config) -> None:
         pytest.UsageError: a kit option without ``--distcomm-backend``, or a bad value (the
             message names it, the valid choices and a fix).
     """
+    from distcomm.backend import _uncaught
+
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # a rank that ends its MPI job mid-test: its message is shown
+        _uncaught.before_writing(lambda: capture.suspend_global_capture(in_=False))
     backend = config.getoption("distcomm_backend", None)
     if backend is None:
         given = [name for name in _KIT_OPTIONS if config.getoption(name, None) is not None]
@@ -236,4 +241,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     sys.stderr.flush()
     from mpi4py import MPI
 
+    from distcomm.backend import last_words
+
+    last_words()  # what must precede an abort: the mpi backend removes MPICH's files there
     MPI.COMM_WORLD.Abort(1)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from distcomm._runtime import state
 from distcomm._runtime.request import resolve_timeout
 from distcomm.backend import stacks
+from distcomm.backend._uncaught import format_exception
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
@@ -101,7 +101,7 @@ def run_threads(
         except BaseException as exc:
             if not _caused_by_abort(exc):
                 with lock:
-                    failures.append((rank, traceback.format_exc()))
+                    failures.append((rank, format_exception(exc)))
             fabric.abort(f"rank {rank} failed")
         finally:
             state.thread_context(None)

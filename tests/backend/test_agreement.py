@@ -74,10 +74,13 @@ def test_shapes_are_shown_but_not_compared() -> None:
     assert run_threads(body, 2) == [[2.0] * 6, [2.0] * 6]
 
 
-def test_by_default_the_first_64_and_every_1024th_are_checked() -> None:
+def test_by_default_every_mismatch_is_caught_before_it_runs() -> None:
+    # a check point (the first 64, then every 1024th): one collective agreement
     assert set(sizes_at(64, None)) == {"mismatch"}
-    assert "mismatch" not in sizes_at(65, None)  # fakelink's own error then
     assert set(sizes_at(64 + 1024, None)) == {"mismatch"}
+    # between them, a call the ranks never agreed on is confirmed by a vote before it is issued
+    assert set(sizes_at(65, None)) == {"mismatch"}
+    assert set(sizes_at(64 + 1023, None)) == {"mismatch"}
     assert agreement.is_checked(64 + 2 * 1024, *agreement.limits("sample"))
     assert not agreement.is_checked(64 + 1023, *agreement.limits("sample"))
 
@@ -145,3 +148,76 @@ def test_a_rank_that_skips_the_collective_times_out_naming_it() -> None:
         return info.value.op, info.value.missing_ranks
 
     assert run_threads(body, 2)[0] == ("barrier", (1,))
+
+
+def test_a_mismatch_of_calls_agreed_before_is_named_at_the_next_barrier() -> None:
+    """Both calls were agreed on earlier, so nothing stops them before the engine; the barrier
+    that follows names the first diverging operation and the span that ran with it."""
+
+    def body() -> tuple[int | None, tuple[int, int] | None, str]:
+        comm: Any = distcomm.get_communicator()
+        distcomm.all_reduce(np.ones(4), op="max")
+        for _ in range(98):
+            distcomm.all_reduce(np.ones(4))
+        distcomm.all_reduce(np.ones(4), op="max" if comm.rank == 1 else "sum")  # #100
+        for _ in range(50):
+            distcomm.all_reduce(np.ones(4))
+        with pytest.raises(CollectiveMismatchError) as info:
+            distcomm.barrier()
+        with pytest.raises(distcomm.DistcommError, match=r"can no longer be used|mismatch"):
+            distcomm.all_reduce(np.ones(1))  # the communicator is retired
+        return info.value.seq, info.value.ran, str(info.value)
+
+    results = run_threads(body, 4)
+    assert {(seq, ran) for seq, ran, _ in results} == {(100, (100, 150))}
+    message = results[0][2]
+    assert "rank 1: all_reduce, shape (4,), float64, 4 elements, op MAX" in message
+    assert "ranks 0, 2, 3: all_reduce, shape (4,), float64, 4 elements, op SUM" in message
+    assert "Operations #100 to #150 ran after the ranks parted" in message
+
+
+def test_finalize_names_a_mismatch_and_still_releases_the_communicator() -> None:
+    def body() -> tuple[int | None, str]:
+        comm: Any = distcomm.get_communicator()
+        distcomm.all_reduce(np.ones(2), op="min")
+        distcomm.all_reduce(np.ones(2))
+        for _ in range(200):
+            distcomm.all_reduce(np.ones(2), op="min" if comm.rank == 2 and _ == 120 else "sum")
+        with pytest.raises(CollectiveMismatchError) as info:
+            comm.finalize()
+        return info.value.seq, comm.unusable
+
+    assert run_threads(body, 3) == [(123, "finalized")] * 3
+
+
+def test_finalize_while_an_exception_is_handled_does_not_wait_for_the_others() -> None:
+    def body() -> str:
+        comm: Any = distcomm.get_communicator()
+        comm.timeout = 30.0
+        distcomm.all_reduce(np.ones(2))
+        if comm.rank == 0:
+            try:
+                raise ValueError("rank 0 gives up")
+            except ValueError:
+                comm.finalize()  # the others never call finalize: no vote now
+        return str(comm.unusable)
+
+    assert run_threads(body, 2, timeout=20) == ["finalized", "None"]
+
+
+def test_a_rank_in_the_engine_and_a_rank_that_votes_both_name_the_mismatch() -> None:
+    """Rank 1's call is new (it votes before issuing it); the others' was agreed before (they
+    are in the engine): every rank raises CollectiveMismatchError naming #100."""
+
+    def body() -> tuple[str, int | None]:
+        comm: Any = distcomm.get_communicator()
+        comm.timeout = 5.0
+        for _ in range(99):
+            distcomm.all_reduce(np.ones(4))
+        try:
+            distcomm.all_reduce(np.ones(6 if comm.rank == 1 else 4))
+        except CollectiveMismatchError as exc:
+            return type(exc).__name__, exc.seq
+        return "returned", None
+
+    assert run_threads(body, 4, timeout=30) == [("CollectiveMismatchError", 100)] * 4

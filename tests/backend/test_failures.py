@@ -190,10 +190,9 @@ def test_finalize_of_a_fakelink_world_with_a_work_in_flight() -> None:
         if comm.rank == 1:
             time.sleep(0.3)
         work = distcomm.all_reduce(data, async_op=True)
-        if comm.rank == 0:
-            assert isinstance(comm, FakeLinkCommunicator)
-            comm.finalize()  # waits for rank 1 to join
-            assert work.is_completed()
+        assert isinstance(comm, FakeLinkCommunicator)
+        comm.finalize()  # rank 0's waits for rank 1 to join the all_reduce
+        assert work.is_completed()
         work.wait()
         return data.tolist()
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jobs import run_job
 
 from distcomm._processes.failures import root_cause, summary_line
-from distcomm._runtime.failure_reports import is_communication_error
-from distcomm.errors import DistTimeoutError, EngineError, RankFailedError
+from distcomm._runtime.failure_reports import COMMUNICATION
 
 RAISES = """
 import time
@@ -67,6 +67,44 @@ def test_the_root_cause_once_and_a_line_per_other_rank(tmp_path: Path, slow: str
     assert lines[-1] == "distcomm run: rank 2 failed with exit code 1; stopped the other ranks"
 
 
+#: Rank 1 calls a collective that rank 0 never calls, and waits 2 s for it (a timeout of its own
+#: operation; DISTCOMM_DEBUG=off: no agreement check before it, init's rendezvous keeps its
+#: default timeout); rank 0 raises once rank 1's report is written, and exits first, while rank
+#: 1 sleeps at exit: the root cause is rank 0's error, though the timeout came first.
+TIMES_OUT = """
+import atexit, os, pathlib, time
+import numpy as np
+import distcomm
+
+distcomm.init()
+if distcomm.get_rank() == 1:
+    atexit.register(time.sleep, 60)
+    distcomm.all_reduce(np.ones(4), async_op=True).wait(timeout=2)
+reports, deadline = pathlib.Path(os.environ["DISTCOMM_RUN_REPORTS"]), time.monotonic() + 60
+while not (reports / "rank-1.json").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+raise ValueError("rank 0 gives up")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_timed_out_is_said_to_have_timed_out(tmp_path: Path) -> None:
+    script = tmp_path / "times_out.py"
+    script.write_text(TIMES_OUT)
+    command = [sys.executable, "-m", "distcomm", "run", "-n", "2", "--backend", "gloo"]
+    done = run_job([*command, str(script)], timeout=80, cwd=tmp_path, env={"DISTCOMM_DEBUG": "off"})
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1, done.stderr
+    assert lines[0].startswith("distcomm run: the first error: rank 0 on "), done.stderr
+    assert "[rank 0] ValueError: rank 0 gives up" in lines, done.stderr
+    own = [line for line in lines if line.startswith("distcomm run: rank 1: ")]
+    assert len(own) == 1, done.stderr
+    assert own[0].startswith("distcomm run: rank 1: timed out in all_reduce (operation #"), own
+    assert own[0].endswith(" after 2 s, waiting for rank 0"), own
+    assert "peer went away" not in done.stderr
+    assert lines[-1] == "distcomm run: rank 0 failed with exit code 1; stopped the other ranks"
+
+
 LOGS_A_TRACEBACK = """
 import time, traceback
 try:
@@ -90,30 +128,120 @@ def test_a_logged_traceback_of_a_rank_that_goes_on_is_shown(tmp_path: Path) -> N
     assert time.monotonic() - start < 30
 
 
-def test_communication_errors_are_told_apart() -> None:
-    assert is_communication_error(DistTimeoutError("barrier timed out"))
-    assert is_communication_error(RankFailedError(3, "boom"))
-    assert is_communication_error(EngineError("all_reduce failed: Connection closed by peer"))
-    assert is_communication_error(RuntimeError("[pair.cc:534] Connection reset by peer"))
-    assert not is_communication_error(RuntimeError("CUDA out of memory"))
-    assert not is_communication_error(ValueError("Connection closed by peer"))
+def report(rank: int, kind: str, at: float = 1.0, **fields: Any) -> dict[str, Any]:
+    """A made-up report of ``rank``, raised at time ``at``, as failure_reports writes it."""
+    types = {"timeout": "DistTimeoutError", "mismatch": "CollectiveMismatchError"}
+    entry = {"rank": rank, "time": at, "kind": kind, "type": types.get(kind, "EngineError")}
+    return {**entry, "communication": kind in COMMUNICATION, "message": "m", **fields}
 
 
-def test_the_root_cause_is_the_earliest_real_error() -> None:
-    reports = {
-        0: {"rank": 0, "time": 1.0, "communication": True},
-        2: {"rank": 2, "time": 3.0, "communication": False},
-        3: {"rank": 3, "time": 2.0, "communication": False},
-    }
-    assert root_cause(reports, first_failed=0) == 3
-    assert root_cause({0: reports[0]}, first_failed=1) == 0  # only secondary errors: earliest
-    assert root_cause({}, first_failed=1) == 1  # no reports: the first rank to fail
-    gone = {"type": "EngineError", "message": "x" * 300, "communication": True}
-    line = summary_line(1, 1, gone)
-    assert line.startswith("rank 1: peer went away (EngineError: xxx") and len(line) < 160
-    assert summary_line(4, 143, None) == "rank 4: stopped by distcomm run (SIGTERM)"
-    assert summary_line(5, 0, None) == "rank 5: finished"
-    assert summary_line(6, 3, None) == "rank 6: exit code 3"
+@pytest.mark.parametrize(
+    ("reports", "first_failed", "root"),
+    [
+        ({}, 1, 1),  # no reports: the first rank to fail
+        ({0: report(0, "lost peer", 1.0), 3: report(3, "other", 2.0)}, 0, 3),
+        ({2: report(2, "other", 3.0), 3: report(3, "other", 2.0)}, 2, 3),  # the earliest
+        ({0: report(0, "lost peer", 2.0), 1: report(1, "timeout", 1.0)}, 0, 1),  # all secondary
+        # a collective mismatch is a root cause, even when another rank's timeout came first
+        ({0: report(0, "timeout", 1.0), 1: report(1, "mismatch", 5.0)}, 0, 1),
+        ({0: report(0, "rank failed", 1.0), 1: report(1, "interrupted", 2.0)}, 0, 1),
+    ],
+    ids=["no-reports", "real-after-lost", "earliest-real", "only-secondary", "mismatch", "ctrl-c"],
+)
+def test_the_root_cause_is_the_earliest_real_error(
+    reports: dict[int, dict[str, Any]], first_failed: int, root: int
+) -> None:
+    assert root_cause(reports, first_failed) == root
+
+
+TIMEOUT = report(1, "timeout", op="all_reduce", seq=12, limit=5.0, missing_ranks=[0, 2])
+MISMATCH = report(1, "mismatch", op="broadcast", seq=7)
+
+
+@pytest.mark.parametrize(
+    ("status", "own", "root", "line"),
+    [
+        (
+            1,
+            TIMEOUT,
+            None,
+            "timed out in all_reduce (operation #12) after 5 s, waiting for ranks 0, 2",
+        ),
+        (
+            1,
+            report(2, "timeout", op="recv", seq=None, limit=0.5, missing_ranks=None),
+            None,
+            "timed out in recv after 0.5 s",
+        ),
+        (1, report(2, "timeout", missing_ranks=[]), None, "timed out"),
+        (
+            1,
+            report(2, "timeout", op="barrier", seq=2, limit=None, missing_ranks=[1]),
+            None,
+            "timed out in barrier (operation #2), waiting for rank 1",
+        ),
+        (
+            1,
+            report(2, "lost peer", op="all_gather", seq=3),
+            None,
+            "a peer went away during all_gather (operation #3)",
+        ),
+        (
+            1,
+            report(2, "lost peer", type="RuntimeError", message="Connection reset by peer\nmore"),
+            None,
+            "a peer went away (RuntimeError: Connection reset by peer)",
+        ),
+        (
+            1,
+            report(2, "mismatch", op="all_reduce", seq=7),
+            MISMATCH,
+            "collective mismatch at operation #7",
+        ),
+        (1, report(2, "mismatch"), None, "collective mismatch"),
+        (
+            1,
+            report(2, "rank failed", type="RankFailedError", message="rank 2 failed:\nTraceback"),
+            None,
+            "another rank failed (RankFailedError: rank 2 failed:)",
+        ),
+        (
+            130,
+            report(2, "interrupted", type="KeyboardInterrupt", message=""),
+            None,
+            "interrupted (KeyboardInterrupt)",
+        ),
+        (
+            1,
+            report(2, "other", type="ValueError", message="x" * 300),
+            None,
+            "also failed: ValueError: " + "x" * 99 + "...",
+        ),
+        (1, report(2, "other", type="SystemError", message=""), None, "also failed: SystemError"),
+        (143, None, None, "stopped by distcomm run (SIGTERM)"),
+        (
+            143,
+            None,
+            MISMATCH,
+            "stopped by distcomm run (SIGTERM) after rank 1's collective mismatch at operation #7",
+        ),
+        (
+            137,
+            None,
+            TIMEOUT,
+            "stopped by distcomm run (SIGKILL); rank 1 timed out waiting for it",
+        ),
+        (143, None, report(1, "timeout", missing_ranks=[0]), "stopped by distcomm run (SIGTERM)"),
+        (143, None, report(1, "other"), "stopped by distcomm run (SIGTERM)"),
+        (0, None, MISMATCH, "finished"),
+        (None, None, None, "still running"),
+        (3, None, MISMATCH, "exit code 3"),
+    ],
+)
+def test_a_line_says_what_happened_to_the_rank(
+    status: int | None, own: dict[str, Any] | None, root: dict[str, Any] | None, line: str
+) -> None:
+    assert summary_line(2, status, own, root) == f"rank 2: {line}"
 
 
 PRINTS_THEN_DIES = """

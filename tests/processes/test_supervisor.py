@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from jobs import RUN_VARIABLES as KEYS
+from jobs import job_environment
 
 from distcomm._processes.supervisor import run
 from distcomm.cli import main
@@ -221,53 +222,148 @@ def test_the_first_failing_rank_stops_the_others(
     assert_all_gone(recorded)
 
 
+def start_launcher(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """``distcomm run ARGS`` in a session of its own, as a user's job would start."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "distcomm", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=cwd,
+        env=job_environment(),
+        start_new_session=True,
+    )
+
+
+def wait_for_ranks(
+    pids: Path, count: int, launcher: subprocess.Popen[str], marks: str = "*.pid"
+) -> None:
+    """Wait until ``count`` files ``marks`` are in ``pids`` (the ranks' pids, by default)."""
+    deadline = time.monotonic() + 60
+    while len(list(pids.glob(marks))) < count and time.monotonic() < deadline:
+        assert launcher.poll() is None, launcher.communicate()
+        time.sleep(0.05)
+    assert len(list(pids.glob(marks))) == count, "the ranks did not start"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("sig", "code", "ignore"),
-    [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, True)],
+    ("sig", "code", "ignore", "said"),
+    [
+        (signal.SIGINT, 130, False, "distcomm run: interrupted (Ctrl-C); stopped 2 ranks"),
+        (
+            signal.SIGTERM,
+            143,
+            True,
+            "distcomm run: got SIGTERM; forwarded it to every rank (again to kill them now)",
+        ),
+    ],
     ids=["sigint", "sigterm-ignored-by-ranks"],
 )
 def test_a_signal_to_the_launcher_stops_every_rank(
-    tmp_path: Path, sig: signal.Signals, code: int, ignore: bool
+    tmp_path: Path, sig: signal.Signals, code: int, ignore: bool, said: str
 ) -> None:
     ignoring = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore else ""
     script = write(tmp_path / "sleep.py", PIDS + ignoring + "time.sleep(60)\n")
     pids = tmp_path / "pids"
     pids.mkdir()
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "distcomm",
-            "run",
-            "-n",
-            "2",
-            "--grace",
-            "1",
-            str(script),
-            str(pids),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=dict(os.environ),
-    )
+    launcher = start_launcher("-n", "2", "--grace", "1", str(script), str(pids), cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while len(recorded_pids(pids)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(recorded_pids(pids)) == 2, "the ranks did not start"
+        wait_for_ranks(pids, 2, launcher)
         launcher.send_signal(sig)
         _, stderr = launcher.communicate(timeout=30)
     finally:
         launcher.kill()
         launcher.wait()
     assert launcher.returncode == code, stderr
-    assert f"distcomm run: got {sig.name}; forwarded it to every rank" in stderr
-    assert "failed with exit code" not in stderr
-    if sig == signal.SIGINT:
-        assert "KeyboardInterrupt" in lines_of(stderr, 0)
+    assert stderr.splitlines() == [said]
+    assert_all_gone(recorded_pids(pids))
+
+
+#: Every rank loops in a collective and in time.sleep; an interrupted rank says so on stdout and
+#: stderr (output that is no KeyboardInterrupt traceback is shown), then lets the interrupt end it.
+INTERRUPTED = (
+    PIDS
+    + """
+import numpy as np
+import distcomm
+
+distcomm.init()
+distcomm.all_reduce(np.ones(4))
+(PIDS / f"{RANK}.ready").touch()
+try:
+    while True:
+        distcomm.all_reduce(np.ones(4))
+        time.sleep(0.02 * (RANK + 1))
+except KeyboardInterrupt:
+    print(f"rank {RANK} interrupted", flush=True)
+    print(f"rank {RANK} cleans up", file=sys.stderr, flush=True)
+    raise
+"""
+)
+
+
+@needs_distcomm_torch
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("backend", [["--backend", "gloo"], []], ids=["gloo", "default"])
+def test_ctrl_c_says_interrupted_once_without_tracebacks(
+    tmp_path: Path, backend: list[str]
+) -> None:
+    script = write(tmp_path / "loops.py", INTERRUPTED)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    launcher = start_launcher("-n", "4", *backend, str(script), str(pids), cwd=tmp_path)
+    try:
+        wait_for_ranks(pids, 4, launcher, "*.ready")
+        time.sleep(0.5)  # in their loops
+        launcher.send_signal(signal.SIGINT)
+        stdout, stderr = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == 130, stderr
+    said = [line for line in stderr.splitlines() if "interrupted" in line]
+    assert said == ["distcomm run: interrupted (Ctrl-C); stopped 4 ranks"], stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    for rank in range(4):
+        assert lines_of(stdout, rank) == [f"rank {rank} interrupted"], stdout
+        assert lines_of(stderr, rank) == [f"rank {rank} cleans up"], stderr
+    assert_all_gone(recorded_pids(pids))
+
+
+IGNORES_CTRL_C = (
+    PIDS
+    + """
+if RANK == 1:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+(PIDS / f"{RANK}.ready").touch()
+time.sleep(60)
+"""
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_second_ctrl_c_kills_the_ranks_that_go_on(tmp_path: Path) -> None:
+    script = write(tmp_path / "ignores.py", IGNORES_CTRL_C)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    launcher = start_launcher("-n", "2", "--grace", "600", str(script), str(pids), cwd=tmp_path)
+    try:
+        wait_for_ranks(pids, 2, launcher, "*.ready")
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.stderr is not None
+        waiting = launcher.stderr.readline()  # rank 0's KeyboardInterrupt traceback is dropped
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=30)  # long before the grace of 600 s
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == 130, stderr
+    assert waiting == "distcomm run: waiting for rank 1 to stop (Ctrl-C again to kill them now)\n"
+    assert stderr.splitlines() == [
+        "distcomm run: interrupted (Ctrl-C); stopped 2 ranks (1 with SIGKILL)"
+    ]
     assert_all_gone(recorded_pids(pids))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jobs import run_job
+from jobs import dev_shm_names, run_job
 
 from distcomm.backend.specs import Capabilities
 from distcomm.testing.conformance import CHECKS, TOPICS, check
@@ -105,9 +105,11 @@ def test_a_failing_check_ends_the_job_with_the_failing_ranks_report(
         start, backend = [sys.executable, "-m", "distcomm", "run", "-n", "2"], "gloo"
     command = [*start, *PYTEST, "-p", "failing_check", f"--distcomm-backend={backend}"]
     command += [f"--distcomm-checks=getters,barrier,{FAILING}", "--distcomm-timeout=60"]
+    shm = dev_shm_names()
     done = run_job(command, cwd=tmp_path, timeout=50)
     text = output(done)
     assert done.returncode != 0, text
+    assert dev_shm_names() == shm  # on mpi, MPICH's segment is removed before MPI_Abort
     assert "[rank 1] distcomm: rank 1 of 2 failed " in text, text
     assert f"test_check[{FAILING}] (call); ending the whole job" in text, text
     assert f"AssertionError: conformance check '{FAILING}' failed on rank 1" in text
@@ -241,3 +243,37 @@ def test_the_summary_says_what_is_not_native_and_counts_checks_per_topic() -> No
     for topic, counts in [("arguments", (1, 0, 0)), ("reductions", (0, 0, 1))]:
         assert row(topic, *counts).search(text), text
     assert row("movement", 0, 1, 0).search(text) and row("total", 1, 1, 1).search(text)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("policy", ["off", "check"])
+def test_the_kit_passes_whatever_distcomm_debug_says(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each check pins the mismatch-check policy it needs (the default is covered everywhere)."""
+    import distcomm
+    from distcomm.testing import run_threads
+    from distcomm.testing.conformance import run_all
+
+    monkeypatch.setenv("DISTCOMM_DEBUG", policy)
+
+    def body() -> str:
+        debug = str(distcomm.get_communicator().debug)  # type: ignore[attr-defined]
+        run_all()
+        return debug
+
+    assert run_threads(body, 3, timeout=180) == [policy] * 3
+
+
+def test_the_docs_count_the_checks_of_each_topic() -> None:
+    """The summaries shown in docs/testing.md and docs/plugins.md count what the kit holds."""
+    counts = {topic: sum(topic_of(name) == topic for name in CHECKS) for topic in TOPICS}
+    root = Path(__file__).resolve().parents[2] / "docs"
+    for page in ("testing.md", "plugins.md"):
+        text = (root / page).read_text()
+        shown = dict(re.findall(r"^(?:\[rank 0\] )?(\w+) +(\d+) +0$", text, re.MULTILINE))
+        for topic, count in counts.items():
+            if topic in shown:
+                assert int(shown[topic]) == count, f"{page}: {topic} {shown[topic]} != {count}"
+        assert int(shown["total"]) == len(CHECKS), f"{page}: total {shown['total']}"
+        assert f"{len(CHECKS)} passed in" in text, f"{page}: the pytest line"

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from jobs import dev_shm_names
 
 FAILING = """
 import pytest
@@ -28,6 +29,7 @@ def test_rank_one_disagrees():
 @pytest.mark.usefixtures("aborted_mpich_job")
 def test_a_failing_rank_ends_the_job_with_its_report(tmp_path: Path, mpirun: str) -> None:
     (tmp_path / "test_failing.py").write_text(textwrap.dedent(FAILING))
+    shm = dev_shm_names()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "PYTEST_"))}
     command = [
         mpirun,
@@ -57,6 +59,7 @@ def test_a_failing_rank_ends_the_job_with_its_report(tmp_path: Path, mpirun: str
         in done.stderr
     )
     assert "rank 1 disagrees" in done.stderr
+    assert dev_shm_names() == shm  # MPICH's segment removed before MPI_Abort
 
 
 def test_plugin_is_inert_outside_mpi(pytester: pytest.Pytester) -> None:

@@ -33,6 +33,7 @@ from distcomm.backend import (
 )
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.cuda import query_cuda_support
+from distcomm_mpi.leftovers import clean_abort, remove_at_abort
 from distcomm_mpi.native import native_call
 from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.sidechannel import SideChannel, channel
@@ -190,6 +191,7 @@ class MpiCommunicator(BaseCommunicator):
         else:
             self.cpu_only_reason = f"this MPI is not CUDA-aware: {cuda_aware[1]}"
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
+        self._vote_tag = self._tag_ub  # distcomm's own messages: refused to users below
         self._allreduce = comm.Allreduce
         self._side = side
         self._key = side.register(self)
@@ -218,13 +220,16 @@ class MpiCommunicator(BaseCommunicator):
 
     def _blocked_timeout(self, seq: int, waited: float) -> None:
         label = self.blocked_op or f"{self.op} (operation #{seq})"
-        missing, detail = self._arrivals(seq) if seq > 0 else (None, "")
-        shown = self._stacks(missing)[1]
-        where = f"\n{shown}\n" if shown else " "
-        abort_job(
+        found = self.diagnose(seq if seq > 0 else None)
+        head = (
             f"distcomm: rank {self.rank} of {self.describe()}: {label} has not completed after "
-            f"{waited:.0f} s (timeout {self.timeout:g} s){'; ' + detail if detail else ''}."
-            f"{where}MPI cannot cancel it, so distcomm aborts the job "
+            f"{waited:.0f} s (timeout {self.timeout:g} s)"
+        )
+        if found.mismatch is not None:  # the ranks called different collectives
+            abort_job(f"{head}: {found.mismatch}\nMPI cannot cancel it: distcomm aborts the job.")
+        detail = f"; {found.detail}" if found.detail else ""
+        abort_job(
+            f"{head}{detail}.{found.block}MPI cannot cancel it, so distcomm aborts the job "
             "(MPI_Abort). HINT: a rank is stuck, died or skipped this call; if it is merely "
             "slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
         )
@@ -241,9 +246,10 @@ class MpiCommunicator(BaseCommunicator):
 
     def _check_tag(self, tag: Any) -> None:
         super()._check_tag(tag)
-        if tag > self._tag_ub:
+        if tag >= self._tag_ub:
             raise InvalidArgumentError(
-                f"tag={tag!r} is above this MPI's largest tag (MPI_TAG_UB={self._tag_ub})"
+                f"tag={tag!r} is too large for this MPI: valid tags are 0 to {self._tag_ub - 1} "
+                f"(MPI_TAG_UB={self._tag_ub} is distcomm's own). HINT: pass a smaller tag."
             )
 
     def _run(self, blocking: Any, starting: Any, async_op: bool, *args: Any) -> Work | None:
@@ -427,8 +433,9 @@ def create(
         )
     side = channel(world)
     monitor.watch(side)
+    remove_at_abort()  # MPICH's files outlive an aborted job (distcomm_mpi.leftovers)
     if world.Get_size() > 1:  # a dying rank would leave the others waiting: it ends the job
-        abort_on_uncaught_exception(world.Get_rank(), lambda: world.Abort(1), "MPI_Abort")
+        abort_on_uncaught_exception(world.Get_rank(), lambda: clean_abort(world), "MPI_Abort")
         set_abort_notice(lambda: side.job_ends(_answer_wait()))
     return MpiCommunicator(
         world.Dup(),

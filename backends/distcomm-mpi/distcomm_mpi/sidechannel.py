@@ -2,9 +2,9 @@
 "where are you?".
 
 When an operation times out, the rank that waited asks every other member of the communicator
-for its sequence number on a private duplicate of COMM_WORLD, then asks the ones behind for
-their Python stack (:func:`distcomm.backend.stacks.where`); each rank's monitor thread answers
-a few times per second, whatever its main thread is doing (blocked in another collective, busy
+for its sequence number on a private duplicate of COMM_WORLD, then asks them for their Python
+stack and calls (:func:`distcomm.backend.stacks.answer`); each rank's monitor thread answers a
+few times per second, whatever its main thread is doing (blocked in another collective, busy
 in Python, asleep). A rank that does not answer in time is reported as such, never guessed.
 A question is two integers: the communicator's key and the tag to answer on, negated for
 "where are you?".
@@ -97,7 +97,7 @@ class SideChannel:
                     aborts.last_words()
                     reply = bytearray(_MESSAGE.pack(0, 0))
                 elif tag < 0:  # where are you?
-                    text = stacks.where(comm).encode(errors="replace")[:_WHERE_BYTES]
+                    text = stacks.answer(comm).encode(errors="replace")[:_WHERE_BYTES]
                     reply = bytearray(text)
                 else:
                     seq = _UNKNOWN if comm is None else int(comm.seq)

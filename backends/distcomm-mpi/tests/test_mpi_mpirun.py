@@ -177,3 +177,77 @@ def test_without_abort_on_exception_the_watchdog_names_the_dead_rank(
     assert "died of an uncaught" not in done.stderr
     assert "all_reduce (operation #2) has not completed after" in done.stderr
     assert "ranks that had not arrived: [2]" in done.stderr
+
+
+SKIPS_ONE = """
+import time, numpy as np, distcomm
+comm = distcomm.init(backend="mpi")
+distcomm.all_reduce(np.ones(4))
+if comm.rank != 3:
+    distcomm.all_reduce(np.ones(4))  # rank 3 skips it: the others' watchdog ends the job
+time.sleep(60)
+"""
+
+
+def hydra_topology_files() -> set[str]:
+    """The topology files of MPICH's launcher (hydra) in /tmp now."""
+    return {path.name for path in Path("/tmp").glob("hydra_hwloc_xmlfile_*")}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize("ending", ["uncaught exception", "watchdog"])
+def test_a_job_that_distcomm_aborts_leaves_no_mpich_files(
+    tmp_path: Path, mpirun: str, ending: str
+) -> None:
+    """MPICH unlinks its shared-memory segment (/dev/shm/mpich_shm_*) in MPI_Finalize only, and
+    hydra's proxy its topology file at a normal end: distcomm removes both before MPI_Abort."""
+    shm, topology = jobs.dev_shm_names(), hydra_topology_files()
+    if ending == "uncaught exception":
+        done = run_job(mpirun, tmp_path, 4, sys.executable, str(DYING), str(tmp_path), "mpi", "1")
+        said = "distcomm: rank 1 died of an uncaught ValueError"
+    else:
+        script = tmp_path / "skips_one.py"
+        script.write_text(textwrap.dedent(SKIPS_ONE))
+        command = [mpirun, "-n", "4", sys.executable, str(script)]
+        done = jobs.run_job(command, timeout=90, cwd=tmp_path, env={"DISTCOMM_TIMEOUT": "2"})
+        said = "all_reduce (operation #2) has not completed after"
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr[-4000:]  # distcomm ended the job, nothing else
+    assert jobs.dev_shm_names() == shm
+    assert hydra_topology_files() == topology
+
+
+FIRST_IS_ONE = """
+import json, sys
+import numpy as np
+import torch  # imported: init makes torch's group beside mpi, over a broadcast of its own
+import distcomm
+seen = []
+with distcomm.add_hook(before=lambda event: seen.append(event.seq)):
+    comm = distcomm.init(backend="mpi")
+    made = comm.torch_group is not None
+    before = comm.seq
+    distcomm.all_reduce(np.ones(2))
+    named = None
+    try:
+        distcomm.all_reduce(np.ones(3 if comm.rank else 2))  # a mismatch: named #2
+    except distcomm.CollectiveMismatchError as exc:
+        named = exc.seq
+with open(sys.argv[1] + f"/rank-{comm.rank}.json", "w") as out:
+    json.dump([made, before, seen, named], out)
+distcomm.finalize()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_first_collective_is_number_1_with_the_torch_group(tmp_path: Path, mpirun: str) -> None:
+    """init's own exchange (the torch group's rendezvous) is not the program's operation #1."""
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_IS_ONE)
+    done = run_job(mpirun, tmp_path, 2, sys.executable, str(script), str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2):
+        made, before, seen, mismatch = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert made, "torch's group was made beside mpi"
+        assert (before, seen, mismatch) == (0, [1, 2], 2), (rank, before, seen, mismatch)

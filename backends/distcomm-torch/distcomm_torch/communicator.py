@@ -26,6 +26,7 @@ from distcomm import (
 )
 from distcomm.backend import as_torch, monitor
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm_torch.mailbox import StoreMailbox
 from distcomm_torch.native import all_gather_single as _all_gather_single
 from distcomm_torch.native import native_call
 from distcomm_torch.native import reduce_scatter_single as _reduce_scatter_single
@@ -130,6 +131,11 @@ class TorchCommunicator(BaseCommunicator):
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
         self._progress = progress
         self._progress_key = "" if progress is None else progress.key(self.native)
+        self._mailbox = (
+            None
+            if progress is None
+            else StoreMailbox(progress, f"distcomm/mail/{self.native.group_name}", self.rank)
+        )
         self._published = 0
         if progress is not None and self.world_size > 1:
             monitor.watch(self)
@@ -185,6 +191,8 @@ class TorchCommunicator(BaseCommunicator):
     def monitor_tick(self, now: float) -> None:
         """Publish this rank's progress when it changed (the monitor thread calls it)."""
         seq = self.seq  # published after a failure too: the other ranks read it then
+        if self._progress is not None and self.unusable not in (None, "finalized"):
+            self._progress.troubled(now)  # its peers will ask where it is: answer at once
         if seq != self._published and self._progress is not None:
             self._progress.active(now)
             self._progress.publish(self._progress_key, self._rank, seq)
@@ -199,6 +207,20 @@ class TorchCommunicator(BaseCommunicator):
         if self._progress is None:
             return None
         return self._progress.where({rank: self._global_ranks[rank] for rank in ranks})
+
+    def _control_ready(self) -> bool:
+        """Only through the store (:mod:`distcomm_torch.mailbox`): Gloo's own messages complete
+        only in a blocking wait. None where torch hides the store, and on the group made beside
+        another backend, which distcomm's operations never use."""
+        return self._mailbox is not None
+
+    def _control_isend(self, payload: bytearray, dst: int) -> Work:
+        assert self._mailbox is not None, "no control messages here (_control_ready)"
+        return self._mailbox.send(self, payload, dst)
+
+    def _control_irecv(self, payload: bytearray, src: int) -> Work:
+        assert self._mailbox is not None, "no control messages here (_control_ready)"
+        return self._mailbox.recv(self, payload, src)
 
     def _issue(
         self, start: Callable[..., Any], args: tuple[Any, ...], *buffers: Any

@@ -8,11 +8,13 @@ one tick pass and reads every member's value: the members behind the operation a
 that had not arrived. Reads run in a helper thread with a deadline, so a store that cannot
 answer (its server, rank 0, died) gives "unknown", never a hang.
 
-After a timeout, the rank that waited also asks the ranks that had not arrived where they are:
-it increments a counter of each in the store, and that rank's monitor thread answers with the
-Python stack of its program's thread (:func:`distcomm.backend.stacks.where`) and the counter's
-value. A rank reads its counter once a tick only while it has entered no collective for half its
-timeout (as a rank the others wait for has not), so a busy job asks nothing of the store. Such a
+After a timeout, the rank that waited also asks the other ranks where they are: it increments
+a counter of each in the store, and that rank's monitor thread answers with the Python stack of
+its program's thread and what it called (:func:`distcomm.backend.stacks.answer`) and the
+counter's value. A rank reads its counter once a tick only while it has entered no collective for
+2 s (or half its timeout, if shorter), as a rank that waits for another has not, or while one
+of its communicators has failed (its peers are about to ask), so a busy job asks nothing of the
+store. Such a
 rank counts itself in the store as listening; rank 0, whose process serves the store, says when
 it leaves (finalize or exit) and waits a moment for the listening ranks to stop, so that none of
 them sends a request to a server that is gone (which torch reports at length on stderr).
@@ -35,6 +37,10 @@ from distcomm.backend import monitor, stacks
 
 __all__ = ["StoreProgress"]
 
+#: Seconds without entering a collective after which a rank listens for questions (at most: half
+#: its timeout if that is shorter). A rank that waits on another, in the engine or in a vote of
+#: the mismatch check, answers within a few ticks after it.
+_QUIET = 2.0
 #: Seconds a read of the store may take before the answer is "unknown".
 _READ_LIMIT = 3.0
 #: How many ranks read their question counter (listen); set once rank 0 leaves.
@@ -57,6 +63,25 @@ class StoreProgress:
         self._listening = False
         self._left = False  # answers no more
         self._gone = False  # has left the job (finalize or exit)
+        self._server_gone = False  # rank 0, whose process serves the store, said it leaves
+        self._troubled_until = 0.0  # listens until then, busy or not (a communicator failed)
+
+    @property
+    def store(self) -> Any:
+        """The store (for :mod:`distcomm_torch.mailbox`)."""
+        return self._store
+
+    @property
+    def server_gone(self) -> bool:
+        """Whether this rank knows that the store's server (rank 0's process) has left or
+        failed: nothing may be sent to it any more (torch reports each attempt at length)."""
+        return self._server_gone
+
+    def troubled(self, now: float) -> None:
+        """One of this process's communicators has failed (its monitor tick says so while it
+        is not finalized): listen for the next ticks whatever the program does, since the
+        other ranks of that communicator are about to ask where this one is."""
+        self._troubled_until = now + 2 * monitor.interval()
 
     def active(self, now: float) -> None:
         """Note that one of this process's communicators entered a collective by ``now``."""
@@ -74,7 +99,9 @@ class StoreProgress:
     def read(self, key: str, size: int) -> dict[int, int] | None:
         """Every member's published sequence number (members that published none are left
         out), after one monitor tick so that each live one has published its latest; None if
-        the store did not answer in time."""
+        the store did not answer in time (or its server is known to be gone)."""
+        if self._server_gone:
+            return None
         time.sleep(2 * monitor.interval() + 0.1)
         found: dict[int, int] = {}
 
@@ -92,7 +119,7 @@ class StoreProgress:
         world communicator), from the monitor thread, until :meth:`release` or exit."""
         if self._owner is None:
             self._owner = weakref.ref(comm)
-            self._quiet = comm.timeout / 2
+            self._quiet = min(comm.timeout / 2, _QUIET)
             if self._rank == 0:  # a store kept from an earlier init (an adopted group)
                 with contextlib.suppress(Exception):
                     self._store.delete_key(_CLOSING)
@@ -110,22 +137,24 @@ class StoreProgress:
             if self._left:
                 return
             try:
-                if now - self._active < self._quiet:
+                if now - self._active < self._quiet and now >= self._troubled_until:
                     if self._listening:
                         self._listen(False)
                     return
                 if not self._listening:
                     self._listen(True)
                 if self._store.check([_CLOSING]):  # rank 0 leaves: its server goes
+                    self._server_gone = True
                     self._listen(False)
                     self._stop()
                     return
                 asked = int(self._store.add(_asked(self._rank), 0))
                 if asked > self._answered:
                     owner = None if self._owner is None else self._owner()
-                    self._store.set(_answer(self._rank), f"{asked}\n{stacks.where(owner)}")
+                    self._store.set(_answer(self._rank), f"{asked}\n{stacks.answer(owner)}")
                     self._answered = asked
             except Exception:  # the store's server is gone: nobody can ask any more
+                self._server_gone = True
                 self._listening = False
                 self._stop()
                 raise
@@ -165,7 +194,9 @@ class StoreProgress:
     def where(self, ranks: Mapping[int, int]) -> dict[int, str] | None:
         """Where each member of ``ranks`` (member -> its rank in the default group) is; members
         that did not answer within a few monitor ticks are left out; None if the store itself
-        did not answer."""
+        did not answer (or its server is known to be gone)."""
+        if self._server_gone:
+            return None
         found: dict[int, str] = {}
         wait = 2 * monitor.interval() + 0.5  # an idle rank answers at its next tick
 

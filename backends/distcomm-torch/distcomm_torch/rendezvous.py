@@ -216,7 +216,12 @@ def _not_arrived(store: Any, size: int) -> list[int] | None:
 
 
 def _first_line(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno in errno.errorcode and exc.strerror:
+    if (
+        isinstance(exc, OSError)
+        and exc.errno is not None
+        and exc.errno in errno.errorcode
+        and exc.strerror
+    ):
         return f"{errno.errorcode[exc.errno]}: {exc.strerror}"  # as torch's own: EADDRINUSE
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__

@@ -1,35 +1,46 @@
-"""The mismatch check: before a collective, the ranks of the group agree they call the same one.
+"""The mismatch check: the ranks of a group agree that they make the same collectives.
 
-Each rank digests what it is about to call (op, dtype, element count, root, reduce op; shapes are
-shown, never compared: torch accepts (2, 3) on one rank and (6,) on another) into a 62-bit
-fingerprint with blake2b (stable across processes, unlike ``hash()``), and one int64
-all-reduce of 16 bytes, ``MIN`` of ``[f, -f]``, tells every rank the smallest and the largest
-fingerprint. Equal: the call goes ahead. Different: the ranks gather their rows (op, shape,
-dtype, root, call site) and every rank raises :class:`~distcomm.errors.CollectiveMismatchError`
-with the table; the user's operation is not run and the communicator stays usable. A rank that
-called no collective at all leaves the others in the check until the communicator's timeout,
-which names it.
+Every collective folds its signature (op, dtype, element count, root, reduce op) into the
+communicator's running value (:mod:`~distcomm.backend._pipeline.history`; shapes are shown,
+never compared: torch accepts (2, 3) on one rank and (6,) on another). The ranks compare
+running values, so that nothing slips through:
 
-Which calls are checked (``DISTCOMM_DEBUG`` or ``init(debug=...)``): by default (``"sample"``)
-the first 64 collectives of each communicator and then every 1024th (seq 64 + 1024 k), decided
-from ``seq``, so every rank decides alike: the typical bug is there from the first step, but a
-late, rare mismatch can be missed. ``"check"``: every collective. ``"off"``: none.
+- at the check points of the policy, before the collective is issued: one int64 all-reduce of
+  16 bytes, ``MIN`` of ``[v, -v]`` (:func:`agree`), at the same ``seq`` on every rank, so that
+  the checks' collectives always meet each other in the engine;
+- before a call whose signature the ranks have never agreed on (a new size, dtype, op, root),
+  at a ``barrier`` and in ``finalize()``: a vote of point-to-point messages
+  (:mod:`~distcomm.backend._pipeline.confirmation`), which a rank that called something else
+  cannot meet with a collective of its own: the mismatch never reaches the engine;
+- when an operation times out or its engine fails: out of band
+  (:mod:`~distcomm.backend._pipeline.failures`).
+
+Where the values differ, the ranks' histories say which operation came first where they parted
+(:mod:`~distcomm.backend._pipeline.divergence`), and
+:class:`~distcomm.errors.CollectiveMismatchError` names it with each rank's call there. Found
+before any rank ran it, the operation is not run and the communicator stays usable; otherwise
+the error says which operations ran with mismatched calls, and the communicator is retired.
+
+The policy (``DISTCOMM_DEBUG`` or ``init(debug=...)``): ``"sample"`` (the default) has check
+points at the first 64 collectives of each communicator and then every 1024th (seq 64 + 1024
+k), decided from ``seq`` so that every rank decides alike; ``"check"`` at every collective;
+``"off"`` keeps no history and checks nothing.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend._pipeline import objects
-from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
+from distcomm.backend._pipeline import confirmation, divergence, objects
+from distcomm.backend._pipeline.history import call_site
+from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
+    from distcomm.backend._pipeline.history import CallHistory
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
     from distcomm.backend.communicator import BaseCommunicator
@@ -39,9 +50,11 @@ __all__ = [
     "SAMPLED_FIRST",
     "SAMPLE_EVERY",
     "agree",
+    "call_site",
     "check",
     "limits",
     "policy",
+    "record",
     "shape_of",
 ]
 
@@ -50,8 +63,6 @@ POLICIES = ("sample", "check", "off")
 #: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
 SAMPLED_FIRST = 64
 SAMPLE_EVERY = 1024
-_BITS = (1 << 62) - 1
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
@@ -100,40 +111,70 @@ def next_checked(seq: int, until: int, sampling: bool) -> int:
     return SAMPLED_FIRST + -(-(seq - SAMPLED_FIRST) // SAMPLE_EVERY) * SAMPLE_EVERY
 
 
-def check(
-    comm: Steps,
-    op: str,
-    x: Any = None,
-    adapter: Adapter | None = None,
-    root: int | None = None,
-    reduce_op: ReduceOp | None = None,
-) -> None:
-    """Agree with the other ranks of ``comm`` on the call about to be made (module docstring).
+def check(comm: Steps, x: Any = None) -> None:
+    """At a check point (the same ``seq`` on every rank): agree with the other ranks of ``comm``
+    on the running value, before the collective (its argument ``x``) is issued.
 
     Raises:
-        CollectiveMismatchError: a rank called something else; every rank raises it.
+        CollectiveMismatchError: the ranks' calls differ (every rank raises it).
     """
+    h = comm._history
+    if h is None:
+        return
+    seq = comm.seq
+    channel = comm._object_channel()
+    h.voting = seq
+    try:
+        if agree(channel, h.value(seq)):
+            h.agree(seq)
+            return
+        mine = h.dump(None if x is None else shape_of(x), site=call_site())
+        dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
+    finally:
+        h.voting = 0
+    found = divergence.first_divergence({r: divergence.timeline(d) for r, d in dumps.items()})
+    if found is None:  # older than every history kept
+        found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
+    error = divergence.mismatch_error(comm.describe(), found, dumps)
+    if error.ran is None:
+        h.neutralise(seq)  # no rank ran it: the histories agree again
+        h.agree(seq)
+        comm._forget_plain()
+    else:
+        comm.unusable = f"collective mismatch at operation #{error.seq}"
+    raise error
+
+
+def record(
+    comm: Steps,
+    h: CallHistory,
+    seq: int,
+    op: str,
+    x: Any,
+    adapter: Adapter | None,
+    root: int | None,
+    reduce_op: ReduceOp | None,
+) -> None:
+    """Fold collective ``seq`` into ``comm``'s history ``h``. A call unlike the one before it
+    starts a run; one whose signature the ranks have never agreed on is confirmed with them
+    before it is issued (unless ``seq`` is a check point, where it is checked anyway)."""
     dtype = numel = None
     if x is not None and adapter is not None:
         dtype, numel = adapter.dtype(x), adapter.numel(x)
-    name = None if reduce_op is None else reduce_op.name
-    fingerprint = _fingerprint(op, dtype, numel, root, name)
-    channel = comm._object_channel()
-    if not agree(channel, fingerprint):
+    signature = (op, dtype, numel, root, None if reduce_op is None else reduce_op.name)
+    fp = h.fingerprint(signature)
+    if fp == h.run_fp:
+        return
+    novel = h.start_run(seq, fp)
+    if op == "all_reduce" and reduce_op is ReduceOp.SUM and dtype is not None:
+        comm._plain_cls, comm._plain_dtype, comm._plain_nbytes = x.__class__, x.dtype, x.nbytes
+    else:
+        comm._forget_plain()
+    if novel:
         shape = None if x is None else shape_of(x)
-        row = {"op": op, "shape": shape, "dtype": dtype, "numel": numel, "root": root}
-        row.update(reduce_op=name, site=call_site())
-        table = objects.all_gather_object(channel, row)
-        raise CollectiveMismatchError(
-            _message(comm, table), table=table, op=op, seq=comm.seq, group=comm.describe()
-        )
-
-
-@functools.lru_cache(maxsize=256)
-def _fingerprint(*call: object) -> int:
-    """62 bits of blake2b over the call's canonical text (stable across processes)."""
-    digest = hashlib.blake2b("|".join(map(str, call)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & _BITS
+        h.describe(fp, signature, call_site(), shape)
+        if seq < comm._next_check and op != "barrier" and comm._can_confirm():
+            confirmation.vote(comm, confirmation.CALL, shape)
 
 
 def agree(channel: BaseCommunicator, fingerprint: int) -> bool:
@@ -172,37 +213,3 @@ def shape_of(x: Any) -> tuple[int, ...] | None:
     """``x``'s shape as a tuple of ints (None: it has none)."""
     shape = getattr(x, "shape", None)
     return None if shape is None else tuple(int(n) for n in shape)
-
-
-def call_site(skip: tuple[str, ...] = ()) -> str:
-    """``file:line`` of the innermost frame outside distcomm (and the files ``skip``): the
-    user's call."""
-    frame = sys._getframe(1)
-    while frame is not None and (
-        os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE)
-        or frame.f_code.co_filename in skip
-    ):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def _message(comm: Steps, table: list[dict[str, Any]]) -> str:
-    lines = []
-    for rank, row in enumerate(table):
-        parts = [row["op"]]
-        if row["dtype"] is not None:
-            parts += [f"shape {row['shape']}", row["dtype"], f"{row['numel']} elements"]
-        if row["root"] is not None:
-            parts.append(f"root {row['root']}")
-        if row["reduce_op"] is not None:
-            parts.append(f"op {row['reduce_op']}")
-        lines.append(f"  rank {rank}: {', '.join(map(str, parts))}  at {row['site']}")
-    return (
-        f"collective mismatch at operation #{comm.seq} on {comm.describe()}: the ranks did not "
-        "call the same collective:\n" + "\n".join(lines) + "\nThe operation was not run; the "
-        "communicator can still be used. HINT: every rank calls the same collectives in the "
-        "same order, with the same element count, dtype, root and reduce op (look for a "
-        "collective inside an if that only some ranks take)."
-    )

@@ -13,13 +13,20 @@ the error shows their Python stacks (:mod:`distcomm.backend.stacks`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distcomm.backend import aborts, stacks
-from distcomm.errors import DistTimeoutError, EngineError
+from distcomm.backend._pipeline import divergence
+from distcomm.backend._pipeline.history import call_site, minimal_dump, same_communicator
+from distcomm.backend.stacks import split
+from distcomm.errors import CollectiveMismatchError, DistTimeoutError, EngineError
 
-__all__ = ["Failures", "lost_peer", "missing_ranks"]
+if TYPE_CHECKING:
+    from distcomm.backend._pipeline.history import CallHistory
+
+__all__ = ["Diagnosis", "Failures", "current_dump", "lost_peer", "missing_ranks", "seconds"]
 
 #: Engine messages that mean a peer process went away (gloo, MPI, sockets).
 _LOST_PEER = (
@@ -55,6 +62,7 @@ class Failures:
     _rank: int
     _world_size: int
     unusable: str | None
+    _history: CallHistory | None
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -62,9 +70,13 @@ class Failures:
     # -- for backends ----------------------------------------------------------------------------
     def timed_out(
         self, op: str, seq: int | None, limit: float, waiting_for: str = "", stalled: str = ""
-    ) -> DistTimeoutError:
+    ) -> DistTimeoutError | CollectiveMismatchError:
         """Retire this communicator after ``op`` did not complete within ``limit`` seconds and
         return the error to raise; under ``DISTCOMM_ON_TIMEOUT=abort``, end the job instead.
+
+        When the other ranks' calls (asked out of band) show that they did not call the same
+        collectives, the error is that :class:`~distcomm.errors.CollectiveMismatchError`,
+        naming the first operation where they parted.
 
         Args:
             op: the operation's name.
@@ -75,33 +87,49 @@ class Failures:
                 the timeout (an in-process world where every rank waits).
         """
         label = _label(op, seq)
-        missing, detail = self._arrivals(seq) if seq else (None, waiting_for or "")
-        where, shown = self._stacks(missing)
-        gap = f"\n{shown}\n" if shown else " "
+        found = self.diagnose(seq, waiting_for)
         late = (
-            f"can never complete ({stalled})" if stalled else f"did not complete within {limit:g} s"
+            f"can never complete ({stalled})"
+            if stalled
+            else f"did not complete within {seconds(limit)} s"
         )
-        self.unusable = f"{label} {'stalled' if stalled else f'timed out after {limit:g} s'}"
-        message = (
-            f"{label} on {self.describe()} {late}{'; ' + detail if detail else ''}."
-            f"{gap}HINT: a rank is stuck, died or "
-            "skipped this call; if it is merely slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
-        )
-        error = DistTimeoutError(
-            message, op=op, seq=seq, group=self.describe(), missing_ranks=missing, stacks=where
-        )
+        self.unusable = f"{label} {'stalled' if stalled else f'timed out after {seconds(limit)} s'}"
+        if found.mismatch is not None:
+            error: DistTimeoutError | CollectiveMismatchError = found.mismatch
+            message = f"{label} on {self.describe()} {late}: {error}"
+        else:
+            message = (
+                f"{label} on {self.describe()} {late}"
+                f"{'; ' + found.detail if found.detail else ''}.{found.block}HINT: a rank is "
+                "stuck, died or skipped this call; if it is merely slow, raise "
+                "init(timeout=...) or DISTCOMM_TIMEOUT."
+            )
+            error = DistTimeoutError(
+                message,
+                op=op,
+                seq=seq,
+                group=self.describe(),
+                missing_ranks=found.missing,
+                stacks=found.stacks,
+            )
         if aborts.on_timeout() == "abort":
             self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
         return error
 
-    def engine_failed(self, op: str, seq: int | None, exc: BaseException) -> EngineError:
+    def engine_failed(
+        self, op: str, seq: int | None, exc: BaseException
+    ) -> EngineError | CollectiveMismatchError:
         """Retire this communicator after the engine raised ``exc`` in ``op``; return the
-        distcomm error to raise from it (``raise comm.engine_failed(...) from exc``)."""
+        distcomm error to raise from it (``raise comm.engine_failed(...) from exc``): the
+        :class:`~distcomm.errors.CollectiveMismatchError` when the ranks' calls (asked out of
+        band) differ, else an EngineError."""
         label = _label(op, seq)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         self.unusable = f"{label} failed: {first}"
+        found = self.diagnose(seq, show_stacks=False)
+        if found.mismatch is not None:
+            return found.mismatch
         lost = lost_peer(str(exc))
-        missing, detail = self._arrivals(seq) if seq else (None, "")
         what = "a peer went away" if lost else "the engine failed"
         hint = (
             "look above for the traceback of the rank that died (or its launcher's report)"
@@ -110,9 +138,35 @@ class Failures:
         )
         message = (
             f"{label} on {self.describe()} failed: {what} ({type(exc).__name__}: {first})"
-            f"{'; ' + detail if detail else ''}. HINT: {hint}."
+            f"{'; ' + found.detail if found.detail else ''}. HINT: {hint}."
         )
-        return EngineError(message, op=op, seq=seq, group=self.describe(), missing_ranks=missing)
+        return EngineError(
+            message, op=op, seq=seq, group=self.describe(), missing_ranks=found.missing
+        )
+
+    def diagnose(
+        self, seq: int | None, waiting_for: str = "", show_stacks: bool = True
+    ) -> Diagnosis:
+        """What the other ranks were doing while operation ``seq`` (None: a point-to-point
+        message, which ``waiting_for`` describes) could not complete, found out of band: the
+        ranks that had not arrived, where they are (when ``ask_where``), and the collective
+        mismatch their calls show, if any. For a backend's own diagnostic (MPI's watchdog)."""
+        missing, detail = self._arrivals(seq) if seq else (None, waiting_for)
+        members = [r for r in range(self._world_size) if r != self._rank]
+        answers, failed = self._ask_where(members if seq else [])
+        mismatch = self._mismatch(answers)
+        if mismatch is not None:
+            self.unusable = f"collective mismatch at operation #{mismatch.seq}"
+            return Diagnosis(missing, detail, {}, " ", mismatch)
+        if not show_stacks or not missing:
+            return Diagnosis(missing, detail, {}, " ")
+        if failed:
+            block = f"The stacks of the ranks that had not arrived are unknown ({failed})."
+            return Diagnosis(missing, detail, {}, f"\n{block}\n")
+        if answers is None:
+            return Diagnosis(missing, detail, {}, " ")
+        where = {rank: split(answers[rank])[0] for rank in missing if rank in answers}
+        return Diagnosis(missing, detail, where, f"\n{stacks.describe(where, missing)}\n")
 
     def _peer_progress(self) -> Mapping[int, int] | None:
         """Each member's sequence number (the latest collective it entered), found out of band;
@@ -124,10 +178,12 @@ class Failures:
 
     def _peer_stacks(self, ranks: list[int]) -> Mapping[int, str] | None:
         """Where each of ``ranks`` (members) is: the text of :func:`distcomm.backend.stacks.where`
-        there, found out of band within a few seconds; a member that did not answer is left
-        out. None: this backend cannot ask.
+        there (which also carries what that rank called: pass it on as it is), found out of
+        band within a few seconds; a member that did not answer is left out. None: this
+        backend cannot ask.
 
-        Called on the timed-out rank only, after :meth:`_peer_progress`.
+        Called after an operation timed out or failed, and while a rank waits in a check that
+        another rank may never join (from a helper thread then).
         """
         return None
 
@@ -137,19 +193,34 @@ class Failures:
         aborts.abort_job(message)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _stacks(self, missing: list[int] | None) -> tuple[dict[int, str], str]:
-        """Where each of ``missing`` is, asked out of band, and the block that shows it ("" when
-        none was missing or the backend cannot ask)."""
-        if not missing:
+    def _ask_where(self, ranks: list[int]) -> tuple[Mapping[int, str] | None, str]:
+        """``_peer_stacks(ranks)``, and why it failed ("" if it did not)."""
+        if not ranks:
             return {}, ""
         try:
-            found = self._peer_stacks(missing)
+            return self._peer_stacks(ranks), ""
         except Exception as exc:  # the side channel failed too: say so, never guess
-            return {}, f"The stacks of the ranks that had not arrived are unknown ({exc})."
-        if found is None:
-            return {}, ""
-        where = {rank: found[rank] for rank in missing if rank in found}
-        return where, stacks.describe(where, missing)
+            return None, str(exc)
+
+    def _mismatch(self, answers: Mapping[int, str] | None) -> CollectiveMismatchError | None:
+        """The collective mismatch the histories in peers' ``answers`` show against this
+        rank's, if any."""
+        if not answers:
+            return None
+        mine = current_dump(self)
+        dumps = {self._rank: mine}
+        for rank, answer in answers.items():
+            found = same_communicator(mine, split(answer)[1])
+            if found is not None:
+                dumps[rank] = found
+        if len(dumps) < 2:
+            return None
+        found_at = divergence.first_divergence(
+            {rank: divergence.timeline(d) for rank, d in dumps.items()}
+        )
+        if found_at is None:
+            return None
+        return divergence.mismatch_error(self.describe(), found_at, dumps)
 
     def _arrivals(self, seq: int) -> tuple[list[int] | None, str]:
         """The ranks that had not reached operation ``seq``, and a sentence saying so."""
@@ -161,9 +232,47 @@ class Failures:
             return None, "the ranks that had not arrived are unknown (this backend cannot tell)"
         missing = missing_ranks({**progress, self._rank: seq}, self._world_size, seq)
         if not missing:
-            return [], "every rank had arrived (the engine itself did not complete it)"
+            ahead = sorted(r for r, s in progress.items() if s > seq)
+            if ahead:
+                return [], (
+                    f"{'rank' if len(ahead) == 1 else 'ranks'} {ahead} had already gone on to "
+                    f"later operations (#{max(progress[r] for r in ahead)}): they completed "
+                    "this one without this rank, so the ranks did not call the same collectives"
+                )
+            return [], (
+                f"every rank had reached operation #{seq}, yet it did not complete: the ranks "
+                "called different collectives there, or the engine failed"
+            )
         where = ", ".join(_where(r, progress) for r in missing)
         return missing, f"ranks that had not arrived: {missing} ({where})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """What :meth:`Failures.diagnose` found: ``missing`` (None: unknown) and ``detail`` (a
+    sentence), ``stacks`` (rank -> stack) and ``block`` (their text, framed by newlines, or
+    " "), and the ``mismatch``, if the ranks' calls differ."""
+
+    missing: list[int] | None
+    detail: str
+    stacks: dict[int, str]
+    block: str
+    mismatch: CollectiveMismatchError | None = None
+
+
+def seconds(value: float) -> str:
+    """``value`` seconds for a message: ``1800``, ``2.5``, ``0.02``."""
+    if value >= 10 or value == int(value):
+        return f"{value:.0f}"
+    return f"{value:.2g}"
+
+
+def current_dump(comm: Any) -> dict[str, Any]:
+    """This rank's dump of ``comm``'s history; without one (policy off), its current call."""
+    history = comm._history
+    if history is not None:
+        return dict(history.dump(site=call_site()))
+    return minimal_dump(comm)
 
 
 def _where(rank: int, progress: Mapping[int, Any]) -> str:

@@ -37,7 +37,7 @@ class Groups(Steps):
                     f"passed {list(other)}. HINT: every rank calls new_group with the same ranks."
                 )
         index = 0 if self._rank in members else None
-        return self._inherit(self._split([members], index))
+        return self._inherit(self._split([members], index), index)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember:
         """Split into sub-communicators by ``color`` (None: not a member), ordered by ``key``."""
@@ -65,7 +65,7 @@ class Groups(Steps):
             for col in colors
         ]
         index = None if color is None else colors.index(color)
-        return self._inherit(self._split(groups, index))
+        return self._inherit(self._split(groups, index), index)
 
     def _group_arguments(self, members: Sequence[int]) -> dict[str, Any]:
         """What :class:`~distcomm.backend.BaseCommunicator` takes for this rank's communicator over
@@ -83,9 +83,16 @@ class Groups(Steps):
             "name": f"group {world}",
         }
 
-    def _inherit(self, group: Communicator | NonMember) -> Communicator | NonMember:
-        """A new group takes this communicator's settings (the check policy)."""
+    def _inherit(
+        self, group: Communicator | NonMember, index: int | None
+    ) -> Communicator | NonMember:
+        """A new group takes this communicator's settings (the check policy) and its lineage:
+        the n-th group made from this communicator, ``index``-th of them (``new_group`` and
+        ``split`` are collective here, so every member counts alike), so that two groups of
+        the same members are told apart when the ranks compare their calls."""
+        self._children += 1
         if isinstance(group, Steps):
+            group._lineage = f"{self._lineage}/{self._children}.{index}"
             group.debug = self.debug
         return group
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distcomm.backend._pipeline import confirmation
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.protocol import Work
 
@@ -76,9 +77,19 @@ class Movement(Steps):
         return self._finish(work, async_op, staged_out, None, staged_in)
 
     def barrier(self, async_op: bool = False) -> Work | None:
-        """Wait until every rank has reached the barrier."""
+        """Wait until every rank has reached the barrier.
+
+        A blocking barrier also confirms that the ranks made the same calls until it (unless
+        the policy is off): it is then a vote of point-to-point messages
+        (:mod:`~distcomm.backend._pipeline.confirmation`), and also the engine's barrier where
+        the vote travels on a side channel (a GPU engine, whose streams the barrier orders).
+        """
         self._check_usable()
         self._count("barrier")
         if self._world_size == 1:
             return DONE if async_op else None
+        if not async_op and self._history is not None and self._can_confirm():
+            confirmation.vote(self, confirmation.BARRIER)
+            if self._object_channel() is self:
+                return None
         return self._complete(self._call(self._barrier, async_op), async_op)

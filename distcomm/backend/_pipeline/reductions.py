@@ -3,7 +3,8 @@
 Beyond the common steps: op names are normalised to :class:`~distcomm.protocol.ReduceOp`, bool
 data reduces as logical or / and, AVG is emulated (SUM, then a division) where the engine lacks
 it, and an op the engine lacks altogether is computed from an all-gather. The commonest call, a
-blocking SUM, first tries the backend's ``_all_reduce_plain`` shortcut.
+blocking SUM like the calls before it (the same class, dtype and size: nothing new for the
+mismatch check to record), first tries the backend's ``_all_reduce_plain`` shortcut.
 """
 
 from __future__ import annotations
@@ -41,7 +42,18 @@ class Reductions(Steps):
         if op is _SUM and not async_op and self.unusable is None:
             plain = self._all_reduce_plain
             seq = self.seq + 1
-            if plain is not None and seq < self._next_check:
+            if (
+                plain is not None
+                and seq < self._next_check
+                and (
+                    self._history is None  # nothing to record, or a call like the run's:
+                    or (
+                        tensor.__class__ is self._plain_cls
+                        and tensor.dtype is self._plain_dtype
+                        and tensor.nbytes == self._plain_nbytes
+                    )
+                )
+            ):
                 self.op = "all_reduce"
                 self.blocked_seq = self.seq = seq
                 try:

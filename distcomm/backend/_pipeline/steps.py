@@ -15,15 +15,17 @@ Each public operation runs validate -> normalise -> world of 1 -> stage -> primi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm.backend._pipeline import agreement, observing
 from distcomm.backend._pipeline.checks import ArgumentChecks
 from distcomm.backend._pipeline.failures import Failures
+from distcomm.backend._pipeline.history import CallHistory
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.primitives import Primitives
@@ -62,6 +64,18 @@ class Steps(ArgumentChecks, Failures, Primitives):
     _event: Any = None
     #: The mismatch check's 16-byte buffer on this channel (made at the first check).
     _vote: Any = None
+    #: What this rank called (None: the policy is off, or a world of 1).
+    _history: CallHistory | None = None
+    #: The class, dtype and byte size of the tensors of the current run when it is a blocking
+    #: SUM all_reduce: a call like them takes the backend's shortcut without a record.
+    _plain_cls: Any = None
+    _plain_dtype: Any = None
+    _plain_nbytes: int = -1
+    #: Which communicator this is among those of the same members: "" for a world, then
+    #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
+    _lineage: str = ""
+    #: How many groups were made from this communicator (new_group, split).
+    _children: int = 0
 
     def __init__(
         self,
@@ -129,19 +143,23 @@ class Steps(ArgumentChecks, Failures, Primitives):
         root: int | None = None,
         reduce_op: ReduceOp | None = None,
     ) -> None:
-        """Count collective ``op``, which passed validation (see BaseCommunicator), and, where
-        the check policy says so, agree with the other ranks that they call the same one
-        (:mod:`~distcomm.backend._pipeline.agreement`; ``_next_check`` is the next checked
-        ``seq``, so that an unchecked call tests one integer). Registered hooks see the call
-        here first (:mod:`~distcomm.backend._pipeline.observing`)."""
+        """Count collective ``op``, which passed validation (see BaseCommunicator), fold it into
+        the running fingerprint and, where the check policy says so, agree with the other
+        ranks that they made the same calls (:mod:`~distcomm.backend._pipeline.agreement`;
+        ``_next_check`` is the next checked ``seq``, so that an unchecked call tests one
+        integer). Registered hooks see the call here first
+        (:mod:`~distcomm.backend._pipeline.observing`)."""
         seq = self.seq = self.seq + 1
         self.op = op
         if self._observing and self._event is observing.PENDING:
             observing.before(self, op, x, adapter, root, reduce_op)
+        h = self._history
+        if h is not None:
+            agreement.record(self, h, seq, op, x, adapter, root, reduce_op)
         if seq >= self._next_check:
             self._next_check = agreement.next_checked(seq + 1, *self._limits)
             if self._world_size > 1:
-                agreement.check(self, op, x, adapter, root, reduce_op)
+                agreement.check(self, x)
 
     @property
     def debug(self) -> str:
@@ -155,6 +173,38 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self._debug = agreement.policy(value)
         self._limits = agreement.limits(self._debug)
         self._next_check = agreement.next_checked(self.seq + 1, *self._limits)
+        if self._debug == "off" or self._world_size == 1:
+            self._history = None
+        elif self._history is None:
+            self._history = CallHistory(self)
+            self._history.agreed_seq = self.seq
+        self._forget_plain()
+
+    @contextlib.contextmanager
+    def _setting_up(self) -> Iterator[None]:
+        """distcomm's own calls on this communicator while ``init`` sets it up (the rendezvous
+        of torch's group beside it): not the program's operations. Hooks do not see them, the
+        mismatch check does not record them, and afterwards ``seq`` is what it was, so that the
+        program's first collective is #1. Every rank makes the same calls here."""
+        saved = (self.seq, self.op, self._next_check, self._history)
+        self._history = None
+        self._observing = False  # type: ignore[misc]
+        try:
+            yield
+        finally:
+            del self._observing
+            self.seq, self.op, self._next_check, self._history = saved
+
+    def _forget_plain(self) -> None:
+        """The current run is no blocking SUM all_reduce: ``all_reduce``'s shortcut is closed
+        until one starts (its three attributes describe that run's tensors)."""
+        self._plain_cls = self._plain_dtype = None
+        self._plain_nbytes = -1
+
+    def _can_confirm(self) -> bool:
+        """Whether this communicator's calls can be confirmed by a vote of point-to-point
+        messages (:mod:`~distcomm.backend._pipeline.confirmation`)."""
+        return self._world_size > 1 and self._object_channel()._control_ready()
 
     # -- stage ---------------------------------------------------------------------------------
     def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:

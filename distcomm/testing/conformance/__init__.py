@@ -15,8 +15,9 @@ name, and call the same collectives in the same order on every rank. A failure r
 AssertionError naming the check and the rank. The checks are grouped by topic, in the order they
 run: arguments and getters, reductions, data movement, layouts and ``async_op``, point to point,
 groups, objects, the adversarial checks (temporaries in async operations, churn, objects of
-every size), the mismatch check (ranks that call different collectives), and the debugging aids
-(the default sample, hooks, the main-only guard, ``assert_same``).
+every size), timeouts (a collective that the other ranks do not join), the mismatch check
+(ranks that call different collectives), and the debugging aids (the default sample, hooks, the
+main-only guard, ``assert_same``).
 """
 
 import importlib
@@ -35,6 +36,7 @@ TOPICS = (
     "groups",
     "objects",
     "adversarial",
+    "timeouts",
     "mismatches",
     "debugging",
 )

@@ -1,10 +1,13 @@
 """Checks of the mismatch check: ranks that call different collectives (another element count,
 dtype, op or root) get :class:`~distcomm.errors.CollectiveMismatchError` on every rank, before
 anything runs, and the communicator stays usable; nothing is checked under ``debug="off"``.
+Under the default policy nothing slips through either: between its check points, a kind of call
+the ranks never agreed on is confirmed before it runs, and a mismatch of kinds they did agree on
+is named at the next barrier, with the operations that ran after it.
 
-Each check switches its communicator's policy to ``"check"`` for its own calls (the default
-samples by sequence number) and restores it. They need 2 ranks or more; in a world of 1 there
-is nothing to disagree with.
+Each check pins its communicator's policy for its own calls (``"check"``, or the default
+``"sample"`` on a group of its own, whatever ``DISTCOMM_DEBUG`` says) and restores it. They
+need 2 ranks or more; in a world of 1 there is nothing to disagree with.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import distcomm
-from distcomm.errors import CollectiveMismatchError
+from distcomm.errors import CollectiveMismatchError, DistcommError
+from distcomm.protocol import NonMember
 from distcomm.testing.conformance.registry import check
 from distcomm.testing.conformance.support import (
     cases,
@@ -114,3 +118,76 @@ def nothing_is_checked_when_off() -> None:
         distcomm.all_reduce(t)
         expect(c.seq == start + 1, f"seq moved from {start} to {c.seq}")
         expect_values(t, [c.world_size], "all_reduce under off")
+
+
+def _group_past_the_first_checks() -> Any:
+    """A new group of every rank whose next collective is not a check point of the default
+    policy (its first 64 calls made under ``off``), or None where there is nothing to check: a
+    world of 1, or a backend that cannot confirm a call before it runs (no point-to-point
+    messages for its votes)."""
+    c: Any = comm()
+    if _skip() or not getattr(c, "_can_confirm", lambda: False)():
+        return None
+    group = distcomm.new_group(range(c.world_size))
+    assert not isinstance(group, NonMember), "every rank is a member"
+    lib, dtype = next(cases(lambda d: d == "int64"))
+    with check_policy("off", group):
+        for _ in range(64):
+            group.all_reduce(make(lib, dtype, [1]))
+    return group
+
+
+@check
+def the_default_stops_a_new_call_that_differs() -> None:
+    """Under the default policy, between its check points, rank 0 all-reduces 6 elements where
+    the others reduce 4, a call none of them made before: every rank raises
+    CollectiveMismatchError before the call runs, and the group stays usable."""
+    group = _group_past_the_first_checks()
+    if group is None:
+        return
+    lib, _ = next(cases(lambda d: d == "float32"))
+    with check_policy("sample", group):
+        try:
+            group.all_reduce(make(lib, "float32", [1.0] * (6 if group.rank == 0 else 4)))
+        except CollectiveMismatchError as exc:
+            expect(exc.seq == group.seq == 65, f"caught at #{exc.seq}, seq {group.seq}, not #65")
+            expect(exc.ran is None, f"it ran: {exc.ran} ({exc})")
+        else:
+            raise AssertionError(f"rank {group.rank}: the new mismatched call was not stopped")
+        t = make(lib, "float32", [1.0])
+        group.all_reduce(t)
+        expect_values(t, [group.world_size], "all_reduce after the stopped mismatch")
+    group.finalize()
+
+
+@check
+def the_default_names_a_mismatch_that_ran_at_the_barrier() -> None:
+    """Under the default policy, between its check points, rank 1 all-reduces with MAX where the
+    others use SUM, two calls every rank made before: the engine runs it (nothing local can
+    tell), and the barrier that follows raises CollectiveMismatchError on every rank naming that
+    operation and the ones that ran after it; the group is retired."""
+    group = _group_past_the_first_checks()
+    if group is None:
+        return
+    lib, _ = next(cases(lambda d: d == "float32"))
+    with check_policy("sample", group):
+        group.all_reduce(make(lib, "float32", [1.0]))  # #65 and #66: agreed
+        group.all_reduce(make(lib, "float32", [1.0]), op="max")
+        group.all_reduce(make(lib, "float32", [1.0]), op="max" if group.rank == 1 else "sum")
+        for _ in range(3):
+            group.all_reduce(make(lib, "float32", [1.0]))
+        try:
+            group.barrier()
+        except CollectiveMismatchError as exc:
+            expect(exc.seq == 67, f"the first diverging operation named is #{exc.seq}, not #67")
+            expect(exc.ran == (67, 70), f"ran {exc.ran}, not (67, 70): {exc}")
+            expect("op MAX" in str(exc) and "op SUM" in str(exc), f"message {exc}")
+        else:
+            raise AssertionError(f"rank {group.rank}: the barrier did not name the mismatch")
+        try:
+            group.all_reduce(make(lib, "float32", [1.0]))
+        except DistcommError:
+            pass
+        else:
+            raise AssertionError(f"rank {group.rank}: the group was not retired")
+    group.finalize()

@@ -17,12 +17,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import distcomm
+from distcomm.backend import aborts
 from distcomm.backend.specs import DTYPE_NAMES, FLOAT_DTYPES
 from distcomm.protocol import Communicator, ReduceOp
 
 __all__ = [
     "FLOATS",
     "cases",
+    "check_policy",
     "comm",
     "empty",
     "expect",
@@ -36,6 +38,7 @@ __all__ = [
     "raises",
     "reduction_input",
     "reduction_result",
+    "timeouts_raise",
     "values_of",
 ]
 
@@ -47,6 +50,12 @@ _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 def comm() -> Communicator:
     """The default communicator of this rank."""
     return distcomm.get_communicator()
+
+
+def timeouts_raise() -> bool:
+    """Whether an operation past its timeout raises DistTimeoutError here: the backend has
+    timeouts, and ``DISTCOMM_ON_TIMEOUT`` is not ``abort`` (which ends the job instead)."""
+    return bool(comm().capabilities.timeouts) and aborts.on_timeout() == "raise"
 
 
 def has_torch() -> bool:

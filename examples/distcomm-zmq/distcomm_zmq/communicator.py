@@ -161,7 +161,7 @@ class ZmqCommunicator(BaseCommunicator):
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         transport.progress[uid] = lambda: self.seq
-        transport.whereabouts[uid] = lambda: stacks.where(self)
+        transport.whereabouts[uid] = lambda: stacks.answer(self)
 
     @property
     def native(self) -> Transport:

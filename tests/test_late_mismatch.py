@@ -1,0 +1,121 @@
+"""A collective mismatch late in a job, 4 ranks, nothing set: no rank ends as if nothing happened,
+and every rank's error names the first diverging operation (tests/late_mismatch.py holds the
+program and its scenarios: a size, dtype, op or root mismatch at operation #100, #2000 or
+#5000, followed by 0 or 50 more calls before ``finalize()``).
+
+- fakelink thread-ranks and mpi under ``mpirun -n 4``: every scenario as its own world or job.
+  Under mpirun the job ends (MPI cannot give up a blocked collective): one report per rank,
+  each line ``[rank N]``-prefixed, ending at the user's line, and /dev/shm as it was.
+- gloo and the zmq plugin under ``distcomm run -n 4``: scenarios that cover every kind,
+  position and number of calls after, in one job, each on a group of its own (a short group
+  timeout brings back the ranks that waited in the engine: seconds a scenario), and, as a user
+  runs it, uncaught, two scenarios whose summary names the mismatch for every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import late_mismatch
+import pytest
+from jobs import dev_shm_names, run_job
+
+import distcomm
+from distcomm.testing import run_threads
+
+PROGRAM = late_mismatch.__file__
+SCENARIOS = late_mismatch.scenarios()
+IDS = [late_mismatch.name(*s) for s in SCENARIOS]
+#: What every rank must have raised, by scenario: the error and the first diverging operation.
+MISMATCH = "CollectiveMismatchError"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "at", "after"), SCENARIOS, ids=IDS)
+def test_thread_ranks_all_name_the_first_diverging_operation(
+    kind: str, at: int, after: int
+) -> None:
+    def body() -> list[Any]:
+        try:
+            late_mismatch.scenario(distcomm.get_communicator(), kind, at, after)
+        except Exception as exc:
+            return late_mismatch.outcome(exc)
+        return late_mismatch.outcome(None)
+
+    results = run_threads(body, 4, timeout=100)
+    assert [r[:2] for r in results] == [[MISMATCH, at]] * 4, results
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize(("kind", "at", "after"), SCENARIOS, ids=IDS)
+def test_under_mpirun_the_job_ends_with_whole_prefixed_reports_naming_it(
+    kind: str, at: int, after: int, tmp_path: Path, mpirun: str
+) -> None:
+    shm = dev_shm_names()
+    command = [mpirun, "-n", "4", sys.executable, PROGRAM, kind, str(at), str(after)]
+    done = run_job(command, timeout=150, cwd=tmp_path)
+    err = done.stderr
+    assert done.returncode != 0, "a job whose ranks disagreed ended well"
+    assert "finished" not in done.stdout, done.stdout
+    assert f"{MISMATCH}: collective mismatch at operation #{at} " in err, err[-3000:]
+    # MPICH's own "Abort(1) on node ..." lines are the only ones without a rank's prefix
+    lines = re.sub(r"Abort\(\d+\) on node [^\n]*?process \d+", "\n", err).splitlines()
+    unprefixed = [line for line in lines if line.strip() and not re.match(r"\[rank \d\] ", line)]
+    assert not unprefixed, err[-3000:]
+    for rank in range(4):
+        mine = [i for i, line in enumerate(lines) if line.startswith(f"[rank {rank}] ")]
+        assert len([i for i in mine if "Traceback" in lines[i]]) <= 1, f"rank {rank}: {err}"
+        if mine:
+            whole = list(range(mine[0], mine[-1] + 1))
+            assert mine == whole, f"rank {rank}'s report is interleaved with another's:\n{err}"
+    assert f'{PROGRAM}", line' in err, "the user's line"
+    assert "distcomm/backend" not in err and "_pipeline" not in err, "an internal frame"
+    assert not dev_shm_names() - shm, "the aborted job left files in /dev/shm"
+
+
+#: Scenarios that cover every kind, position and number of calls after (a gloo or zmq scenario
+#: takes seconds: the ranks in the engine come back at the group's timeout, and 4 gloo ranks on
+#: 2 cores take 5 ms an all-reduce).
+COVERING = [("size", 100, 0), ("dtype", 2000, 50), ("op", 5000, 0), ("root", 100, 50)]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("backend", ["gloo", "zmq"])
+def test_scenarios_in_one_job_every_rank_names_the_operation(backend: str, tmp_path: Path) -> None:
+    names = [late_mismatch.name(*s) for s in COVERING]
+    command = [sys.executable, "-m", "distcomm", "run", "-n", "4", "--backend", backend]
+    done = run_job([*command, PROGRAM, "--matrix", str(tmp_path), *names], timeout=360)
+    assert done.returncode == 0, done.stderr[-4000:]
+    wrong = {}
+    for rank in range(4):
+        results = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        for scenario, (_, at, _) in zip(names, COVERING, strict=True):
+            if results[scenario][:2] != [MISMATCH, at]:
+                wrong[(rank, scenario)] = results[scenario]
+    assert not wrong, wrong
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("backend", ["gloo", "zmq"])
+@pytest.mark.parametrize(("kind", "at", "after"), [("size", 100, 0), ("dtype", 2000, 50)])
+def test_distcomm_run_names_the_mismatch_for_every_rank(
+    backend: str, kind: str, at: int, after: int, tmp_path: Path
+) -> None:
+    command = [sys.executable, "-m", "distcomm", "run", "-n", "4", "--backend", backend]
+    done = run_job([*command, PROGRAM, kind, str(at), str(after)], timeout=150, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-4000:]
+    assert "finished" not in done.stdout, done.stdout
+    said = done.stderr
+    assert f"{MISMATCH}: collective mismatch at operation #{at} " in said, said[-4000:]
+    root = int(re.findall(r"distcomm run: the first error: rank (\d)", said)[0])
+    assert re.search(rf"\[rank {root}\] distcomm.errors.{MISMATCH}: .* #{at} ", said), said
+    for rank in set(range(4)) - {root}:
+        line = f"distcomm run: rank {rank}: "
+        told = [x for x in said.splitlines() if x.startswith(line)]
+        assert len(told) == 1 and f"collective mismatch at operation #{at}" in told[0], said
+    assert "distcomm/backend" not in said and "_pipeline" not in said, "an internal frame"
