@@ -138,17 +138,18 @@ class BaseCommunicator(
         if failed is not None:
             raise failed
 
-    def _confirm_the_end(self) -> DistcommError | None:
+    def _confirm_the_end(self) -> CollectiveMismatchError | None:
         """Before finalizing: confirm with the other ranks that they made the same calls (a
-        vote, unless the policy is off or this communicator already failed); the error to
-        raise once the communicator is released, if they did not or the vote failed."""
+        vote, unless the policy is off, this communicator already failed or an exception is
+        being handled); the mismatch to raise once the communicator is released, if they did
+        not (a vote that cannot finish only warns)."""
         h = self._history
-        handling = sys.exc_info()[1] is not None  # the exception in flight says what went wrong
-        if h is None or self.unusable is not None or handling or not self._can_confirm():
-            if h is not None:
-                h.ended = True
+        if h is None:
             return None
         h.ended = True
+        handling = sys.exc_info()[1] is not None  # the exception in flight says what went wrong
+        if self.unusable is not None or handling or not self._can_confirm():
+            return None
         try:
             confirmation.vote(self, confirmation.FINALIZE)
         except CollectiveMismatchError as exc:

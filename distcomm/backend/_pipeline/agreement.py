@@ -50,7 +50,6 @@ __all__ = [
     "SAMPLED_FIRST",
     "SAMPLE_EVERY",
     "agree",
-    "call_site",
     "check",
     "limits",
     "policy",
@@ -132,16 +131,11 @@ def check(comm: Steps, x: Any = None) -> None:
         dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
     finally:
         h.voting = 0
-    found = divergence.first_divergence({r: divergence.timeline(d) for r, d in dumps.items()})
+    found = divergence.find(dumps)
     if found is None:  # older than every history kept
         found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
     error = divergence.mismatch_error(comm.describe(), found, dumps)
-    if error.ran is None:
-        h.neutralise(seq)  # no rank ran it: the histories agree again
-        h.agree(seq)
-        comm._forget_plain()
-    else:
-        comm.unusable = f"collective mismatch at operation #{error.seq}"
+    comm._after_mismatch(error)
     raise error
 
 

@@ -15,7 +15,7 @@ they parted and sends every member the same error to raise.
 A member that does not take part (it called a collective whose signature the others had
 agreed on, so it is in the engine while the others vote) is found out of band while they wait:
 a helper thread asks the members that have not voted where they are, and the histories in their
-answers (:func:`distcomm.backend.stacks.where`) show the mismatch, raised at once instead of at
+answers (:func:`distcomm.backend.stacks.answer`) show the mismatch, raised at once instead of at
 the timeout. Otherwise the vote ends with the communicator's timeout.
 """
 
@@ -28,10 +28,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend import stacks
 from distcomm.backend._pipeline import divergence
-from distcomm.backend._pipeline.failures import seconds
-from distcomm.backend._pipeline.history import call_site, same_communicator
+from distcomm.backend._pipeline.failures import compare, seconds
+from distcomm.backend._pipeline.history import call_site
 from distcomm.errors import CollectiveMismatchError, DistTimeoutError
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
     from distcomm.protocol import Work
 
-__all__ = ["BARRIER", "CALL", "FINALIZE", "look_out", "vote"]
+__all__ = ["BARRIER", "CALL", "FINALIZE", "vote"]
 
 #: What a vote confirms: a call about to be issued, a barrier, the end (finalize).
 CALL, BARRIER, FINALIZE = 1, 2, 3
@@ -90,34 +89,16 @@ def vote(comm: Steps, kind: int, shape: Any = None) -> None:
         h.voting = 0
 
 
-def look_out(comm: Steps, mine: dict[str, Any], ranks: list[int]) -> CollectiveMismatchError | None:
-    """Ask ``ranks`` (members of ``comm``) out of band what they called, and compare with this
-    rank's history ``mine``: the mismatch, if their calls and this rank's differ."""
-    return _look(comm, mine, ranks)[0]
-
-
 def _look(
     comm: Steps, mine: dict[str, Any], ranks: list[int]
 ) -> tuple[CollectiveMismatchError | None, dict[int, dict[str, Any]]]:
-    """:func:`look_out`, and the histories of the members that answered."""
+    """Ask ``ranks`` (members of ``comm``) out of band what they called: the mismatch their
+    calls show against this rank's history ``mine``, if any, and their histories."""
     try:
         answers = comm._peer_stacks(ranks)
     except Exception:  # the side channel failed too: nothing is known
         return None, {}
-    dumps = {comm._rank: mine}
-    for rank, answer in (answers or {}).items():
-        found = same_communicator(mine, stacks.split(answer)[1])
-        if found is not None:
-            dumps[rank] = found
-    theirs = {rank: d for rank, d in dumps.items() if rank != comm._rank}
-    if not theirs:
-        return None, theirs
-    found_at = divergence.first_divergence(
-        {rank: divergence.timeline(d) for rank, d in dumps.items()}
-    )
-    if found_at is None:
-        return None, theirs
-    return divergence.mismatch_error(comm.describe(), found_at, dumps), theirs
+    return compare(comm, mine, answers)
 
 
 class _Lookout:
@@ -247,7 +228,7 @@ def _settle(
         sizes = _receive(lookout, channel, dict.fromkeys(others, _SIZE.size))
         texts = _receive(lookout, channel, {r: _SIZE.unpack(bytes(n))[0] for r, n in sizes.items()})
         dumps = {0: mine, **{r: json.loads(bytes(t)) for r, t in texts.items()}}
-        found = divergence.first_divergence({r: divergence.timeline(d) for r, d in dumps.items()})
+        found = divergence.find(dumps)
         if found is None:  # older than every history kept: say where they are
             found = divergence.Divergence(comm.seq, dict.fromkeys(dumps), exact=False)
         error = divergence.mismatch_error(comm.describe(), found, dumps)
@@ -260,12 +241,7 @@ def _settle(
         _send(lookout, channel, {0: text})
         size = _SIZE.unpack(bytes(_receive(lookout, channel, {0: _SIZE.size})[0]))[0]
         error = _from_data(json.loads(bytes(_receive(lookout, channel, {0: size})[0])))
-    h = comm._history
-    if error.ran is None and h is not None and not h.ended and comm.seq == error.seq:
-        h.neutralise(comm.seq)  # no rank ran it: the histories agree again
-        h.agree(comm.seq)
-    elif error.ran is not None:
-        comm.unusable = f"collective mismatch at operation #{error.seq}"
+    comm._after_mismatch(error)
     return error
 
 

@@ -19,7 +19,15 @@ from typing import Any
 
 from distcomm.errors import CollectiveMismatchError
 
-__all__ = ["ENDED", "Divergence", "Timeline", "first_divergence", "mismatch_error", "timeline"]
+__all__ = [
+    "ENDED",
+    "Divergence",
+    "Timeline",
+    "find",
+    "first_divergence",
+    "mismatch_error",
+    "timeline",
+]
 
 #: The key of an operation a rank never made because it had ended (finalize).
 ENDED = "ended"
@@ -80,6 +88,11 @@ def first_divergence(timelines: Mapping[int, Timeline]) -> Divergence | None:
         if len({key for key in keys.values() if key is not None}) > 1:
             return Divergence(seq, keys, exact=held <= known)
     return None
+
+
+def find(dumps: Mapping[int, Mapping[str, Any]]) -> Divergence | None:
+    """The first divergence of the ranks' history dumps (rank -> dump), else None."""
+    return first_divergence({rank: timeline(dump) for rank, dump in dumps.items()})
 
 
 def timeline(dump: Mapping[str, Any]) -> Timeline:

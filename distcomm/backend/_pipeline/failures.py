@@ -26,7 +26,15 @@ from distcomm.errors import CollectiveMismatchError, DistTimeoutError, EngineErr
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.history import CallHistory
 
-__all__ = ["Diagnosis", "Failures", "current_dump", "lost_peer", "missing_ranks", "seconds"]
+__all__ = [
+    "Diagnosis",
+    "Failures",
+    "compare",
+    "current_dump",
+    "lost_peer",
+    "missing_ranks",
+    "seconds",
+]
 
 #: Engine messages that mean a peer process went away (gloo, MPI, sockets).
 _LOST_PEER = (
@@ -149,8 +157,9 @@ class Failures:
     ) -> Diagnosis:
         """What the other ranks were doing while operation ``seq`` (None: a point-to-point
         message, which ``waiting_for`` describes) could not complete, found out of band: the
-        ranks that had not arrived, where they are (when ``ask_where``), and the collective
-        mismatch their calls show, if any. For a backend's own diagnostic (MPI's watchdog)."""
+        ranks that had not arrived, where they are (unless ``show_stacks`` is False), and the
+        collective mismatch their calls show, if any. For a backend's own diagnostic (MPI's
+        watchdog)."""
         missing, detail = self._arrivals(seq) if seq else (None, waiting_for)
         members = [r for r in range(self._world_size) if r != self._rank]
         answers, failed = self._ask_where(members if seq else [])
@@ -177,9 +186,9 @@ class Failures:
         return None
 
     def _peer_stacks(self, ranks: list[int]) -> Mapping[int, str] | None:
-        """Where each of ``ranks`` (members) is: the text of :func:`distcomm.backend.stacks.where`
-        there (which also carries what that rank called: pass it on as it is), found out of
-        band within a few seconds; a member that did not answer is left out. None: this
+        """Where each of ``ranks`` (members) is: the text of :func:`distcomm.backend.stacks.answer`
+        there (its stack, and what it called: pass it on as it is), found out of band within a
+        few seconds; a member that did not answer is left out. None: this
         backend cannot ask.
 
         Called after an operation timed out or failed, and while a rank waits in a check that
@@ -205,22 +214,7 @@ class Failures:
     def _mismatch(self, answers: Mapping[int, str] | None) -> CollectiveMismatchError | None:
         """The collective mismatch the histories in peers' ``answers`` show against this
         rank's, if any."""
-        if not answers:
-            return None
-        mine = current_dump(self)
-        dumps = {self._rank: mine}
-        for rank, answer in answers.items():
-            found = same_communicator(mine, split(answer)[1])
-            if found is not None:
-                dumps[rank] = found
-        if len(dumps) < 2:
-            return None
-        found_at = divergence.first_divergence(
-            {rank: divergence.timeline(d) for rank, d in dumps.items()}
-        )
-        if found_at is None:
-            return None
-        return divergence.mismatch_error(self.describe(), found_at, dumps)
+        return compare(self, current_dump(self), answers)[0] if answers else None
 
     def _arrivals(self, seq: int) -> tuple[list[int] | None, str]:
         """The ranks that had not reached operation ``seq``, and a sentence saying so."""
@@ -265,6 +259,26 @@ def seconds(value: float) -> str:
     if value >= 10 or value == int(value):
         return f"{value:.0f}"
     return f"{value:.2g}"
+
+
+def compare(
+    comm: Any, mine: dict[str, Any], answers: Mapping[int, str] | None
+) -> tuple[CollectiveMismatchError | None, dict[int, dict[str, Any]]]:
+    """The collective mismatch that the histories in the peers' ``answers`` (member -> the
+    text of :func:`distcomm.backend.stacks.answer`) show against this rank's ``mine`` on
+    ``comm``, if any, and those peers' histories of ``comm``."""
+    theirs: dict[int, dict[str, Any]] = {}
+    for rank, answer in (answers or {}).items():
+        found = same_communicator(mine, split(answer)[1])
+        if found is not None:
+            theirs[rank] = found
+    if not theirs:
+        return None, theirs
+    dumps = {comm._rank: mine, **theirs}
+    found_at = divergence.find(dumps)
+    if found_at is None:
+        return None, theirs
+    return divergence.mismatch_error(comm.describe(), found_at, dumps), theirs
 
 
 def current_dump(comm: Any) -> dict[str, Any]:

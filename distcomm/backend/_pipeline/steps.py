@@ -31,7 +31,7 @@ from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.primitives import Primitives
 from distcomm.backend.specs import Capabilities
 from distcomm.backend.work import BaseWork, CompletedWork, PendingWorks
-from distcomm.errors import DistcommError, DistcommWarning
+from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
 from distcomm.protocol import ReduceOp, Work
 
 if TYPE_CHECKING:
@@ -194,6 +194,19 @@ class Steps(ArgumentChecks, Failures, Primitives):
         finally:
             del self._observing
             self.seq, self.op, self._next_check, self._history = saved
+
+    def _after_mismatch(self, error: CollectiveMismatchError) -> None:
+        """The ranks found the collective mismatch ``error``. Where no rank ran the operation
+        (this rank's latest), it counts as not made on every rank: the histories agree again,
+        all_reduce's shortcut is closed (it described the call refused) and the communicator
+        stays usable. Otherwise it is retired."""
+        h = self._history
+        if error.ran is not None:
+            self.unusable = f"collective mismatch at operation #{error.seq}"
+        elif h is not None and not h.ended and self.seq == error.seq:
+            h.neutralise(self.seq)
+            h.agree(self.seq)
+            self._forget_plain()
 
     def _forget_plain(self) -> None:
         """The current run is no blocking SUM all_reduce: ``all_reduce``'s shortcut is closed
