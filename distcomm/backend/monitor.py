@@ -5,9 +5,15 @@ An object registers with :func:`watch` and has a ``monitor_tick(now)`` method (`
 at the smallest one asked for, at most every :data:`MAX_INTERVAL`). Backends use it to publish
 their progress out of band (the torch store), to answer their peers' questions (MPI's side
 channel) and to end a job whose blocking call cannot be cancelled (MPI's watchdog). The thread
-holds weak references only; a failing tick is logged, never fatal. It is stopped and joined at
-interpreter exit, before engines are torn down (a daemon thread caught inside an engine's C++
-code during finalisation can abort the process).
+holds weak references only; a failing tick is logged, never fatal.
+
+Other short-lived threads that call into an engine (a read of torch's store with a deadline,
+the mismatch check's lookout) start with :func:`helper`. The monitor's thread and the helpers
+still running are stopped and joined at interpreter exit, before engines are torn down: on
+Python 3.11, a daemon thread that comes back from an engine's C++ code while the interpreter
+finalises is ended by ``pthread_exit`` inside a C++ destructor, which aborts the process
+("terminate called without an active exception"). Helpers look at :func:`stopping` between
+their calls.
 """
 
 from __future__ import annotations
@@ -17,34 +23,59 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_INTERVAL", "interval", "stop", "unwatch", "watch"]
+__all__ = ["MAX_INTERVAL", "helper", "interval", "stop", "stopping", "unwatch", "watch"]
 
 #: The longest time between two ticks, in seconds.
 MAX_INTERVAL = 0.5
 _MIN_INTERVAL = 0.02
+#: Seconds the exit waits, at most, for the monitor's thread and the helpers to end.
+_JOIN_LIMIT = 5.0
 
 logger = logging.getLogger("distcomm")
 _lock = threading.Lock()
 _watched: weakref.WeakSet[Any] = weakref.WeakSet()
 _thread: threading.Thread | None = None
+_helpers: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _stopping = threading.Event()
 _at_exit = False
 
 
 def watch(obj: Any) -> None:
     """Call ``obj.monitor_tick(now)`` from now on; starts the thread on first use."""
-    global _thread, _at_exit
+    global _thread
     with _lock:
         _watched.add(obj)
         if _thread is None or not _thread.is_alive():
             _stopping.clear()
             _thread = threading.Thread(target=_run, name="distcomm-monitor", daemon=True)
             _thread.start()
-            if not _at_exit:
-                _at_exit = True
-                atexit.register(stop)
+            _stop_at_exit()
+
+
+def helper(target: Callable[[], None], name: str) -> threading.Thread:
+    """Run ``target`` in a daemon thread of its own (started here) that the exit joins like
+    the monitor's (module docstring); ``target`` returns soon once :func:`stopping` is true."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    with _lock:
+        _helpers.add(thread)
+        _stop_at_exit()
+    thread.start()
+    return thread
+
+
+def stopping() -> bool:
+    """Whether the process is exiting: a helper's loop ends at its next step."""
+    return _stopping.is_set()
+
+
+def _stop_at_exit() -> None:
+    global _at_exit
+    if not _at_exit:
+        _at_exit = True
+        atexit.register(stop)
 
 
 def unwatch(obj: Any) -> None:
@@ -61,12 +92,17 @@ def interval() -> float:
 
 
 def stop() -> None:
-    """Stop the thread and wait for its tick in progress to end (at exit)."""
+    """Stop the thread and the helpers, and wait (a few seconds at most) for the tick and the
+    helpers' calls in progress to end (at exit)."""
     global _thread
     _stopping.set()
-    thread, _thread = _thread, None
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(5.0)
+    with _lock:
+        thread, _thread = _thread, None
+        threads = [*([thread] if thread is not None else []), *_helpers]
+    deadline = time.monotonic() + _JOIN_LIMIT
+    for t in threads:
+        if t is not threading.current_thread() and t.ident is not None:
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _run() -> None:

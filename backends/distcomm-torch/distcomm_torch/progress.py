@@ -205,7 +205,7 @@ class StoreProgress:
                 member: int(self._store.add(_asked(rank), 1)) for member, rank in ranks.items()
             }
             deadline = time.monotonic() + wait
-            while asked and time.monotonic() < deadline:
+            while asked and time.monotonic() < deadline and not monitor.stopping():
                 time.sleep(0.05)
                 for member, question in list(asked.items()):
                     key = _answer(ranks[member])
@@ -243,5 +243,5 @@ def _within(limit: float, work: Callable[[], None]) -> bool:
         finally:
             done.set()
 
-    threading.Thread(target=run, name="distcomm-store-read", daemon=True).start()
+    monitor.helper(run, "distcomm-store-read")  # joined at exit: it calls torch's C++ store
     return done.wait(limit) and bool(ended_well)

@@ -132,3 +132,30 @@ def test_rank_0_leaving_stops_the_listening_ranks_before_its_server_goes(late_ra
     assert int(store.add("distcomm/where/listening", 0)) == 0, "rank 0 left before the others"
     assert time.monotonic() - start < 2 * monitor.interval() + 1
     assert StoreProgress(store, 2).where({1: 1}) == {}, "a rank answered after rank 0 left"
+
+
+@pytest.fixture
+def exiting() -> Iterator[None]:
+    """The process's exit as distcomm's atexit handler sees it (``monitor.stop``), undone."""
+    yield
+    monitor._stopping.clear()  # this test process goes on: helpers run again
+
+
+def test_at_exit_no_store_read_is_left_running(exiting: None) -> None:
+    """A "where are you?" still waiting for an answer when the program ends (a rank that left
+    its last vote while its lookout asked) stops at exit, and the exit waits for it: a thread
+    that comes back from torch's C++ store while Python finalises aborts the process
+    ("terminate called without an active exception")."""
+    progress = StoreProgress(dist.HashStore(), 0)
+    asked: list[Any] = []
+    asking = threading.Thread(target=lambda: asked.append(progress.where({1: 7})))
+    asking.start()  # rank 7 never answers: the question waits a few monitor ticks
+    time.sleep(0.3)
+    start = time.monotonic()
+    monitor.stop()  # what atexit calls
+    stopped = time.monotonic() - start
+    readers = [t.name for t in threading.enumerate() if t.name == "distcomm-store-read"]
+    assert not readers, "a store read still runs when the interpreter finalises"
+    assert stopped < 1.0, f"the exit waited {stopped:.2f} s for a question that stops at once"
+    asking.join(10)
+    assert asked == [{}], asked

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from distcomm.backend import monitor
 from distcomm.backend._pipeline import divergence
 from distcomm.backend._pipeline.failures import compare, seconds
 from distcomm.backend._pipeline.history import call_site
@@ -119,10 +120,7 @@ class _Lookout:
         self.silent = silent
         if self._thread is None:
             self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run, name="distcomm-vote-lookout", daemon=True
-            )
-            self._thread.start()
+            self._thread = monitor.helper(self._run, "distcomm-vote-lookout")
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -134,7 +132,7 @@ class _Lookout:
         if h is None or stop is None:
             return
         mine = h.dump(self.shape, site=self.site)  # the voting thread waits: it stands still
-        while not stop.is_set():
+        while not stop.is_set() and not monitor.stopping():
             silent = list(self.silent)
             found, seen = _look(self.comm, mine, silent) if silent else (None, {})
             self.seen.update(seen)
