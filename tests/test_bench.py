@@ -172,3 +172,69 @@ def test_under_torchrun(tmp_path: Path) -> None:
     done = run_job(["env", f"TMPDIR={tmp_path}", *command], timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     check_bench_json(tmp_path / "bench.json", ops, SIZES, 2, set())
+
+
+def bench_on(
+    monkeypatch: pytest.MonkeyPatch, devices: set[str], *argv: str
+) -> tuple[int, list[str]]:
+    """Run bench in a world of 1 whose backend (fakelink, selected automatically) says it moves
+    ``devices``; return its status and the device it measured on (the measuring is left out)."""
+    from distcomm._bench import runner
+    from distcomm.fakelink import FakeLinkCommunicator
+
+    monkeypatch.setattr(FakeLinkCommunicator, "devices", frozenset(devices))
+    seen: list[str] = []
+    monkeypatch.setattr(runner, "_measure", lambda comm, args: seen.append(args.device) or [])
+    return main(["bench", "--quiet", *argv]), seen
+
+
+def test_the_default_device_follows_the_selected_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend that moves CUDA tensors only (nccl) gets CUDA buffers, one that moves the CPU's
+    gets CPU buffers; an explicit --device wins over the default. No GPU in CI: the selected
+    backend's ``devices`` is set, and torch is told CUDA is available for --device cuda."""
+    import torch
+
+    assert bench_on(monkeypatch, {"cuda"}) == (0, ["cuda"])
+    assert bench_on(monkeypatch, {"cpu"}) == (0, ["cpu"])
+    assert bench_on(monkeypatch, {"cpu", "cuda"}) == (0, ["cpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench_on(monkeypatch, {"cpu", "cuda"}, "--device", "cuda") == (0, ["cuda"])
+
+
+def test_a_device_the_backend_does_not_move_names_the_choices(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--device cpu on a CUDA-only backend stops before any measuring, naming the value, what
+    the backend moves and a hint (it used to fail inside the first collective)."""
+    import distcomm
+
+    assert bench_on(monkeypatch, {"cuda"}, "--device", "cpu") == (1, [])
+    err = capsys.readouterr().err
+    assert "--device cpu: backend 'fakelink' moves cuda tensors only; valid here: cuda." in err
+    assert "HINT: drop --device" in err
+    assert not distcomm.is_initialized()
+
+
+def test_cuda_buffers_are_timed_to_the_end_of_the_device_work(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each timed block waits for the GPU before reading the clock, once after its barrier and
+    once after its last call: on a GPU that needs 1 s per block, 4 calls take 0.25 s each.
+    No GPU in CI: bench's CUDA buffers are CPU tensors the arrays layer reports on cuda:0, and
+    torch.cuda.synchronize is a fake GPU on a fake clock (tests/fake_gpu.py)."""
+    import json
+
+    import torch
+    from fake_gpu import FakeGpu
+
+    from distcomm._bench import operations
+
+    gpu = FakeGpu(monkeypatch, work=1.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(operations, "_torch_maker", lambda device: gpu.tensor)
+    out = tmp_path / "bench.json"
+    argv = ["--ops", "all_reduce", "--sizes", "64", "--iters", "4", "--warmup", "1"]
+    assert main(["bench", *argv, "--rounds", "2", "--device", "cuda", "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())["records"]
+    assert (record["time_s"], record["time_min_s"], record["time_max_s"]) == (0.25, 0.25, 0.25)
+    assert gpu.synchronised() == ["cuda:0"] * 2 * 3, "two per block: the warm-up and 2 rounds"

@@ -48,15 +48,19 @@ OPERATIONS: dict[str, Operation] = {
 
 @dataclasses.dataclass
 class Prepared:
-    """An operation's buffers for one size: the arguments, their bytes, the distcomm call."""
+    """An operation's buffers for one size: the arguments, their bytes, the distcomm call, and
+    the buffers' device (``"cpu"``, ``"cuda:N"``: the clock waits for a CUDA device's work)."""
 
     args: tuple[Any, ...]
     nbytes: int
     call: Callable[[], object]
+    device: str = "cpu"
 
 
 def prepare(comm: Any, op: Operation, size: int, device: str) -> Prepared:
     """The buffers of ``op`` at ``size`` bytes on this rank, and distcomm's call on them."""
+    from distcomm.backend.arrays import adapter_for
+
     n = comm.world_size
     if op.kind == "object":
         return _prepare_object(comm, op, size)
@@ -74,7 +78,7 @@ def prepare(comm: Any, op: Operation, size: int, device: str) -> Prepared:
         "all_to_all": ((out, x), lambda: comm.all_to_all_single(out, x)),
     }
     args, call = calls[op.name]
-    return Prepared(args, count * 4, call)
+    return Prepared(args, count * 4, call, adapter_for(x).device(x))
 
 
 def _prepare_object(comm: Any, op: Operation, size: int) -> Prepared:

@@ -1,13 +1,24 @@
-"""The options of ``distcomm bench``: sizes (``8,64K,1M``, ``8:64M`` or ``8:64M:4``) and ops."""
+"""The options of ``distcomm bench``: sizes (``8,64K,1M``, ``8:64M`` or ``8:64M:4``), ops, and
+the device the buffers live on (the selected backend's own unless ``--device`` says)."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Set
 
 from distcomm._bench.operations import OPERATIONS
+from distcomm.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_SIZES", "add_arguments", "parse_ops", "parse_size", "parse_sizes"]
+__all__ = [
+    "DEVICES",
+    "DEFAULT_SIZES",
+    "add_arguments",
+    "choose_device",
+    "parse_ops",
+    "parse_size",
+    "parse_sizes",
+]
 
 DEFAULT_SIZES = "8:64M:8"
 _UNITS = {
@@ -21,6 +32,8 @@ _UNITS = {
     "GIB": 2**30,
 }
 _SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+#: Where bench can put its buffers, in order of preference when the backend moves several.
+DEVICES = ("cpu", "cuda")
 
 
 def parse_size(text: str) -> int:
@@ -70,6 +83,32 @@ def parse_ops(text: str) -> list[str]:
             f"{', '.join(OPERATIONS)} or all. HINT: e.g. --ops all_reduce,all_gather_object."
         )
     return list(dict.fromkeys(names))
+
+
+def choose_device(requested: str | None, devices: Set[str], backend: str) -> str:
+    """The device of bench's buffers: ``requested`` (``--device``), else the first of
+    :data:`DEVICES` that the backend moves natively (``devices``: its communicator's).
+
+    Raises:
+        InvalidArgumentError: the backend moves none of them, or not ``requested``.
+    """
+    valid = [device for device in DEVICES if device in devices]
+    if requested is None and valid:
+        return valid[0]
+    if requested is not None and requested in valid:
+        return requested
+    moves = ", ".join(sorted(devices)) or "no"
+    if not valid:
+        raise InvalidArgumentError(
+            f"distcomm bench: backend {backend!r} moves {moves} tensors, and bench puts its "
+            f"buffers on {' or '.join(DEVICES)}. HINT: choose another backend with --backend."
+        )
+    other = "nccl" if requested == "cuda" else "gloo"
+    raise InvalidArgumentError(
+        f"--device {requested}: backend {backend!r} moves {moves} tensors only; valid here: "
+        f"{', '.join(valid)}. HINT: drop --device (bench then uses {valid[0]}), or choose a "
+        f"backend that moves {requested} tensors (e.g. --backend {other})."
+    )
 
 
 def _positive(text: str) -> int:
@@ -128,9 +167,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", metavar="B", help="the backend (default: automatic choice)")
     parser.add_argument(
         "--device",
-        choices=["cpu", "cuda"],
-        default="cpu",
-        help="where the buffers live (cuda: torch tensors on this rank's GPU)",
+        choices=DEVICES,
+        default=None,
+        help="where the buffers live (cuda: torch tensors on this rank's GPU; default: what the "
+        "backend moves: cuda on nccl, cpu on the others)",
     )
     parser.add_argument("--json", metavar="FILE", help="write every record to FILE (rank 0)")
     parser.add_argument(

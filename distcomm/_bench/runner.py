@@ -5,19 +5,24 @@ the sides take turns (distcomm, then the engine's own call with ``--compare raw`
 timing ``--iters`` calls after a barrier. A round's time is the slowest rank's time per call;
 the record holds the median over rounds, with min and max. Without ``--iters``, the warm-up's
 slowest rank decides how many calls make about 20 ms (3 to 1000), the same number on every rank.
+
+On CUDA buffers the clock is read once the device finished (``device_clock``): the engines return
+when the work is queued, so a host clock alone would time the launches. Each timed block
+synchronises after its barrier and after its last call, not per call (as nccl-tests).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 from distcomm._bench.operations import OPERATIONS, prepare
+from distcomm._bench.options import choose_device
 from distcomm._bench.report import Progress, print_table, write_json
 from distcomm._measures import busbw_factor, human_bytes
+from distcomm.backend._pipeline import device_clock
 
 __all__ = ["run"]
 
@@ -39,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
             _check_writable(option, path)
     distcomm.init(backend=args.backend)
     try:
-        comm = distcomm.get_communicator()
+        comm: Any = distcomm.get_communicator()  # BaseCommunicator: devices, _native_call
+        args.device = choose_device(args.device, comm.devices, comm.backend)
         records = _measure(comm, args)
         if comm.rank == 0:
             print_table(records)
@@ -120,7 +126,7 @@ def _measure(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
         elif args.compare == "raw" and op.name not in unmatched:
             unmatched.append(op.name)
             progress.note(f"{op.name}: the {comm.backend} engine has no own call to compare")
-        iters, times = _time(comm, sides, args)
+        iters, times = _time(comm, sides, args, prepared.device)
         for engine, rounds in times.items():
             seconds = statistics.median(rounds)
             algbw = prepared.nbytes / seconds / 1e9
@@ -150,10 +156,13 @@ def _measure(comm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _time(
-    comm: Any, sides: dict[str, Callable[[], object]], args: argparse.Namespace
+    comm: Any, sides: dict[str, Callable[[], object]], args: argparse.Namespace, device: str
 ) -> tuple[int, dict[str, list[float]]]:
-    """(calls per round, each side's per-call seconds per round, the slowest rank's)."""
-    warm = {name: _block(comm, fn, args.warmup) for name, fn in sides.items() if args.warmup}
+    """(calls per round, each side's per-call seconds per round, the slowest rank's), on
+    buffers on ``device``."""
+    warm = {
+        name: _block(comm, fn, args.warmup, device) for name, fn in sides.items() if args.warmup
+    }
     iters = args.iters
     if iters is None:
         slowest = comm.all_reduce(max(warm.values(), default=0.0), op="max")
@@ -161,17 +170,18 @@ def _time(
     mine: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.rounds):
         for name, fn in sides.items():
-            mine[name].append(_block(comm, fn, iters))
+            mine[name].append(_block(comm, fn, iters, device))
     every = comm.all_gather_object(mine)
     return iters, {
         name: [max(rank[name][i] for rank in every) for i in range(args.rounds)] for name in sides
     }
 
 
-def _block(comm: Any, fn: Callable[[], object], calls: int) -> float:
-    """Seconds per call of ``calls`` calls of ``fn``, started together after a barrier."""
+def _block(comm: Any, fn: Callable[[], object], calls: int, device: str) -> float:
+    """Seconds per call of ``calls`` calls of ``fn``, started together after a barrier; on a
+    CUDA ``device``, from an idle device to the end of the last call's work."""
     comm.barrier()
-    start = time.perf_counter()
+    start = device_clock.now(device)
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (device_clock.now(device) - start) / calls

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from distcomm._runtime.getters import get_local_rank, is_initialized
 from distcomm._runtime.lifecycle import finalize, init
-from distcomm.errors import InvalidArgumentError
+from distcomm.errors import DistcommWarning, InvalidArgumentError
 
 __all__ = ["DistContext", "dist_finalize", "dist_init", "dist_mode"]
 
@@ -33,9 +34,31 @@ def dist_init(
     comm = init(backend=backend, method=method)
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        torch.cuda.set_device(device_id if device_id is not None else get_local_rank() % count)
+        wanted = (
+            device_id if device_id is not None else get_local_rank() % torch.cuda.device_count()
+        )
+        use_cuda_device(comm, wanted, f"dist_init(device_id={device_id})")
     return comm.rank, comm.world_size
+
+
+def use_cuda_device(comm: Any, wanted: int, asked: str, stacklevel: int = 3) -> None:
+    """Make CUDA device ``wanted`` current (what ``asked``, a call, chose), unless ``comm`` is a
+    GPU backend's bound to another at init (nccl: one GPU per rank): that one stays current,
+    with a warning naming both (``stacklevel``: the caller of the caller, by default)."""
+    import torch
+
+    bound = getattr(comm, "device", None)
+    if bound is not None and getattr(bound, "type", None) == "cuda":
+        if bound.index != wanted:
+            warnings.warn(
+                f"{asked}: rank {comm.rank} stays on {bound}, the GPU its {comm.backend!r} "
+                f"communicator uses (one GPU per rank), not cuda:{wanted}. HINT: to choose it, "
+                "pass init(device='cuda:N'), or set CUDA_VISIBLE_DEVICES.",
+                DistcommWarning,
+                stacklevel=stacklevel,
+            )
+        wanted = bound.index
+    torch.cuda.set_device(wanted)
 
 
 def dist_finalize() -> None:

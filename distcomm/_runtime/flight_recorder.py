@@ -3,12 +3,15 @@ where ``distcomm trace`` reads them.
 
 Each entry (recorded by a pair of hooks, :func:`~distcomm.add_hook`): the operation, its ``seq``,
 the group's global ranks, shape, dtype, bytes, root, the call site (the first frame outside
-distcomm), when it was issued and completed (wall clock), and its error. The ring is written to
-``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``) as ``rank-<N>.json`` (0600, in a 0700
-folder): at exit, when an operation of this rank times out, on ``DISTCOMM_TRACE_SIGNAL`` (default
-SIGUSR2) and on SIGTERM (both chained to the handlers already installed), before a rank aborts
-the job (every rank's, as its last words: :mod:`distcomm.backend.aborts`), and on
-:func:`dump_trace`. Off (no DISTCOMM_TRACE), nothing is registered.
+distcomm), when it was issued and completed (wall clock), and its error. Both stamps are read in
+the hooks, after the event's clock (:mod:`~distcomm.backend._pipeline.observing`): for a blocking
+call on a CUDA tensor, once the device finished the work queued before the call, and then the
+call's own. The ring is written to ``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``) as
+``rank-<N>.json`` (0600, in a 0700 folder): at exit, when an operation of this rank times out, on
+``DISTCOMM_TRACE_SIGNAL`` (default SIGUSR2) and on SIGTERM (both chained to the handlers already
+installed), before a rank aborts the job (every rank's, as its last words:
+:mod:`distcomm.backend.aborts`), and on :func:`dump_trace`. Off (no DISTCOMM_TRACE), nothing is
+registered.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class FlightRecorder:
             "bytes": event.nbytes,
             "root": event.root,
             "site": _call_site(),
-            "issued": time.time(),
+            "issued": time.time(),  # after event.started: past the device's queued work
             "completed": None,
             "error": None,
         }
@@ -75,7 +78,7 @@ class FlightRecorder:
             entry = self.open.pop(id(event), None)
         if entry is None:
             return
-        entry["completed"] = time.time()
+        entry["completed"] = time.time()  # after event.finished: past the device's work
         if event.error is not None:
             entry["error"] = f"{type(event.error).__name__}: {event.error}".splitlines()[0]
             if isinstance(event.error, DistTimeoutError):

@@ -1,12 +1,14 @@
 """A communication summary: ``DISTCOMM_PROFILE=1`` and ``with distcomm.profile() as p:``.
 
-A :class:`Recorder` is a pair of hooks (:func:`~distcomm.add_hook`): per operation and size
-bucket (powers of two of the bytes moved), each rank counts the calls and sums the time it
-spent in them, and keeps the last :data:`KEPT` calls' ``(group, seq, seconds)``. :func:`summarise`
+A :class:`Recorder` is a pair of hooks (:func:`~distcomm.add_hook`): per operation and size bucket
+(powers of two of the bytes moved), each rank counts the calls and sums the time it spent in them
+(the event's ``finished - started``: for a blocking call on a CUDA tensor, the device's work
+included, synchronised by :mod:`~distcomm.backend._pipeline.observing`; for an async call, the time
+to issue it), and keeps the last :data:`KEPT` calls' ``(group, seq, seconds)``. :func:`summarise`
 is collective: it all-gathers every rank's tables and returns the same dict everywhere: the count
-and the slowest rank's total time per bucket, algbw and busbw (nccl-tests' factors) from those,
-and how often each rank *waited longest* in a call: the rank that arrived first waits for the
-others, so each rank's own wait times are compared (no clock is shared between hosts).
+and the slowest rank's total time per bucket, algbw and busbw (nccl-tests' factors) from those, and
+how often each rank *waited longest* in a call: the rank that arrived first waits for the others,
+so each rank's own wait times are compared (no clock is shared between hosts).
 
 Off (no recorder), nothing is registered and the collectives run unwrapped.
 """

@@ -59,8 +59,9 @@ class Adapter:
     def is_contiguous(self, x: Any) -> bool:
         raise NotImplementedError
 
-    def is_plain(self, x: Any, devices: frozenset[str]) -> bool:
-        """Whether an engine moving ``devices`` takes ``x`` as it is: contiguous, on one of them."""
+    def is_plain(self, x: Any, devices: frozenset[str], bound: str | None = None) -> bool:
+        """Whether an engine moving ``devices`` takes ``x`` as it is: contiguous, on one of them
+        (and, for an engine bound to one accelerator, ``bound`` such as ``"cuda:0"``, on it)."""
         return "cpu" in devices and self.is_contiguous(x)
 
     def numel(self, x: Any) -> int:
@@ -141,9 +142,13 @@ class TorchAdapter(Adapter):
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())
 
-    def is_plain(self, x: Any, devices: frozenset[str]) -> bool:
-        on = "cpu" if x.is_cpu else x.device.type  # is_cpu is several times faster than .device
-        return on in devices and bool(x.is_contiguous())
+    def is_plain(self, x: Any, devices: frozenset[str], bound: str | None = None) -> bool:
+        if x.is_cpu:  # is_cpu is several times faster than .device
+            return "cpu" in devices and bool(x.is_contiguous())
+        on = x.device
+        if on.type not in devices or (bound is not None and str(on) != bound):
+            return False
+        return bool(x.is_contiguous())
 
     def numel(self, x: Any) -> int:
         return int(x.numel())

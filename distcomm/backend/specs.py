@@ -73,6 +73,10 @@ class Capabilities:
             job with the same diagnostic instead. ``Work.wait(timeout)`` raises either way.
         any_source: whether ``recv(src=None)`` is supported.
         p2p: whether point-to-point messages (send, recv, isend, irecv) exist at all.
+        p2p_tags: whether the engine matches point-to-point messages by tag. Where it does not
+            (NCCL ignores tags: a receive takes the next message from its sender, whatever its
+            tag), a non-zero tag is refused with InvalidArgumentError instead of two messages
+            being silently swapped; tag 0 works, messages matching in the order they are sent.
         subgroup_split: whether a sub-communicator can itself be split (``new_group(...,
             group=g)``, ``g.split``); engines whose groups are made by the whole world cannot.
     """
@@ -87,6 +91,7 @@ class Capabilities:
     cancellable: bool = True
     any_source: bool = True
     p2p: bool = True
+    p2p_tags: bool = True
     subgroup_split: bool = True
 
 

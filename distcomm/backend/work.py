@@ -79,8 +79,11 @@ class BaseWork:
         """Wait for the engine; return False if ``timeout`` seconds passed first.
 
         ``timeout`` None means the communicator's timeout, enforced however the engine can
-        (an engine that cannot cancel a blocking call may end the job instead). The default
-        tests the engine with short sleeps until the deadline.
+        (an engine that cannot cancel a blocking call may end the job instead). ``timeout`` may
+        be 0 or a fraction of a millisecond (``finalize`` of a failed communicator, a deadline
+        already past): test, wait at most briefly, never forever; an engine that reads a zero
+        timeout as "none" (torch's ``kNoTimeout``) must get at least its smallest unit instead.
+        The default tests the engine with short sleeps until the deadline.
         """
         limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
         deadline = None if limit is None else time.monotonic() + limit
@@ -154,9 +157,11 @@ class BaseWork:
         try:
             finished = self._test()
         except Exception as exc:
-            if isinstance(exc, DistcommError) or self._comm is None:
+            if self._comm is None:
                 raise
-            _RETAINED.append(self)
+            _RETAINED.append(self)  # failed or timed out: the engine may still use the buffers
+            if isinstance(exc, DistcommError):
+                raise
             raise self._comm.engine_failed(self.op, self.seq, exc) from exc
         if finished:
             self._complete()

@@ -18,7 +18,9 @@ Fixed here (DI-engine differs):
 
 - ``broadcast`` in a world of 1 is a no-op (DI-engine raised under FakeLink).
 - ``dist_init`` chooses a CUDA device only when CUDA exists (DI-engine divided by a device count
-  of zero on CPU machines).
+  of zero on CPU machines); on a GPU backend (nccl) the communicator's GPU, chosen at init, stays
+  current, with a warning if ``method``/``device_id`` asked for another (DI-engine set it after
+  init: ``dist_init("single_node")`` put every rank on cuda:0, beside its communicator's GPU).
 - ``dist_mode(func)`` returns ``func``'s value and finalizes even when ``func`` raises
   (DI-engine did neither).
 - ``get_group`` / ``simple_group_split`` return a distcomm communicator, usable as ``group=`` and
@@ -34,6 +36,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import distcomm
+from distcomm._runtime.doors import use_cuda_device
 from distcomm.compat import linklink
 from distcomm.errors import DistcommError, InvalidArgumentError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
@@ -163,11 +166,10 @@ def dist_init(method: str = "slurm", device_id: int = 0) -> tuple[int, int]:
     linklink.initialize()
     rank, world_size = distcomm.get_rank(), distcomm.get_world_size()
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        if method == "slurm":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        elif method == "single_node":
-            torch.cuda.set_device(device_id)
+    if torch is None or not torch.cuda.is_available() or method not in ("slurm", "single_node"):
+        return rank, world_size
+    wanted = rank % torch.cuda.device_count() if method == "slurm" else device_id
+    use_cuda_device(distcomm.get_communicator(), wanted, f"dist_init({method!r}, {device_id})")
     return rank, world_size
 
 

@@ -326,3 +326,27 @@ def test_one_adapter_per_type_is_made_and_cached() -> None:
     assert adapter_for(first) is adapter_for(second)
     assert cached_adapter(first) is adapter_for(first)
     assert cached_adapter(object()) is None
+
+
+class OnGpu1:
+    """What the torch adapter reads of a contiguous tensor on cuda:1 (none can be made here:
+    no GPU in CI)."""
+
+    is_cpu = False
+
+    def __init__(self, torch: Any) -> None:
+        self.device = torch.device("cuda", 1)
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
+def test_a_tensor_on_another_gpu_than_the_bound_one_is_not_plain() -> None:
+    """The fast path hands plain tensors straight to the engine: one on cuda:1 must not reach
+    an engine bound to cuda:0 (staging refuses it with the reason)."""
+    torch = pytest.importorskip("torch")
+    adapter, x = adapter_for(torch.ones(1)), OnGpu1(torch)
+    cuda = frozenset({"cpu", "cuda"})
+    assert adapter.is_plain(x, cuda) and adapter.is_plain(x, cuda, "cuda:1")
+    assert not adapter.is_plain(x, cuda, "cuda:0")
+    assert adapter.is_plain(torch.ones(1), cuda, "cuda:0"), "CPU tensors are not bound"

@@ -197,3 +197,64 @@ def test_finalize_of_a_fakelink_world_with_a_work_in_flight() -> None:
         return data.tolist()
 
     assert run_threads(body, 2) == [[3.0, 3.0], [3.0, 3.0]]
+
+
+#: What torch raises when two ranks of one node pick the same GPU (torch's DistBackendError text
+#: around NCCL's "Last error", as users report it; NCCL's reason is never on the first line).
+NCCL_DUPLICATE_GPU = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid usage (run "
+    "with NCCL_DEBUG=WARN for details), NCCL version 2.21.5\n"
+    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+    "Last error:\n"
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000\n"
+    "Exception raised from getNcclComm at /pytorch/torch/csrc/distributed/c10d/x.cpp:1 (most "
+    "recent call first):\nframe #0: c10::Error::Error() + 0x1\n"
+)
+
+
+def test_an_engine_error_keeps_the_engines_reason_after_its_first_line() -> None:
+    """NCCL's reason comes after torch's first line: an EngineError that kept only the first
+    line said "invalid usage" and hid "Duplicate GPU detected"."""
+    comm = StandIn()
+    work = comm.all_reduce(np.ones(3), async_op=True)
+    comm.engines[0].error = RuntimeError(NCCL_DUPLICATE_GPU)
+    with pytest.raises(EngineError) as info:
+        work.wait()
+    said = str(info.value)
+    assert "failed: the engine failed (RuntimeError: NCCL error in: " in said
+    assert "\nThe engine said:\n  ncclInvalidUsage: This usually" in said, said
+    assert "\n  Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000" in said
+    assert "Exception raised from" not in said and "frame #0" not in said, "a C++ stack trace"
+
+
+def test_a_check_on_the_object_channel_that_times_out_names_the_collective_it_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On nccl the mismatch check's all-reduce runs on the Gloo side group (the object
+    channel). Rank 1 skips the third all_reduce (a check point): rank 0's check times out
+    there, and the error names the all_reduce it checked (#4 of the world, whose #1 made the
+    side group; rank 1 not there),
+    not the side group's own operation ("every rank had arrived"). Thread-ranks on fakelink,
+    whose world is given a second communicator as its object channel, as nccl's is."""
+    monkeypatch.setenv("DISTCOMM_TIMEOUT", "1")
+
+    def body() -> Any:
+        world = distcomm.get_communicator()
+        side = distcomm.new_group([0, 1])
+        world._object_channel = lambda: side  # type: ignore[method-assign]
+        side.all_gather_object(None)  # the side group's own operations, numbered apart
+        distcomm.all_reduce(np.ones(2))
+        distcomm.all_reduce(np.ones(2))
+        if world.rank == 1:
+            time.sleep(4)
+            return None
+        with pytest.raises(DistTimeoutError) as info:
+            distcomm.all_reduce(np.ones(2))
+        error = info.value
+        return error.op, error.seq, error.missing_ranks, error.group, str(error), side.unusable
+
+    op, seq, missing, group, said, side_state = run_threads(body, 2, timeout=60)[0]
+    assert (op, seq, tuple(missing)) == ("all_reduce", 4, (1,)), said
+    assert "'world'" in group and said.startswith("all_reduce (operation #4) on fakelink "), said
+    assert "time.sleep(4)" in said, "where rank 1 was"
+    assert side_state and "the check of all_reduce #4" in side_state, side_state

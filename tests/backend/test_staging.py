@@ -174,3 +174,38 @@ def test_a_device_the_engine_moves_is_handed_over_without_a_warning() -> None:
     )
     assert result.engine is x and not result.copied
     assert warned == [] and adapter.moves == []
+
+
+@pytest.mark.parametrize(("bound", "taken"), [("cuda:1", True), ("cuda:0", False), (None, True)])
+def test_a_tensor_on_another_gpu_than_the_engines_is_refused_naming_both(
+    bound: str | None, taken: bool
+) -> None:
+    """NCCL binds each rank to one GPU: a tensor on another (cuda:1 for a rank on cuda:0) is
+    refused before the engine sees it (it would build a second communicator, or hang); an
+    engine bound to no device takes any device of its type."""
+    adapter, warned = OnAGpu(), []
+    x = np.arange(3, dtype=np.float32)
+
+    def run() -> Any:
+        return stage(
+            adapter,
+            x,
+            "float32",
+            native_dtypes=ALL_NATIVE,
+            devices=frozenset({"cuda"}),
+            backend="nccl",
+            warn_staging=warned.append,
+            bound=bound,
+        )
+
+    if taken:
+        assert run().engine is x
+    else:
+        with pytest.raises(InvalidArgumentError) as info:
+            run()
+        assert str(info.value) == (
+            "tensor is on cuda:1, but this rank's 'nccl' communicator uses cuda:0 (one device "
+            "per rank). HINT: move it first (tensor.to('cuda:0')), or init(device='cuda:1') if "
+            "this rank should use cuda:1."
+        )
+    assert warned == [] and adapter.moves == []

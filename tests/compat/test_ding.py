@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,43 @@ def test_helpers_on_mpi(mpirun: str, tmp_path: Path) -> None:
 def test_sum_of_integers_cannot_hold_the_mean() -> None:
     with pytest.raises(distcomm.InvalidArgumentError, match="dtype 'int64'"):
         ding.allreduce(np.ones(2, dtype=np.int64))
+
+
+class GpuComm:
+    """What dist_init reads of a nccl communicator bound to ``cuda:index`` (no GPU in CI)."""
+
+    backend = "nccl"
+
+    def __init__(self, torch: Any, index: int) -> None:
+        self.device = torch.device("cuda", index)
+        self.rank = index
+
+
+@pytest.mark.parametrize(
+    ("method", "device_id", "warned"), [("slurm", 0, False), ("single_node", 0, True)]
+)
+def test_dist_init_keeps_the_gpu_of_a_gpu_backends_communicator(
+    method: str, device_id: int, warned: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 of a node whose nccl communicator uses cuda:1: DI-engine's dist_init set cuda:0
+    after init ("single_node", device_id=0 on every rank), away from the communicator's GPU.
+    CUDA and the communicator are stand-ins (no GPU in CI); the world is a real world of 1."""
+    torch = pytest.importorskip("torch")
+    current: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(distcomm, "get_rank", lambda: 1)
+    monkeypatch.setattr(distcomm, "get_communicator", lambda: GpuComm(torch, 1))
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            ding.dist_init(method, device_id)
+    finally:
+        ding.dist_finalize()
+    assert current == [1], "the rank left its communicator's GPU"
+    told = [str(w.message) for w in said if issubclass(w.category, distcomm.DistcommWarning)]
+    if warned:
+        assert len(told) == 1 and "rank 1 stays on cuda:1" in told[0] and "not cuda:0" in told[0]
+    else:
+        assert told == [], told

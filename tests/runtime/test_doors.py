@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import warnings
+from typing import Any
 
 import pytest
 
@@ -65,3 +67,45 @@ def test_dist_mode_finalizes_when_the_function_raises() -> None:
     with pytest.raises(KeyError, match="oops"):
         fail()
     assert not distcomm.is_initialized()
+
+
+class BoundToGpu1:
+    """What dist_init reads of rank 1's nccl communicator, bound to cuda:1 at init."""
+
+    backend, rank, world_size = "nccl", 1, 2
+
+    def __init__(self, torch: Any) -> None:
+        self.device = torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize(("device_id", "warned"), [(None, False), (1, False), (0, True)])
+def test_dist_init_leaves_a_gpu_backend_on_the_gpu_it_chose_at_init(
+    device_id: int | None, warned: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dist_init(device_id=0) on every rank of a nccl job: the current device must stay the
+    communicator's (cuda:1 for rank 1), or tensors made on cuda:0 meet a communicator on cuda:1.
+    CUDA and init are stand-ins (no GPU in CI)."""
+    torch = pytest.importorskip("torch")
+    from distcomm._runtime import doors
+
+    current: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(doors, "init", lambda **_: BoundToGpu1(torch))
+    monkeypatch.setattr(doors, "get_local_rank", lambda: 1)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert distcomm.dist_init(device_id=device_id) == (1, 2)
+    assert current == [1]
+    told = [str(w.message) for w in said if issubclass(w.category, distcomm.DistcommWarning)]
+    assert told == (
+        [
+            "dist_init(device_id=0): rank 1 stays on cuda:1, the GPU its 'nccl' communicator "
+            "uses (one GPU per rank), not cuda:0. HINT: to choose it, pass "
+            "init(device='cuda:N'), or set CUDA_VISIBLE_DEVICES."
+        ]
+        if warned
+        else []
+    )
+    assert not warned or said[0].filename == __file__, "the warning points at the caller"

@@ -116,7 +116,7 @@ class DeviceAdapter(arrays.NumpyAdapter):
     def device(self, x: Any) -> str:
         return "cuda:0"
 
-    def is_plain(self, x: Any, devices: frozenset[str]) -> bool:
+    def is_plain(self, x: Any, devices: frozenset[str], bound: str | None = None) -> bool:
         return "cuda" in devices and self.is_contiguous(x)
 
     def to_device(self, x: Any, device: str) -> Any:

@@ -2,15 +2,20 @@
 
 numpy arrays and byte buffers reach torch through ``torch.from_numpy`` / ``torch.frombuffer``,
 which share memory: no copies. Ranks given to torch are world ranks (``global_ranks``), so one
-code path serves the default group and sub-groups alike.
+code path serves the default group and sub-groups alike. Every timeout reaches torch through
+:func:`torch_timeout`, and torch's timeout errors are told from its other errors by
+:func:`is_timeout`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import gc
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -55,6 +60,76 @@ _KEEPS_ORDER = "sort_ranks" in inspect.signature(dist.new_group).parameters
 _ORDER: dict[str, Any] = {"sort_ranks": False} if _KEEPS_ORDER else {}
 # torch 2.13 renamed the "_tensor" collectives; the old names warn there.
 
+#: What torch's errors say when a Work gave up waiting (lower case; torch's texts in full in
+#: backends/distcomm-torch/tests/test_torch_nccl.py):
+_TIMEOUT_TEXTS = (
+    # c10d's Work::wait(timeout) ("Operation timed out!", Gloo's collectives) and Gloo's
+    # transport ("Timed out waiting 1500ms for recv operation to complete", also "send").
+    "timed out",
+    # Gloo, on every pair of a context once one of its operations timed out.
+    "application timeout caused pair closure",
+    # NCCL's watchdog and WorkNCCL::wait(timeout): "Watchdog caught collective operation
+    # timeout: WorkNCCL(...) ran for N milliseconds before timing out." (torch has aborted the
+    # communicator by then), also quoted as the reason of a communicator aborted for it.
+    "collective operation timeout",
+)
+
+
+def is_timeout(message: str) -> bool:
+    """Whether torch's error ``message`` says that an operation timed out (Gloo or NCCL)."""
+    text = message.lower()
+    return any(phrase in text for phrase in _TIMEOUT_TEXTS)
+
+
+#: The longest timeout a timedelta can say, in milliseconds (torch's are int64 milliseconds).
+_LONGEST_MS = datetime.timedelta.max // datetime.timedelta(milliseconds=1)
+
+
+def torch_timeout(seconds: float) -> datetime.timedelta:
+    """``seconds`` as torch takes a timeout: whole milliseconds, rounded up, at least one.
+
+    torch truncates a timedelta to milliseconds and reads 0 ms as "no timeout" (``kNoTimeout``):
+    a Gloo wait would block forever, and an NCCL wait return before the kernels have run.
+    """
+    ms = seconds * 1000
+    if not ms < _LONGEST_MS:  # inf, nan
+        ms = _LONGEST_MS
+    return datetime.timedelta(milliseconds=max(1, math.ceil(round(ms, 6))))
+
+
+def watchdog_timeout(seconds: float) -> datetime.timedelta:
+    """The timeout of a torch NCCL group for a distcomm timeout of ``seconds``: longer by
+    max(30 s, 10 %). NCCL's watchdog ends the process at the group's timeout (torch's default
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``); distcomm's deadline, the wait of a blocking call,
+    comes first, so that its diagnosis (the ranks that had not arrived, their stacks), the
+    flight recorder's dump and ``DISTCOMM_ON_TIMEOUT`` take effect before the watchdog's."""
+    return torch_timeout(seconds + max(30.0, 0.1 * seconds))
+
+
+@contextlib.contextmanager
+def unbound_default_group() -> Iterator[None]:
+    """Make a torch group meanwhile as if torch's default group had no device bound to it.
+
+    Where the default group is bound to a GPU (``init_process_group(device_id=...)``, as the
+    nccl factory does), torch makes every new group from the default NCCL communicator with
+    ``ncclCommSplit``, which every rank of the world must call: the members of a new NCCL group
+    with its color, every other rank with none, inside ``new_group``. That leaves ranks waiting
+    forever where only some call: a group made by its members only
+    (``use_local_synchronization=True``), and a Gloo group, whose non-members split while its
+    members do not (pytorch/pytorch#145376, open in torch 2.13). Such groups are made here
+    without the binding, as torch makes them when nothing is bound; it is back at once after.
+    """
+    world = dist.group.WORLD
+    bound = getattr(world, "bound_device_id", None)
+    if world is None or bound is None:
+        yield
+        return
+    world.bound_device_id = None
+    try:
+        yield
+    finally:
+        world.bound_device_id = bound
+
 
 def flat(x: Any) -> torch.Tensor:
     """A 1-D view of a contiguous array (torch's gather/scatter family wants matching dims)."""
@@ -92,16 +167,24 @@ class TorchWork(BaseWork):
         return comm.global_ranks.index(world_rank)
 
     def _test(self) -> bool:
-        return bool(self._work.is_completed())
+        """Whether the operation completed; torch says "completed" of a failed one too (NCCL's
+        timed out by its watchdog), so a completed one is waited for (at once): a failure then
+        raises, a timeout as the communicator's DistTimeoutError."""
+        if not self._work.is_completed():
+            return False
+        if not self._block(None):
+            comm = self._torch_comm
+            raise comm.timed_out(self.op, self.seq, comm.timeout)
+        return True
 
     def _block(self, timeout: float | None) -> bool:
-        try:  # torch's own timeout is the communicator's: it raises "Timed out ..." then
+        try:  # torch's own timeout is the communicator's: it raises a timeout error then
             if timeout is None:
                 self._work.wait()
             else:
-                self._work.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as exc:
-            if "timed out" in str(exc).lower():
+                self._work.wait(torch_timeout(timeout))
+        except RuntimeError as exc:  # torch.distributed.DistBackendError (NCCL's) is one too
+            if is_timeout(str(exc)):
                 return False
             raise
         return True
@@ -119,13 +202,17 @@ class TorchCommunicator(BaseCommunicator):
         side: TorchCommunicator | None = None,
         owns_group: bool = False,
         progress: StoreProgress | None = None,
+        device: torch.device | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._group = group
         self._side = side
         self._owns_group = owns_group
-        self.device: torch.device | None = None
+        #: The CUDA device of this rank's work on nccl (every sub-communicator has its
+        #: parent's); None on gloo. Tensors on another GPU are refused (``bound_device``).
+        self.device = device
+        self.bound_device = None if device is None else str(device)
         self._adopted: dict[int, tuple[Any, Communicator]] = {}
         self.torch_group = self.native
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
@@ -179,12 +266,20 @@ class TorchCommunicator(BaseCommunicator):
         }
         side = None
         if self._side is not None:
-            side_pg = dist.new_group(list(ranks), backend="gloo", use_local_synchronization=True)
+            with unbound_default_group():
+                side_pg = dist.new_group(
+                    list(ranks),
+                    timeout=torch_timeout(self.timeout),
+                    backend="gloo",
+                    use_local_synchronization=True,
+                    **_ORDER,  # the adopted group's order, not sorted
+                )
             side = GlooCommunicator(
                 side_pg, owns_group=True, name=f"objects of torch group {list(ranks)}", **members
             )
-        comm = type(self)(native, side=side, name=f"torch group {list(ranks)}", **members)
-        comm.device = self.device
+        comm = type(self)(
+            native, side=side, name=f"torch group {list(ranks)}", device=self.device, **members
+        )
         self._adopted[id(native)] = (native, comm)
         return comm
 
@@ -330,14 +425,19 @@ class TorchCommunicator(BaseCommunicator):
                 side_pg, owns_group=True, name=f"objects of group {list(world[index])}", **members
             )
         return type(self)(
-            pg, side=side, owns_group=True, name=f"group {list(world[index])}", **members
+            pg,
+            side=side,
+            owns_group=True,
+            name=f"group {list(world[index])}",
+            device=self.device,
+            **members,
         )
 
     def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
         """torch groups for ``ranks``: the engine's, and a Gloo one for objects where needed."""
         pg = dist.new_group(
             list(ranks),
-            timeout=datetime.timedelta(seconds=self.timeout),
+            timeout=torch_timeout(self.timeout),
             use_local_synchronization=local,
             **_ORDER,
         )
@@ -379,18 +479,31 @@ class NcclCommunicator(TorchCommunicator):
         assert self._side is not None
         return self._side
 
+    def _barrier(self, async_op: bool) -> Work | None:
+        """On this rank's device: torch would otherwise pick one (the current device, or the
+        global rank modulo the visible devices, depending on its version)."""
+        if self.device is None:
+            return super()._barrier(async_op)
+        start = functools.partial(dist.barrier, device_ids=[self.device.index])
+        return self._issue(start, (self._group, True))
+
     def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
-        pg = dist.new_group(
-            list(ranks),
-            timeout=datetime.timedelta(seconds=self.timeout),
-            use_local_synchronization=local,
-            **_ORDER,
-        )
-        side_pg = dist.new_group(
-            list(ranks),
-            timeout=datetime.timedelta(seconds=self.timeout),
-            backend="gloo",
-            use_local_synchronization=local,
-            **_ORDER,
-        )
+        """The NCCL group is split from a device-bound default group only where every rank of
+        the world makes it (``local`` False); the others are made without the binding
+        (:func:`unbound_default_group`)."""
+        with unbound_default_group() if local else contextlib.nullcontext():
+            pg = dist.new_group(
+                list(ranks),
+                timeout=watchdog_timeout(self.timeout),
+                use_local_synchronization=local,
+                **_ORDER,
+            )
+        with unbound_default_group():
+            side_pg = dist.new_group(
+                list(ranks),
+                timeout=torch_timeout(self.timeout),
+                backend="gloo",
+                use_local_synchronization=local,
+                **_ORDER,
+            )
         return pg, side_pg

@@ -3,11 +3,16 @@
 Rendezvous: a world of 1 needs no network (a HashStore); otherwise rank 0 serves a TCPStore at
 the launch's master address and port. Under an MPI launcher, which gives no master address,
 rank 0's address and a free port reach the others over MPI (mpi4py) at init.
+
+On nccl the default group is bound to the rank's GPU (``init_process_group(device_id=...)``,
+where torch has it): torch then creates the NCCL communicator at once, so an NCCL failure ends
+``init``, and makes later groups by splitting it (see
+:func:`distcomm_torch.communicator.unbound_default_group` for the groups it must not split).
 """
 
 from __future__ import annotations
 
-import datetime
+import inspect
 import socket
 import traceback
 from typing import Any
@@ -16,11 +21,21 @@ import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
 from distcomm.backend import abort_on_uncaught_exception, free_port, select_cuda_device
-from distcomm_torch import rendezvous
-from distcomm_torch.communicator import GlooCommunicator, NcclCommunicator, TorchCommunicator
+from distcomm_torch import gpus, rendezvous
+from distcomm_torch.communicator import (
+    GlooCommunicator,
+    NcclCommunicator,
+    TorchCommunicator,
+    torch_timeout,
+    unbound_default_group,
+    watchdog_timeout,
+)
 from distcomm_torch.progress import StoreProgress
 
 __all__ = ["create"]
+
+#: Whether this torch binds the default group to a device (``device_id``, torch >= 2.2).
+_BINDS_DEVICE = "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
 def create(
@@ -57,7 +72,7 @@ def create(
         launch = _adopt(name, launch)
     cuda_device = _cuda_device(name, launch, device)
     if not adopting:
-        launch = _init_default_group(name, launch, timeout)
+        launch = _init_default_group(name, launch, timeout, cuda_device)
     kwargs: dict[str, Any] = dict(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -68,11 +83,10 @@ def create(
     )
     if name == "gloo":
         return GlooCommunicator(None, owns_group=not adopting, **kwargs)
-    side_pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+    with unbound_default_group():
+        side_pg = dist.new_group(backend="gloo", timeout=torch_timeout(timeout))
     side = GlooCommunicator(side_pg, owns_group=True, **{**kwargs, "name": "objects of world"})
-    comm = NcclCommunicator(None, side=side, owns_group=not adopting, **kwargs)
-    comm.device = cuda_device
-    return comm
+    return NcclCommunicator(None, side=side, owns_group=not adopting, device=cuda_device, **kwargs)
 
 
 def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
@@ -112,8 +126,11 @@ def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
     )
 
 
-def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> LaunchInfo:
-    """Create torch's default group; return ``launch`` with the rendezvous it used.
+def _init_default_group(
+    name: str, launch: LaunchInfo, timeout_s: float, device: Any = None
+) -> LaunchInfo:
+    """Create torch's default group (bound to ``device``, nccl's CUDA device, where torch can);
+    return ``launch`` with the rendezvous it used.
 
     Raises:
         DistTimeoutError: the rendezvous did not complete within the timeout (the master
@@ -141,13 +158,21 @@ def _init_default_group(name: str, launch: LaunchInfo, timeout_s: float) -> Laun
                 reason=f"{missing} unknown",
             )
         store = rendezvous.open_store(name, launch, addr, port, timeout_s)
+    if device is not None:  # before NCCL meets two ranks on one GPU (it fails, or hangs)
+        try:
+            gpus.check_one_gpu_per_rank(name, launch, store, device, timeout_s)
+        except BackendUnavailableError:
+            del store  # rank 0's server port goes, even while the error is kept
+            raise
+    bound: dict[str, Any] = {"device_id": device} if device is not None and _BINDS_DEVICE else {}
     try:
         dist.init_process_group(
             name,
             store=store,
             rank=launch.rank,
             world_size=launch.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=watchdog_timeout(timeout_s) if name == "nccl" else torch_timeout(timeout_s),
+            **bound,
         )
     except RuntimeError as exc:
         error = rendezvous.failed(name, launch, store, timeout_s, exc)

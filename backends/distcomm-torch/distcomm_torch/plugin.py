@@ -19,6 +19,7 @@ NCCL = Capabilities(
     dtypes=_NO_INT16,
     reduce_ops=frozenset({"SUM", "PRODUCT", "MIN", "MAX", "AVG"}),
     any_source=False,
+    p2p_tags=False,  # ProcessGroupNCCL ignores tags: messages match in the order they are posted
 )
 
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
 from distcomm.backend import claims, free_port
 from distcomm.errors import DistcommError
+from distcomm_torch.communicator import torch_timeout
 
 __all__ = ["confirm", "failed", "open_store"]
 
@@ -84,7 +85,7 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
         ) from exc
     _claim(name, launch, store, f"{addr}:{port}")
     store.set(f"{_ARRIVED}{launch.rank}", "1")
-    store.set_timeout(datetime.timedelta(seconds=timeout))
+    store.set_timeout(torch_timeout(timeout))  # never 0 ms, torch's "no timeout"
     return store
 
 
@@ -152,6 +153,8 @@ def failed(
     """The distcomm error for torch's ``init_process_group`` raising ``exc``."""
     where = f"the {name} rendezvous at {launch.master_addr}:{launch.master_port}"
     text = _first_line(exc)
+    if "NCCL" in str(exc) and "timed out" not in str(exc).lower():
+        return _nccl_failed(name, launch, exc)
     if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
         return BackendUnavailableError(
             f"{name}: rank {launch.rank} could not join {where}: {text}. HINT: every rank "
@@ -213,6 +216,25 @@ def _not_arrived(store: Any, size: int) -> list[int] | None:
         return [r for r in range(size) if not store.check([f"{_ARRIVED}{r}"])]
     except RuntimeError:
         return None
+
+
+def _nccl_failed(name: str, launch: LaunchInfo, exc: RuntimeError) -> BackendUnavailableError:
+    """NCCL failed to start inside ``init_process_group`` (the default group bound to the GPU
+    starts it there): the rendezvous itself went well, and NCCL's reason follows torch's first
+    line ("Last error: ..."), so every line is kept (up to 12)."""
+    text = str(exc).split("Exception raised from ")[0]  # no C++ stack trace
+    said = [line.strip() for line in text.splitlines() if line.strip()][:13]
+    first = said[0] if said else type(exc).__name__
+    more = "".join(f"\n  {line}" for line in said[1:])
+    said_more = f"\nThe engine said:{more}" if more else ""
+    return BackendUnavailableError(
+        f"{name}: NCCL failed to start on rank {launch.rank}: {first}{said_more}\nHINT: run "
+        "again with "
+        "NCCL_DEBUG=WARN for NCCL's own account; check the GPUs (nvidia-smi) and that each rank "
+        "has its own.",
+        backend=name,
+        reason=first,
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -123,6 +123,8 @@ def check(comm: Steps, x: Any = None) -> None:
     seq = comm.seq
     channel = comm._object_channel()
     h.voting = seq
+    if channel is not comm:  # its failure is this collective's (its timeout, its diagnosis)
+        channel._checking_for = comm
     try:
         if agree(channel, h.value(seq)):
             h.agree(seq)
@@ -131,6 +133,8 @@ def check(comm: Steps, x: Any = None) -> None:
         dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
     finally:
         h.voting = 0
+        if channel is not comm:
+            channel._checking_for = None
     found = divergence.find(dumps)
     if found is None:  # older than every history kept
         found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)

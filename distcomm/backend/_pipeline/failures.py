@@ -54,6 +54,23 @@ def lost_peer(message: str) -> bool:
     return any(phrase in text for phrase in _LOST_PEER)
 
 
+#: The most lines of an engine's message that an EngineError repeats after its first.
+ENGINE_LINES = 12
+
+
+def engine_said(exc: BaseException) -> str:
+    """The lines of the engine's message after its first (NCCL's reason comes there: "Last
+    error: Duplicate GPU detected ..."), indented, at most :data:`ENGINE_LINES`, without a
+    C++ stack trace (torch's "Exception raised from ..."); "" if none."""
+    text = str(exc).strip().split("Exception raised from ", 1)[0]
+    rest = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+    if not rest:
+        return ""
+    more = len(rest) - ENGINE_LINES
+    shown = rest[:ENGINE_LINES] + ([f"... ({more} more lines)"] if more > 0 else [])
+    return "\nThe engine said:\n" + "\n".join(f"  {line}" for line in shown)
+
+
 def missing_ranks(progress: Mapping[int, int], size: int, seq: int) -> list[int]:
     """The ranks of ``range(size)`` that had not reached operation ``seq``: those whose
     sequence number in ``progress`` is lower, and those absent from it (no answer)."""
@@ -71,6 +88,9 @@ class Failures:
     _world_size: int
     unusable: str | None
     _history: CallHistory | None
+    #: The communicator whose collective this one (its object channel: NCCL's Gloo side
+    #: group) checks now: a failure here is that collective's, told and diagnosed there.
+    _checking_for: Any = None
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -94,6 +114,13 @@ class Failures:
             stalled: why the operation can never complete, when the engine knows it before
                 the timeout (an in-process world where every rank waits).
         """
+        behalf = self._checking_for
+        if behalf is not None:
+            self.unusable = f"the check of {behalf.op} #{behalf.seq} on {behalf.describe()} failed"
+            told: DistTimeoutError | CollectiveMismatchError = behalf.timed_out(
+                behalf.op, behalf.seq, limit, waiting_for, stalled
+            )
+            return told
         label = _label(op, seq)
         found = self.diagnose(seq, waiting_for)
         late = (
@@ -131,6 +158,13 @@ class Failures:
         distcomm error to raise from it (``raise comm.engine_failed(...) from exc``): the
         :class:`~distcomm.errors.CollectiveMismatchError` when the ranks' calls (asked out of
         band) differ, else an EngineError."""
+        behalf = self._checking_for
+        if behalf is not None:
+            self.unusable = f"the check of {behalf.op} #{behalf.seq} on {behalf.describe()} failed"
+            failed: EngineError | CollectiveMismatchError = behalf.engine_failed(
+                behalf.op, behalf.seq, exc
+            )
+            return failed
         label = _label(op, seq)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         self.unusable = f"{label} failed: {first}"
@@ -146,7 +180,7 @@ class Failures:
         )
         message = (
             f"{label} on {self.describe()} failed: {what} ({type(exc).__name__}: {first})"
-            f"{'; ' + found.detail if found.detail else ''}. HINT: {hint}."
+            f"{'; ' + found.detail if found.detail else ''}. HINT: {hint}.{engine_said(exc)}"
         )
         return EngineError(
             message, op=op, seq=seq, group=self.describe(), missing_ranks=found.missing

@@ -20,9 +20,10 @@ class Movement(Steps):
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(src, "src")
         self._count("broadcast", tensor, adapter, src)
-        if self._world_size == 1:
+        if self._solo:
             return DONE if async_op else None
-        if dtype in self._native_dtypes and adapter.is_plain(tensor, self.devices):
+        plain = adapter.is_plain(tensor, self.devices, self.bound_device)
+        if dtype in self._native_dtypes and plain:
             work = self._call(self._broadcast, async_op, tensor, src)
             return self._complete(work, async_op, tensor)
         staged = self._stage(adapter, tensor, dtype)
@@ -36,7 +37,7 @@ class Movement(Steps):
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
         self._count("all_gather", tensor, adapter)
-        if self._world_size == 1:
+        if self._solo:
             adapter.copy_(tensor_list[0], tensor)
             return DONE if async_op else None
         staged = self._stage(adapter, tensor, dtype)
@@ -52,7 +53,7 @@ class Movement(Steps):
         expected = adapter.numel(input_tensor) * self._world_size
         self._check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
         self._count("all_gather_into_tensor", input_tensor, adapter)
-        if self._world_size == 1:
+        if self._solo:
             adapter.copy_(output_tensor, input_tensor)
             return DONE if async_op else None
         staged_in = self._stage(adapter, input_tensor, dtype, "input_tensor")
@@ -68,7 +69,7 @@ class Movement(Steps):
             raise self._size_error("input", numel, "a multiple of world_size", self._world_size)
         self._check_pair(output, "output", adapter, dtype, numel)
         self._count("all_to_all_single", input, adapter)
-        if self._world_size == 1:
+        if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
         staged_in = self._stage(adapter, input, dtype, "input")
@@ -86,7 +87,7 @@ class Movement(Steps):
         """
         self._check_usable()
         self._count("barrier")
-        if self._world_size == 1:
+        if self._solo:
             return DONE if async_op else None
         if not async_op and self._history is not None and self._can_confirm():
             confirmation.vote(self, confirmation.BARRIER)

@@ -12,18 +12,26 @@ While no hook is registered the methods are the plain ones: the wrappers are put
 when the first hook is added and taken off when the last is removed, and the step that numbers
 an operation tests one class attribute (``_observing``). The all_reduce shortcut of a backend
 (``_all_reduce_plain``) is bypassed while hooks are registered, so that every call is seen.
+
+``event.started`` and ``event.finished`` come from :mod:`~distcomm.backend._pipeline.device_clock`:
+for a blocking call on a CUDA tensor each is read once the device finished its queued work (at
+the start: the work queued before the call; at the end: the call's own), so the time includes
+the transfer, not only its launch. An async call (``async_op=True``) is never synchronised (that
+would make it blocking): its time is the time to issue it. A call that raised is not
+synchronised at the end (a failed device may hang there). Only calls with a hook registered pay
+this; CPU tensors and numpy arrays never synchronise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline import agreement, device_clock
 from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -73,8 +81,10 @@ class CollectiveEvent:
         device: ``"cpu"`` or ``"cuda:N"`` (None likewise).
         root: the source or destination rank of a rooted operation, else None.
         reduce_op: the reduce op's name, e.g. ``"SUM"``, for reductions, else None.
-        started: ``time.perf_counter()`` when ``before`` hooks were called.
-        finished: ``time.perf_counter()`` when the call returned or raised (for ``after``).
+        started: ``time.perf_counter()`` when ``before`` hooks were called (for a blocking call
+            on a CUDA tensor: once the device finished the work queued before it).
+        finished: ``time.perf_counter()`` when the call returned or raised (for ``after``; for
+            a blocking call on a CUDA tensor that returned: once the device finished it).
         result: what the call returned (an async call's Work; an object collective's objects).
         error: the exception the call raised, else None (for ``after``).
     """
@@ -192,7 +202,8 @@ class _Registry:
                 self.plain[name] = BaseCommunicator.__dict__.get(name)
                 public = getattr(BaseCommunicator, name)
                 steps = getattr(BaseCommunicator, _STEPS.get(name, name))
-                setattr(BaseCommunicator, name, functools.wraps(public)(_observed(steps)))
+                wrapper = _observed(steps, _async_index(public))
+                setattr(BaseCommunicator, name, functools.wraps(public)(wrapper))
             BaseCommunicator._observing = True
         elif not self.handles and self.plain:
             BaseCommunicator._observing = False
@@ -207,25 +218,39 @@ class _Registry:
 _registry = _Registry()
 #: The method a wrapper calls instead of the public one: all_reduce's steps past its shortcut.
 _STEPS = {"all_reduce": "_all_reduce_steps"}
+#: Whether the call this thread is numbering blocks (``async_op`` false): set by the wrapper,
+#: read by :func:`before`, which ``_count`` calls without the call's arguments.
+_calling = threading.local()
 
 
-def _observed(method: Callable[..., Any]) -> Callable[..., Any]:
+def _async_index(public: Callable[..., Any]) -> int | None:
+    """Where ``async_op`` sits among a public method's positional arguments (None: it has none)."""
+    names = list(inspect.signature(public).parameters)
+    return names.index("async_op") - 1 if "async_op" in names else None  # - 1: self
+
+
+def _observed(method: Callable[..., Any], async_at: int | None) -> Callable[..., Any]:
     """``method`` calling the hooks: the event is made by :func:`before` (at numbering)."""
 
     def observed(self: Steps, *args: Any, **kwargs: Any) -> Any:
         if self._event is not None:  # a public call inside another: seen as part of it
             return method(self, *args, **kwargs)
+        if async_at is None:
+            blocking = True
+        else:
+            blocking = not (args[async_at] if len(args) > async_at else kwargs.get("async_op"))
+        _calling.blocking = blocking
         self._event = PENDING
         try:
             result = method(self, *args, **kwargs)
         except BaseException as exc:
             event, self._event = self._event, None
             if event is not PENDING:
-                _after(event, None, exc)
+                _after(event, None, exc, False)
             raise
         event, self._event = self._event, None
         if event is not PENDING:
-            _after(event, result, None)
+            _after(event, result, None, blocking)
         return result
 
     return observed
@@ -251,7 +276,8 @@ def before(
     event.root = root
     event.reduce_op = None if reduce_op is None else reduce_op.name
     comm._event = event
-    event.started = time.perf_counter()
+    blocking = getattr(_calling, "blocking", True)
+    event.started = device_clock.now(event.device if blocking else None)
     try:
         for hook in _registry.before:
             hook(event)
@@ -260,8 +286,10 @@ def before(
         raise
 
 
-def _after(event: CollectiveEvent, result: Any, error: BaseException | None) -> None:
-    event.finished = time.perf_counter()
+def _after(
+    event: CollectiveEvent, result: Any, error: BaseException | None, synchronise: bool
+) -> None:
+    event.finished = device_clock.now(event.device if synchronise else None)
     event.result, event.error = result, error
     for hook in _registry.after:
         hook(event)

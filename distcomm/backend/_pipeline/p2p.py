@@ -1,7 +1,9 @@
 """The point-to-point pipeline: send, recv, isend and irecv.
 
 Messages carry no sequence number (only collectives are numbered); a blocking send or recv is
-the non-blocking one waited for, under a "blocked in" mark of its own (the Work sets it).
+the non-blocking one waited for, under a "blocked in" mark of its own (the Work sets it). On a
+backend that does not match messages by tag (``capabilities.p2p_tags`` False) a non-zero tag is
+refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class PointToPoint(Steps):
         self._check_rank(dst, "dst")
         self._check_tag(tag)
         self._check_p2p("isend")
+        self._check_tag_matched("isend", tag)
         staged = self._stage(adapter, tensor, dtype)
         work = self._start(self._isend, "isend", staged.engine, dst, tag)
         return self._handed(work, (tensor, staged.engine), None)
@@ -51,6 +54,7 @@ class PointToPoint(Steps):
             )
         self._check_tag(tag)
         self._check_p2p("irecv")
+        self._check_tag_matched("irecv", tag)
         staged = self._stage(adapter, tensor, dtype)
         work = self._start(self._irecv, "irecv", staged.engine, src, tag)
         after = staged.write_back if staged.copied else None
@@ -71,4 +75,13 @@ class PointToPoint(Steps):
             raise NotSupportedError(
                 f"{op}: backend {self.backend_name!r} has no point-to-point messages. HINT: use "
                 "collectives (broadcast, all_gather, ...), or a backend with them (gloo, mpi)."
+            )
+
+    def _check_tag_matched(self, op: str, tag: int) -> None:
+        if tag and not self.capabilities.p2p_tags:
+            raise InvalidArgumentError(
+                f"{op}: tag={tag!r}, but backend {self.backend_name!r} does not match messages "
+                "by tag: a receive takes the next message from its sender whatever its tag, so "
+                "two messages in flight could swap their data. HINT: use tag=0 and post the "
+                "receives in the order of the sends, or a backend that matches tags (gloo, mpi)."
             )

@@ -79,11 +79,11 @@ class Reductions(Steps):
         if op in _TYPED_OPS:
             check_op_dtype(op, dtype)
         self._count("all_reduce", tensor, adapter, None, op)
-        if self._world_size == 1:
+        if self._solo:
             return DONE if async_op else None
         if (
             dtype in self._direct_dtypes
-            and adapter.is_plain(tensor, self.devices)
+            and adapter.is_plain(tensor, self.devices, self.bound_device)
             and op in self._native_ops
         ):
             work = self._call(self._all_reduce, async_op, tensor, op)
@@ -105,7 +105,7 @@ class Reductions(Steps):
         check_op_dtype(op, dtype)
         self._check_rank(dst, "dst")
         self._count("reduce", tensor, adapter, dst, op)
-        if self._world_size == 1:
+        if self._solo:
             return DONE if async_op else None
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
         if engine_op in self._native_ops:
@@ -133,7 +133,7 @@ class Reductions(Steps):
                 adapter.numel(output) * self._world_size,
             )
         self._count("reduce_scatter_tensor", input, adapter, None, op)
-        if self._world_size == 1:
+        if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
         staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)

@@ -28,7 +28,7 @@ class Rooted(Steps):
     ) -> Work | None:
         """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (None elsewhere)."""
         adapter, dtype = self._rooted("gather", tensor, gather_list, "gather_list", dst, "dst")
-        if self._world_size == 1:
+        if self._solo:
             assert gather_list is not None
             adapter.copy_(gather_list[0], tensor)
             return DONE if async_op else None
@@ -50,7 +50,7 @@ class Rooted(Steps):
     ) -> Work | None:
         """Give rank r ``scatter_list[r]`` from ``src``, in ``tensor``."""
         adapter, dtype = self._rooted("scatter", tensor, scatter_list, "scatter_list", src, "src")
-        if self._world_size == 1:
+        if self._solo:
             assert scatter_list is not None
             adapter.copy_(tensor, scatter_list[0])
             return DONE if async_op else None

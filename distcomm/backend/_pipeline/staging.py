@@ -64,11 +64,14 @@ def stage(
     backend: str,
     warn_staging: Callable[[str], None],
     what: str = "tensor",
+    bound: str | None = None,
 ) -> Staged:
-    """Return ``x`` fitted to the engine (see the module docstring).
+    """Return ``x`` fitted to the engine (see the module docstring); ``bound``: the one
+    accelerator device (``"cuda:0"``) of an engine bound to it, None if unbound.
 
     Raises:
-        InvalidArgumentError: a CPU tensor on a GPU-only engine, or a dtype it cannot bridge.
+        InvalidArgumentError: a CPU tensor on a GPU-only engine, a tensor on another device
+            than the engine's bound one, or a dtype it cannot bridge.
     """
     device = adapter.device(x)
     engine = x
@@ -82,6 +85,12 @@ def stage(
     elif device.split(":")[0] not in devices:
         warn_staging(device)
         target_device = "cpu"
+    elif bound is not None and device != bound:
+        raise InvalidArgumentError(
+            f"{what} is on {device}, but this rank's {backend!r} communicator uses {bound} (one "
+            f"device per rank). HINT: move it first ({what}.to({bound!r})), or init(device="
+            f"{device!r}) if this rank should use {device}."
+        )
     target_dtype = dtype
     if dtype not in native_dtypes:
         target_dtype = next((d for d in BRIDGES.get(dtype, ()) if d in native_dtypes), "")

@@ -54,6 +54,9 @@ class Steps(ArgumentChecks, Failures, Primitives):
     engine_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     #: The devices whose memory the engine moves (an instance may widen it, e.g. CUDA-aware MPI).
     devices: frozenset[str] = frozenset({"cpu"})
+    #: The one accelerator device this rank's engine is bound to (``"cuda:0"``: NCCL), set by the
+    #: backend; tensors on another device of its type are refused. None: any device it moves.
+    bound_device: str | None = None
     #: Why the engine moves no GPU memory, for the one staging warning (e.g. what MPI said).
     cpu_only_reason: str = ""
     #: The next ``seq`` the mismatch check runs at (from the ``debug`` policy).
@@ -89,6 +92,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
     ) -> None:
         self._rank = rank
         self._world_size = world_size
+        self._solo = world_size == 1  # collectives return at once, the engine untouched
         self._launch = launch
         self._global_ranks = (
             tuple(global_ranks) if global_ranks is not None else tuple(range(world_size))
@@ -114,6 +118,18 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self._native_ops = tuple(op for op in ReduceOp if op.name in self.capabilities.reduce_ops)
         self._native_avg = ReduceOp.AVG in self._native_ops
         self._direct_dtypes = self._native_dtypes - {"bool"}
+
+    @property
+    def world_of_one_shortcut(self) -> bool:
+        """Whether, in a world of 1, collectives return at once without calling the engine
+        (True, the default: nothing to exchange). Set it to False to make such a world call
+        the engine like any other, e.g. to test a GPU engine on a machine with one GPU
+        (``scripts/gpu-check.sh``)."""
+        return self._solo or self._world_size > 1
+
+    @world_of_one_shortcut.setter
+    def world_of_one_shortcut(self, value: bool) -> None:
+        self._solo = bool(value) and self._world_size == 1
 
     def describe(self) -> str:
         """A short label for messages: backend, name and size."""
@@ -230,6 +246,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
             backend=self.backend_name,
             warn_staging=self._warn_staging,
             what=what,
+            bound=self.bound_device,
         )
 
     def _warn_staging(self, device: str) -> None:
@@ -338,7 +355,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """Count object collective ``op`` here (and on the object channel); return the channel
         its bytes travel on, or None in a world of 1."""
         self._count(op, root=root)
-        if self._world_size == 1:
+        if self._solo:
             return None
         channel = self._object_channel()
         if channel is not self:

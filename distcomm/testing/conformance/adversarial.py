@@ -31,6 +31,7 @@ from distcomm.testing.conformance.support import (
     expect_values,
     has_numpy,
     make,
+    p2p_tag,
     pattern,
     raises,
     reduction_input,
@@ -228,14 +229,16 @@ def async_p2p_temporaries() -> None:
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     for lib in _libraries():
         box = [empty(lib, "float64", (16,))]
-        receive = distcomm.irecv(box[0], prev, tag=71)
+        receive = distcomm.irecv(box[0], prev, tag=p2p_tag(71))
         ref = weakref.ref(box[0])
         box.clear()
         gc.collect(0)
         if signal is not None:
             expect(ref() is not None, f"irecv ({lib}): the receive buffer was freed before wait()")
             signal.barrier()  # every receive is posted and checked before anything is sent
-        send = distcomm.isend(make(lib, "float64", [rank + i / 4 for i in range(16)]), nxt, tag=71)
+        send = distcomm.isend(
+            make(lib, "float64", [rank + i / 4 for i in range(16)]), nxt, tag=p2p_tag(71)
+        )
         gc.collect(0)
         received = ref()
         expect(receive.wait() is True and send.wait() is True, "p2p wait() must return True")
@@ -317,8 +320,8 @@ def sequence_numbers_agree() -> None:
     )
     if world > 1 and c.capabilities.p2p:
         box = empty(lib, dtype, (1,))
-        send = distcomm.isend(t, (rank + 1) % world, tag=73)
-        distcomm.recv(box, (rank - 1) % world, tag=73)
+        send = distcomm.isend(t, (rank + 1) % world, tag=p2p_tag(73))
+        distcomm.recv(box, (rank - 1) % world, tag=p2p_tag(73))
         send.wait()
         expect(c.seq == start + 6, "point-to-point messages were counted")
     seen = distcomm.all_gather_object(c.seq)

@@ -12,7 +12,15 @@ from typing import Any
 import distcomm
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.testing.conformance.registry import check
-from distcomm.testing.conformance.support import cases, comm, expect, expect_values, make, raises
+from distcomm.testing.conformance.support import (
+    cases,
+    comm,
+    expect,
+    expect_values,
+    make,
+    p2p_tag,
+    raises,
+)
 
 
 def _exercise(group: Any, members: list[int]) -> None:
@@ -52,8 +60,8 @@ def _exercise(group: Any, members: list[int]) -> None:
         if size > 1 and group.capabilities.p2p:
             nxt, prev = (group.rank + 1) % size, (group.rank - 1) % size
             buf = make(lib, dtype, [-1])
-            send = distcomm.isend(make(lib, dtype, [rank]), nxt, group=group, tag=3)
-            source = distcomm.recv(buf, prev, group=group, tag=3)
+            send = distcomm.isend(make(lib, dtype, [rank]), nxt, group=group, tag=p2p_tag(3))
+            source = distcomm.recv(buf, prev, group=group, tag=p2p_tag(3))
             send.wait()
             expect(
                 source == prev,

@@ -44,7 +44,15 @@ DEFAULT_TIMEOUT = 120.0
 #: The backends whose ranks can be threads of one process (``--distcomm-threads``).
 THREAD_BACKENDS = ("fakelink",)
 _REDUCE_OPS = tuple(op.name for op in ReduceOp)
-_FLAGS = ("p2p", "any_source", "async_ops", "timeouts", "cancellable", "subgroup_split")
+_FLAGS = (
+    "p2p",
+    "p2p_tags",
+    "any_source",
+    "async_ops",
+    "timeouts",
+    "cancellable",
+    "subgroup_split",
+)
 
 
 @dataclasses.dataclass(frozen=True)

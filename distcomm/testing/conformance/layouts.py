@@ -19,6 +19,7 @@ from distcomm.testing.conformance.support import (
     expect,
     expect_values,
     make,
+    p2p_tag,
     pattern,
     reduction_input,
     reduction_result,
@@ -265,8 +266,8 @@ def zero_dim_and_empty_tensors() -> None:
         distcomm.gather(t, [none() for _ in range(world)] if rank == 0 else None, dst=0)
         distcomm.scatter(t, [none() for _ in range(world)] if rank == 0 else None, src=0)
         if world > 1 and distcomm.get_communicator().capabilities.p2p:
-            send = distcomm.isend(t, (rank + 1) % world, tag=51)
-            got = distcomm.recv(none(), (rank - 1) % world, tag=51)
+            send = distcomm.isend(t, (rank + 1) % world, tag=p2p_tag(51))
+            got = distcomm.recv(none(), (rank - 1) % world, tag=p2p_tag(51))
             send.wait()
             expect(got == (rank - 1) % world, f"{what}: recv returned {got}")
         expect(all(values_of(x) == [] for x in [t, *parts]), f"{what}: elements appeared")

@@ -52,6 +52,12 @@ def comm() -> Communicator:
     return distcomm.get_communicator()
 
 
+def p2p_tag(tag: int) -> int:
+    """``tag``, or 0 where the backend does not match messages by tag (``p2p_tags`` False:
+    NCCL), where a check's messages then arrive in the order they were sent."""
+    return tag if comm().capabilities.p2p_tags else 0
+
+
 def timeouts_raise() -> bool:
     """Whether an operation past its timeout raises DistTimeoutError here: the backend has
     timeouts, and ``DISTCOMM_ON_TIMEOUT`` is not ``abort`` (which ends the job instead)."""
