@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         is_initialized,
         is_local_main_process,
         is_main_process,
+        restart_count,
     )
     from distcomm._runtime.lifecycle import (
         finalize,
@@ -148,6 +149,7 @@ _EXPORTS = {
     "get_node_rank": "distcomm._runtime.getters",
     "get_rank": "distcomm._runtime.getters",
     "get_world_size": "distcomm._runtime.getters",
+    "restart_count": "distcomm._runtime.getters",
     "is_distributed": "distcomm._runtime.getters",
     "is_initialized": "distcomm._runtime.getters",
     "is_local_main_process": "distcomm._runtime.getters",
@@ -277,6 +279,7 @@ __all__ = [
     "recv",
     "reduce",
     "reduce_scatter_tensor",
+    "restart_count",
     "run_on_main",
     "scatter",
     "scatter_object",

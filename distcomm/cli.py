@@ -100,7 +100,9 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
             f"(local {launch['local_rank']} of {launch['local_world_size']}, node "
             f"{launch['node_rank']} of {launch['num_nodes']}), master "
             f"{launch['master_addr'] or '-'}:{launch['master_port'] or '-'}, "
-            f"job {launch['job_id'] or '-'}\n"
+            f"job {launch['job_id'] or '-'}"
+            + (f", restart {launch['restart_count']}" if launch.get("restart_count") else "")
+            + "\n"
         )
     selected = info["selected"]
     out.write(
@@ -138,9 +140,10 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
 
 
 #: ``distcomm run`` options that take a value (``--opt=value`` and ``-n4`` carry their own).
-_RUN_VALUE_OPTIONS = ("-n", "--nprocs", "--backend", "--grace", "--log-dir")
-_RUN_USAGE = """distcomm run -n N [--backend B] [--grace S] [--log-dir DIR] [--] script.py [args]
-       distcomm run -n N [--backend B] [--grace S] [--log-dir DIR] -m module [args]"""
+_RUN_VALUE_OPTIONS = ("-n", "--nprocs", "--backend", "--grace", "--log-dir", "--max-restarts")
+_RUN_USAGE = """distcomm run -n N [--backend B] [--grace S] [--log-dir DIR] [--max-restarts N]
+                    [--] script.py [args]
+       distcomm run -n N [options] -m module [args]"""
 
 
 def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -175,6 +178,14 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         default=5.0,
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping ranks (default: 5)",
+    )
+    run_parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a rank fails, stop every rank and start the job again, up to N times "
+        "(TORCHELASTIC_RESTART_COUNT, distcomm.restart_count() say which restart; default: 0)",
     )
     run_parser.add_argument(
         "--log-dir",
@@ -230,6 +241,10 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
         command = ["-m", module, *command[1 if command[0] != "-m" else 2 :]]
     if args.nprocs < 1:
         run_parser.error(f"-n {args.nprocs} must be at least 1. HINT: e.g. -n 2 for two ranks.")
+    if args.max_restarts < 0:
+        run_parser.error(
+            f"--max-restarts {args.max_restarts} must be at least 0. HINT: e.g. --max-restarts 3."
+        )
     if not args.grace >= 0:
         run_parser.error(f"--grace {args.grace} must be >= 0 seconds. HINT: the default is 5.")
     if not command:
@@ -255,6 +270,7 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
             backend=backend,
             grace=args.grace,
             log_dir=args.log_dir,
+            max_restarts=args.max_restarts,
         )
     except DistcommError as exc:  # --log-dir cannot be made or written
         run_parser.error(str(exc))

@@ -90,6 +90,31 @@ def test_ddp_example_trains() -> None:
     assert last < first / 20, summary
 
 
+def test_elastic_example_resumes_after_a_restart_with_the_uninterrupted_weights(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 fails at the start of epoch 3 on the first attempt; distcomm run --max-restarts 1
+    starts every rank again, they resume from epoch 3's checkpoint and end with the weights of
+    a run that never failed (bit for bit: the checkpoint keeps every float exactly)."""
+    example = ("examples/elastic_train.py", "--epochs", "5", "--steps", "10")
+    plain = distcomm_run("-n", "2", *example, "--checkpoint", str(tmp_path / "a")).splitlines()
+    restarted = distcomm_run(
+        "-n",
+        "2",
+        "--max-restarts",
+        "1",
+        *example,
+        "--checkpoint",
+        str(tmp_path / "b"),
+        "--crash-at",
+        "3",
+    ).splitlines()
+    assert plain[0] == restarted[0] == "[rank 0] start: from epoch 0 of 5"
+    assert restarted[1] == "[rank 0] restart 1: from epoch 3 of 5", restarted
+    assert plain[-1].startswith("[rank 0] final weights: [2.98"), plain
+    assert restarted[-1] == plain[-1]
+
+
 def test_torch_allreduce_benchmark_runs() -> None:
     out = distcomm_run("-n", "2", "benchmarks/torch_allreduce.py", "--rounds", "1").splitlines()
     assert [line.split()[2] for line in out[2:]] == ["8", "64"]

@@ -57,6 +57,7 @@ def run(
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    max_restarts: int = 0,
 ) -> int:
     """Run ``cmd_argv`` as ``nprocs`` ranks on this node and return the job's exit status.
 
@@ -87,12 +88,16 @@ def run(
         stdout: where the ranks' stdout goes; default ``sys.stdout`` at the time of the call.
         stderr: where the ranks' stderr and the launcher's own messages go; default
             ``sys.stderr``.
-        log_dir: also keep each rank's whole output, unprefixed, in ``log_dir/rank-N.log``
-            (the folder is made if missing, private to the user; the files are 0600).
+        log_dir: also keep each rank's whole output (every attempt's), unprefixed, in
+            ``log_dir/rank-N.log`` (the folder is made if missing, private; the files 0600).
+        max_restarts: when a rank fails, start a fresh world (new run id and port;
+            ``TORCHELASTIC_RESTART_COUNT`` says which restart, as under torchrun), up to this
+            many times, after each failure's summary; never after a signal.
 
     Returns:
         0 when every rank exited 0; else the first failing rank's exit status (128 + N for
-        signal N); else, after a forwarded signal N, 128 + N (130 for SIGINT, 143 for SIGTERM).
+        signal N); else, after a forwarded signal N, 128 + N (130 for SIGINT, 143 for SIGTERM);
+        with restarts, the last attempt's.
 
     Raises:
         InvalidArgumentError: ``cmd_argv`` is empty, ``nprocs`` or ``grace`` is invalid, or
@@ -112,16 +117,29 @@ def run(
         raise InvalidArgumentError(
             f"grace={grace!r} must be a number of seconds >= 0. HINT: the default is 5."
         )
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise InvalidArgumentError(f"max_restarts={max_restarts!r} must be >= 0. HINT: e.g. 3")
     if backend is not None:
         backend = check_backend(backend)
     logs = _open_logs(log_dir, nprocs) if log_dir is not None else None
-    job = _Job(argv, nprocs, backend, float(grace), stdout or sys.stdout, stderr or sys.stderr)
-    job.logs = logs
-    job.reports = tempfile.mkdtemp(prefix="distcomm-run-")  # 0700: the ranks' failure reports
+    out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        return job.run()
+        restart = 0
+        while True:
+            job = _Job(argv, nprocs, backend, float(grace), out, err, restart)
+            job.logs, job.reports = logs, tempfile.mkdtemp(prefix="distcomm-run-")  # 0700
+            try:
+                status = job.run()
+            finally:
+                shutil.rmtree(job.reports, ignore_errors=True)
+            if status == 0 or job.signals or restart == max_restarts:
+                return status
+            restart += 1
+            job._say(
+                f"attempt {restart} of {max_restarts + 1} failed (exit code {status}); starting "
+                f"every rank again (restart {restart} of {max_restarts})"
+            )
     finally:
-        shutil.rmtree(job.reports, ignore_errors=True)
         for log in logs or ():
             log.close()
 
@@ -153,8 +171,10 @@ class _Job:
         grace: float,
         stdout: TextIO,
         stderr: TextIO,
+        restart: int = 0,
     ) -> None:
         self.argv = argv
+        self.restart = restart  # how many times the job was started again before this run
         self.nprocs = nprocs
         self.backend = backend
         self.grace = grace
@@ -246,7 +266,7 @@ class _Job:
         for rank in range(self.nprocs):
             if self.signals:
                 return
-            variables = launch_variables(rank, self.nprocs, port, self.backend, run)
+            variables = launch_variables(rank, self.nprocs, port, self.backend, run, self.restart)
             env = {**os.environ, **variables}
             env[_REPORTS] = self.reports
             proc = subprocess.Popen(

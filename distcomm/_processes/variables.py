@@ -17,10 +17,12 @@ def launch_variables(
     master_port: int,
     backend: str | None = None,
     run_id: str | None = None,
+    restart_count: int = 0,
 ) -> dict[str, str]:
     """The variables that make a process rank ``rank`` of a single-node job of ``nprocs``.
 
-    They are what torchrun sets on one node (read by distcomm's ``env`` detection), plus
+    They are what torchrun sets on one node (read by distcomm's ``env`` detection), the
+    restart count included (``TORCHELASTIC_RESTART_COUNT``, as torchrun sets it), plus
     ``PYTHONUNBUFFERED=1``, when ``backend`` is given ``DISTCOMM_BACKEND``, and when ``run_id``
     is given ``DISTCOMM_RUN_ID`` (the job's identity at its rendezvous: a process of another
     run that reaches it fails at once, naming both).
@@ -36,6 +38,7 @@ def launch_variables(
         "MASTER_PORT": str(master_port),
         # The job's rank 0 serves its store: not torchrun's agent, even inside a torchrun worker
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         # No failure reports to an outer `distcomm run` (distcomm run sets its own folder)
         "DISTCOMM_RUN_REPORTS": "",
         "PYTHONUNBUFFERED": "1",

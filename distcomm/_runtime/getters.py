@@ -24,6 +24,7 @@ __all__ = [
     "is_initialized",
     "is_local_main_process",
     "is_main_process",
+    "restart_count",
 ]
 
 
@@ -74,6 +75,14 @@ def get_local_world_size() -> int:
 def get_node_rank() -> int:
     """The index of this node in the job."""
     return _launch().node_rank
+
+
+def restart_count() -> int:
+    """How many times the launcher restarted the job before this attempt: torchrun's
+    TORCHELASTIC_RESTART_COUNT (``distcomm run --max-restarts`` sets it too), Slurm's
+    SLURM_RESTART_COUNT for a requeued job; 0 elsewhere. A program resumes from its checkpoint
+    when it is above 0."""
+    return _launch().restart_count
 
 
 def get_backend() -> str | None:

@@ -73,6 +73,9 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
     )
     if agent_store:
         sources["agent_store"] = "TORCHELASTIC_USE_AGENT_STORE"
+    restarts = read_int(environ, "TORCHELASTIC_RESTART_COUNT")
+    if restarts is not None:
+        sources["restart_count"] = "TORCHELASTIC_RESTART_COUNT"
     return LaunchInfo(
         method="env",
         rank=rank,
@@ -83,6 +86,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         job_id=job_id,
         mpi_wireup=None,  # torchrun and `distcomm run` set no MPI variables
         agent_store=agent_store,
+        restart_count=restarts or 0,
         sources=sources,
     )
 

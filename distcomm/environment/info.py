@@ -26,6 +26,10 @@ class LaunchInfo:
     ``agent_store`` says that the launcher itself serves the rendezvous store at
     ``master_addr:master_port`` (torchrun's agent store, TORCHELASTIC_USE_AGENT_STORE): every
     rank connects to it and none tries to serve one.
+
+    ``restart_count`` is how many times the launcher has restarted the job before this attempt:
+    torchrun's and ``distcomm run --max-restarts``'s TORCHELASTIC_RESTART_COUNT, Slurm's
+    SLURM_RESTART_COUNT (a requeued job); 0 elsewhere.
     """
 
     method: str
@@ -40,6 +44,7 @@ class LaunchInfo:
     job_id: str | None = None
     mpi_wireup: str | None = None
     agent_store: bool = False
+    restart_count: int = 0
     sources: dict[str, str] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -97,6 +97,9 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         reason += f"; {mpi[0]}={mpi[1]} equals the step's task count"
         wireup = sources["mpi_wireup"] = f"{mpi[0]}={mpi[1]}"
     sources["method"] = reason
+    restarts = read_int(environ, "SLURM_RESTART_COUNT")  # set once a job was requeued
+    if restarts is not None:
+        sources["restart_count"] = "SLURM_RESTART_COUNT"
     return LaunchInfo(
         method="slurm",
         rank=rank,
@@ -109,6 +112,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         master_port=port,
         job_id=job_id,
         mpi_wireup=wireup,
+        restart_count=restarts or 0,
         sources=sources,
     )
 

@@ -8,6 +8,8 @@ through a pipe).
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,7 +17,7 @@ from distcomm._plugins.loader import check_backend
 from distcomm._processes.variables import launch_variables, new_run_id
 from distcomm._processes.workers import run_processes
 from distcomm.backend.ports import free_port
-from distcomm.errors import InvalidArgumentError
+from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 
 __all__ = ["spawn"]
 
@@ -28,6 +30,7 @@ def spawn(
     *args: Any,
     backend: str = "gloo",
     timeout: float = 120.0,
+    max_restarts: int = 0,
 ) -> list[T]:
     """Run ``fn(*args)`` in ``nprocs`` processes, each an initialised rank; return the results.
 
@@ -50,7 +53,13 @@ def spawn(
         timeout: seconds for the whole run. Operations inside time out after
             ``DISTCOMM_TIMEOUT`` seconds when it is set (their DistTimeoutError names the ranks
             that had not arrived), else a few seconds after the run, so that a stuck run ends
-            with this function's DistTimeoutError.
+            with this function's DistTimeoutError. Each attempt has the whole timeout.
+        max_restarts: when a rank fails (or the run times out), stop every rank and run
+            again in a fresh world (new processes, run id and port;
+            ``TORCHELASTIC_RESTART_COUNT`` and ``distcomm.restart_count()`` say which
+            restart), up to this many times, as ``distcomm run --max-restarts`` does. A line on
+            stderr says why each failed attempt ended; the last attempt's outcome is returned
+            or raised.
 
     Returns:
         ``fn``'s return values in rank order.
@@ -69,13 +78,40 @@ def spawn(
         raise InvalidArgumentError(
             f"timeout={timeout!r} must be a positive number of seconds. HINT: the default is 120."
         )
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise InvalidArgumentError(
+            f"max_restarts={max_restarts!r} must be an int >= 0. HINT: e.g. 1 to run again once "
+            "after a failure; 0 (the default) never does."
+        )
     name = check_backend(backend)
-    port, run = free_port(), new_run_id()
-    return run_processes(
-        fn,
-        nprocs,
-        args,
-        variables=lambda rank: launch_variables(rank, nprocs, port, name, run),
-        backend=name,
-        timeout=timeout,
-    )
+    for restart in range(max_restarts + 1):
+        port, run = free_port(), new_run_id()
+        try:
+            return run_processes(
+                fn,
+                nprocs,
+                args,
+                variables=functools.partial(
+                    _variables, nprocs=nprocs, port=port, backend=name, run=run, restart=restart
+                ),
+                backend=name,
+                timeout=timeout,
+            )
+        except (RankFailedError, DistTimeoutError) as exc:
+            if restart == max_restarts:
+                raise
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            print(
+                f"spawn: attempt {restart + 1} of {max_restarts + 1} failed "
+                f"({type(exc).__name__}: {first}); starting every rank again "
+                f"(restart {restart + 1} of {max_restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _variables(
+    rank: int, *, nprocs: int, port: int, backend: str, run: str, restart: int
+) -> dict[str, str]:
+    return launch_variables(rank, nprocs, port, backend, run, restart)

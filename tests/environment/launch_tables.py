@@ -14,8 +14,11 @@ from distcomm.environment import LaunchInfo
 from distcomm.errors import EnvironmentDetectionError
 
 FIELDS = [field.name for field in dataclasses.fields(LaunchInfo) if field.name != "sources"]
-#: Fields every detector names a source for (mpi_wireup and agent_store have one only when set).
-SOURCED = [name for name in FIELDS[1:] if name not in ("mpi_wireup", "agent_store")]
+#: Fields every detector names a source for (mpi_wireup, agent_store and restart_count have one
+#: only when set).
+SOURCED = [
+    name for name in FIELDS[1:] if name not in ("mpi_wireup", "agent_store", "restart_count")
+]
 
 
 def launch(
@@ -31,6 +34,7 @@ def launch(
     job_id: str | None,
     mpi_wireup: str | None = None,
     agent_store: bool = False,
+    restart_count: int = 0,
 ) -> dict[str, object]:
     """Return the expected LaunchInfo fields by name."""
     return {
@@ -46,6 +50,7 @@ def launch(
         "job_id": job_id,
         "mpi_wireup": mpi_wireup,
         "agent_store": agent_store,
+        "restart_count": restart_count,
     }
 
 
@@ -137,7 +142,8 @@ def check_detected(environ: dict[str, str], expected: dict[str, object]) -> None
     assert {name: getattr(info, name) for name in FIELDS} == expected
     wireup = {"mpi_wireup"} if info.mpi_wireup is not None else set()
     agent = {"agent_store"} if info.agent_store else set()
-    assert set(info.sources) == {*SOURCED, "method", *wireup, *agent}
+    restarts = {"restart_count"} if "restart_count" in info.sources else set()
+    assert set(info.sources) == {*SOURCED, "method", *wireup, *agent, *restarts}
     for name in SOURCED:
         source = info.sources[name]
         assert source in environ or source == "default" or source.startswith("derived: ")

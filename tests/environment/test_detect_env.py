@@ -89,3 +89,17 @@ ERRORS = [
 @pytest.mark.parametrize(("environ", "variable", "shown"), ERRORS)
 def test_malformed_environment(environ: dict[str, str], variable: str, shown: str) -> None:
     check_malformed(environ, variable, shown)
+
+
+def test_torchrun_and_distcomm_run_restarts_are_counted() -> None:
+    """TORCHELASTIC_RESTART_COUNT (torchrun's; distcomm run --max-restarts sets it too)."""
+    from distcomm._runtime.detection import detect_environment
+
+    ranks = {"RANK": "1", "WORLD_SIZE": "2"}
+    assert detect_environment(environ=ranks).restart_count == 0
+    info = detect_environment(environ={**ranks, "TORCHELASTIC_RESTART_COUNT": "3"})
+    assert info.restart_count == 3
+    assert info.sources["restart_count"] == "TORCHELASTIC_RESTART_COUNT"
+    check_malformed(
+        {**ranks, "TORCHELASTIC_RESTART_COUNT": "x"}, "TORCHELASTIC_RESTART_COUNT", "'x'"
+    )

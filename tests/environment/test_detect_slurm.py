@@ -172,3 +172,12 @@ def test_srun_pmi2_reason_names_the_agreeing_size() -> None:
     assert "PMI_SIZE=2 equals the step's task count" in info.sources["method"]
     assert info.mpi_wireup == "PMI_SIZE=2" and info.sources["mpi_wireup"] == "PMI_SIZE=2"
     assert detect_environment(environ=srun_task(0, 0, 0, 2, "n1", "2", 1)).mpi_wireup is None
+
+
+def test_a_requeued_job_knows_its_restart_count() -> None:
+    """sbatch --requeue: Slurm counts the restarts in SLURM_RESTART_COUNT (unset at first)."""
+    task = srun_task(0, 0, 0, 2, "n1", "2", 1)
+    assert detect_environment(environ=task).restart_count == 0
+    info = detect_environment(environ={**task, "SLURM_RESTART_COUNT": "2"})
+    assert info.restart_count == 2 and info.sources["restart_count"] == "SLURM_RESTART_COUNT"
+    check_malformed({**task, "SLURM_RESTART_COUNT": "-1"}, "SLURM_RESTART_COUNT", "'-1'")

@@ -16,6 +16,7 @@ def test_launch_variables() -> None:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29500",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_RESTART_COUNT": "0",
         "DISTCOMM_RUN_REPORTS": "",
         "PYTHONUNBUFFERED": "1",
         "DISTCOMM_BACKEND": "gloo",
@@ -23,6 +24,7 @@ def test_launch_variables() -> None:
     }
     assert "DISTCOMM_BACKEND" not in launch_variables(0, 1, 29500)
     assert "DISTCOMM_RUN_ID" not in launch_variables(0, 1, 29500)
+    assert launch_variables(0, 1, 29500, restart_count=2)["TORCHELASTIC_RESTART_COUNT"] == "2"
 
 
 def test_each_run_has_its_own_id() -> None:

@@ -221,3 +221,35 @@ def test_invalid_arguments(
 def test_an_unknown_backend_is_refused() -> None:
     with pytest.raises(BackendNotFoundError, match="did you mean 'fakelink'"):
         spawn(nothing, 1, backend="fakelnk")
+
+
+# -- restarts ------------------------------------------------------------------------------------
+def fails_first(always: bool) -> tuple[int, int, str]:
+    """Rank 1 raises on the first attempt (on every one if ``always``)."""
+    restart = distcomm.restart_count()
+    if distcomm.get_rank() == 1 and (always or restart == 0):
+        raise RuntimeError(f"rank 1 fails on attempt {restart}")
+    return restart, distcomm.all_reduce(1), os.environ["DISTCOMM_RUN_ID"]
+
+
+@needs_distcomm_torch
+def test_max_restarts_runs_a_fresh_world_after_a_failure(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    results = spawn(fails_first, 2, False, backend="gloo", max_restarts=1)
+    assert [r[:2] for r in results] == [(1, 2), (1, 2)], "both ranks ran restart 1 together"
+    said = capfd.readouterr().err
+    assert "spawn: attempt 1 of 2 failed (RankFailedError: " in said, said
+    assert "starting every rank again (restart 1 of 1)" in said
+
+
+@needs_distcomm_torch
+def test_the_last_attempts_failure_is_raised(capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(RankFailedError, match="rank 1 fails on attempt 2"):
+        spawn(fails_first, 2, True, backend="gloo", max_restarts=2)
+    assert capfd.readouterr().err.count("starting every rank again") == 2
+
+
+def test_a_negative_max_restarts_is_refused_before_anything_starts() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"max_restarts=-1 must be an int >= 0"):
+        spawn(fails_first, 2, False, backend="gloo", max_restarts=-1)

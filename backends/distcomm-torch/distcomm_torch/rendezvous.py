@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import errno
 import ipaddress
+import re
 import socket
 import time
 from typing import Any
@@ -37,6 +38,11 @@ _ARRIVED = "distcomm/arrived/"
 _CLAIMED = "distcomm/claimed/"
 _DUPLICATE = "distcomm/duplicate"
 _JOB = "distcomm/job"
+#: The namespace of one attempt (restart) of a job in torchrun's agent store.
+_ATTEMPT = "distcomm/attempt-"
+#: Gloo's error when a peer's address refuses connections ("... SO_ERROR: Connection refused,
+#: remote=[127.0.0.1]:56744, rank=0, size=2"): the address.
+_REFUSED = re.compile(r"Connection refused, remote=\[?([^\],\s]+)\]?:(\d+)")
 #: Seconds a rank waits, after torch's rendezvous, for a second claim of a rank to show.
 _SETTLE = 0.1
 
@@ -84,8 +90,18 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
             reason=str(exc),
         ) from exc
     _claim(name, launch, store, f"{addr}:{port}")
-    store.set(f"{_ARRIVED}{launch.rank}", "1")
     store.set_timeout(torch_timeout(timeout))  # never 0 ms, torch's "no timeout"
+    if launch.agent_store:
+        # torchrun's agent store outlives a restart of the workers and keeps their keys: each
+        # attempt's go in a namespace of its own (torch's too: Gloo's peers' addresses), else
+        # a new attempt reads the address of a peer of the last one, which is gone.
+        attempt = dist.PrefixStore(  # type: ignore[attr-defined]  # re-exported from torch._C
+            f"{_ATTEMPT}{launch.restart_count}", store
+        )
+        attempt.set_timeout(torch_timeout(timeout))
+        attempt.set(f"{_ARRIVED}{launch.rank}", "1")
+        return attempt
+    store.set(f"{_ARRIVED}{launch.rank}", "1")
     return store
 
 
@@ -155,6 +171,19 @@ def failed(
     text = _first_line(exc)
     if "NCCL" in str(exc) and "timed out" not in str(exc).lower():
         return _nccl_failed(name, launch, exc)
+    refused = _REFUSED.search(str(exc))
+    if refused is not None:  # Gloo says "timed out connecting", but it was refused at once
+        address = f"{refused.group(1)}:{refused.group(2)}"
+        return BackendUnavailableError(
+            f"{name}: rank {launch.rank} could not connect to a peer at {address} during "
+            f"init ({text}): that address, which a peer left in {where}, refuses connections. "
+            "It belongs to a process that is gone: a rank of an earlier attempt of this job (a "
+            "restart) or of another job that used the same rendezvous. HINT: start every rank "
+            "of the job afresh, with a rendezvous port no other job uses; under torchrun on "
+            "several nodes, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (docs/elastic.md).",
+            backend=name,
+            reason=f"a peer's address refuses connections: {address}",
+        )
     if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
         return BackendUnavailableError(
             f"{name}: rank {launch.rank} could not join {where}: {text}. HINT: every rank "
