@@ -165,15 +165,17 @@ def _init_default_group(
             del store  # rank 0's server port goes, even while the error is kept
             raise
     bound: dict[str, Any] = {"device_id": device} if device is not None and _BINDS_DEVICE else {}
+    engine = watchdog_timeout(timeout_s) if name == "nccl" else torch_timeout(timeout_s)
     try:
-        dist.init_process_group(
-            name,
-            store=store,
-            rank=launch.rank,
-            world_size=launch.world_size,
-            timeout=watchdog_timeout(timeout_s) if name == "nccl" else torch_timeout(timeout_s),
-            **bound,
-        )
+        with rendezvous.overrun_guard(name, launch, timeout_s, engine.total_seconds()):
+            dist.init_process_group(
+                name,
+                store=store,
+                rank=launch.rank,
+                world_size=launch.world_size,
+                timeout=engine,
+                **bound,
+            )
     except RuntimeError as exc:
         error = rendezvous.failed(name, launch, store, timeout_s, exc)
         # Let go of the store (rank 0's server port) even while the error is kept.

@@ -17,22 +17,25 @@ on loopback only: nothing of a single-node job can be reached from another machi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import ipaddress
 import re
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
-from distcomm.backend import claims, free_port
+from distcomm.backend import aborts, claims, free_port
 from distcomm.errors import DistcommError
 from distcomm_torch.communicator import torch_timeout
 
-__all__ = ["confirm", "failed", "open_store"]
+__all__ = ["confirm", "failed", "open_store", "overrun_guard"]
 
 _ARRIVED = "distcomm/arrived/"
 _CLAIMED = "distcomm/claimed/"
@@ -45,6 +48,9 @@ _ATTEMPT = "distcomm/attempt-"
 _REFUSED = re.compile(r"Connection refused, remote=\[?([^\],\s]+)\]?:(\d+)")
 #: Seconds a rank waits, after torch's rendezvous, for a second claim of a rank to show.
 _SETTLE = 0.1
+#: How far past its own timeout the engine's set-up may run before this rank ends itself:
+#: max(5 s, this fraction of the timeout).
+_OVERRUN = 0.1
 
 
 def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: float) -> Any:
@@ -205,6 +211,43 @@ def failed(
         group=where,
         missing_ranks=missing,
     )
+
+
+@contextlib.contextmanager
+def overrun_guard(name: str, launch: LaunchInfo, timeout: float, engine: float) -> Iterator[None]:
+    """End this rank, with a message, if the engine's set-up inside the block outlives its own
+    timeout (``engine`` seconds) by max(5 s, 10 % of ``timeout``).
+
+    Gloo's full-mesh connect does not always honour its timeout: a rank that waits for a peer to
+    connect to it waits for ever when that peer is gone (it died, or it read a dead process's
+    address and gave up). A thread cannot be raised into from C++, so the rank prints why and
+    exits with status 1, which every launcher sees as a failed rank: a hang becomes a failure
+    that says what happened.
+    """
+    overrun = max(5.0, _OVERRUN * timeout)
+    where = f"the {name} rendezvous at {launch.master_addr}:{launch.master_port}"
+
+    def expired() -> None:
+        aborts.abort_job(
+            f"distcomm: init of {launch.world_size} ranks on {where} did not complete within "
+            f"{timeout:g} s: rank {launch.rank} is still inside {name}'s set-up "
+            f"(torch's init_process_group), {overrun:g} s past the engine's own timeout, "
+            "waiting for a peer that never connected (it died, or it failed to join). Ending "
+            "this rank (exit status 1) rather than hang. HINT: see the other ranks' errors; "
+            "start every rank of the job afresh, with a rendezvous port no other job uses."
+        )
+
+    if not engine + overrun < min(threading.TIMEOUT_MAX, 1e9):  # no timeout: nothing to guard
+        yield
+        return
+    timer = threading.Timer(engine + overrun, expired)
+    timer.name = "distcomm-init-guard"
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _wait_for_master(
