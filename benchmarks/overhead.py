@@ -22,10 +22,11 @@ import numpy as np
 from timing import interleaved
 
 import distcomm
+from distcomm.backend import BaseCommunicator
 from distcomm.environment import LaunchInfo
 
 
-class NullCommunicator(distcomm.BaseCommunicator):
+class NullCommunicator(BaseCommunicator):
     """A world of 2 whose engine does nothing."""
 
     backend_name = "null"

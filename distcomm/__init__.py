@@ -70,17 +70,6 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         HookHandle,
         add_hook,
     )
-    from distcomm.backend.communicator import BaseCommunicator
-    from distcomm.backend.hooks import (
-        hookimpl,
-        hookspec,
-    )
-    from distcomm.backend.specs import (
-        BackendSpec,
-        Capabilities,
-        EnvironmentSpec,
-    )
-    from distcomm.backend.work import BaseWork
     from distcomm.environment import LaunchInfo
     from distcomm.errors import (
         AlreadyInitializedError,
@@ -159,13 +148,6 @@ _EXPORTS = {
     "CollectiveEvent": "distcomm.backend._pipeline.observing",
     "HookHandle": "distcomm.backend._pipeline.observing",
     "add_hook": "distcomm.backend._pipeline.observing",
-    "BaseCommunicator": "distcomm.backend.communicator",
-    "hookimpl": "distcomm.backend.hooks",
-    "hookspec": "distcomm.backend.hooks",
-    "BackendSpec": "distcomm.backend.specs",
-    "Capabilities": "distcomm.backend.specs",
-    "EnvironmentSpec": "distcomm.backend.specs",
-    "BaseWork": "distcomm.backend.work",
     "LaunchInfo": "distcomm.environment",
     "AlreadyInitializedError": "distcomm.errors",
     "BackendNotFoundError": "distcomm.errors",
@@ -206,16 +188,24 @@ _SUBMODULES = frozenset(
         "workspace",
     }
 )
+#: The backend-author kit, not part of the user's API: ``from distcomm.backend import ...``.
+_MOVED_TO_BACKEND = frozenset(
+    {
+        "BackendSpec",
+        "BaseCommunicator",
+        "BaseWork",
+        "Capabilities",
+        "EnvironmentSpec",
+        "hookimpl",
+        "hookspec",
+    }
+)
 
 __all__ = [
     "NON_MEMBER",
     "AlreadyInitializedError",
     "BackendNotFoundError",
-    "BackendSpec",
     "BackendUnavailableError",
-    "BaseCommunicator",
-    "BaseWork",
-    "Capabilities",
     "CollectiveEvent",
     "CollectiveMismatchError",
     "Communicator",
@@ -225,7 +215,6 @@ __all__ = [
     "DistcommWarning",
     "EngineError",
     "EnvironmentDetectionError",
-    "EnvironmentSpec",
     "HookHandle",
     "InvalidArgumentError",
     "LaunchInfo",
@@ -263,8 +252,6 @@ __all__ = [
     "get_node_rank",
     "get_rank",
     "get_world_size",
-    "hookimpl",
-    "hookspec",
     "init",
     "irecv",
     "is_distributed",
@@ -295,10 +282,21 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _MOVED_TO_BACKEND:
+        raise _moved_to_backend(name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def _moved_to_backend(name: str) -> AttributeError:
+    """The error for a backend-author name asked of ``distcomm``: it says where the name lives
+    (``from distcomm import X`` shows Python's own "cannot import name" instead)."""
+    return AttributeError(
+        f"module {__name__!r} has no attribute {name!r}: it moved to distcomm.backend "
+        f"(from distcomm.backend import {name})"
+    )
 
 
 def __dir__() -> list[str]:

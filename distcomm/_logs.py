@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from distcomm.errors import InvalidArgumentError
+from distcomm import _settings
 
 __all__ = ["configure_from_env", "logger"]
 
 logger = logging.getLogger("distcomm")
-_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
 def configure_from_env(environ: Mapping[str, str]) -> None:
@@ -25,15 +24,10 @@ def configure_from_env(environ: Mapping[str, str]) -> None:
     Raises:
         InvalidArgumentError: the value is not a logging level name.
     """
-    raw = environ.get("DISTCOMM_LOG_LEVEL", "").strip()
-    if not raw:
+    level = _settings.read("DISTCOMM_LOG_LEVEL", environ)
+    if level is None:
         return
-    if raw.upper() not in _LEVELS:
-        raise InvalidArgumentError(
-            f"DISTCOMM_LOG_LEVEL={raw!r} is not a logging level; valid: {', '.join(_LEVELS)}. "
-            "HINT: e.g. DISTCOMM_LOG_LEVEL=DEBUG."
-        )
-    logger.setLevel(raw.upper())
+    logger.setLevel(level)
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[distcomm %(process)d] %(levelname)s %(message)s"))

@@ -3,24 +3,12 @@ message sizes for people, and nccl-tests' bus bandwidth factors."""
 
 from __future__ import annotations
 
+from distcomm._operations import OPERATIONS
+
 __all__ = ["busbw_factor", "human_bytes"]
 
 #: Operations (distcomm's names, and distcomm bench's) whose bus bandwidth is algbw x (n-1)/n.
-_SHARED = frozenset(
-    {
-        "all_gather",
-        "all_gather_into_tensor",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "all_to_all",
-        "all_to_all_single",
-        "gather",
-        "scatter",
-        "all_gather_object",
-        "gather_object",
-        "scatter_object",
-    }
-)
+_SHARED = frozenset(name for op in OPERATIONS if op.shared for name in (op.name, op.bench) if name)
 
 
 def busbw_factor(op: str, n: int) -> float:

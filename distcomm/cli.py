@@ -19,7 +19,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distcomm._plugins.loader import PluginRegistry
+    from distcomm._runtime.selection import Candidate
 
 __all__ = ["collect_info", "main"]
 
@@ -59,7 +63,16 @@ def collect_info() -> dict[str, Any]:
         if selection.error is not None:
             info["error"] = f"{type(selection.error).__name__}: {selection.error}"
         candidates = selection.candidates
-    info["backends"] = [
+    info["backends"] = _backend_rows(candidates)
+    info["environments"] = _environment_rows(registry)
+    info["plugins"] = _plugin_rows(registry)
+    info["trace"] = trace + registry.notes
+    return info
+
+
+def _backend_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
+    """The backends of ``distcomm info --json``: the selected one first, then by priority."""
+    return [
         {
             "name": c.name,
             "distribution": c.distribution,
@@ -71,12 +84,20 @@ def collect_info() -> dict[str, Any]:
         }
         for c in sorted(candidates, key=lambda c: (not c.selected, -c.priority, c.name))
     ]
+
+
+def _environment_rows(registry: PluginRegistry) -> list[dict[str, Any]]:
+    """The launch environments of ``distcomm info --json``, by priority, with their owners."""
     owners = {name: p.distribution for p in registry.plugins for name in p.environments}
-    info["environments"] = [
+    return [
         {"name": name, "distribution": owners.get(name, "?"), "priority": spec.priority}
         for name, spec in sorted(registry.environments.items(), key=lambda kv: -kv[1].priority)
     ]
-    info["plugins"] = [
+
+
+def _plugin_rows(registry: PluginRegistry) -> list[dict[str, Any]]:
+    """The plugins of ``distcomm info --json``, as the registry lists them, with their errors."""
+    return [
         {
             "name": p.name,
             "distribution": p.distribution,
@@ -86,8 +107,6 @@ def collect_info() -> dict[str, Any]:
         }
         for p in registry.plugins
     ]
-    info["trace"] = trace + registry.notes
-    return info
 
 
 def _print_text(info: dict[str, Any], explain: bool) -> None:
@@ -151,11 +170,26 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         prog="distcomm", description="distcomm: one communication layer, many engines."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_info_parser(commands)
+    run_parser = _add_run_parser(commands)
+    _add_bench_parser(commands)
+    _add_trace_parser(commands)
+    return parser, run_parser
+
+
+def _add_info_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``distcomm info [--explain] [--json]``."""
     info_parser = commands.add_parser("info", help="show the detected launch, backends and plugins")
     info_parser.add_argument(
         "--explain", action="store_true", help="also say why each backend was (not) chosen"
     )
     info_parser.add_argument("--json", action="store_true", help="print JSON (see docs/cli.md)")
+
+
+def _add_run_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """``distcomm run``'s options (its command is split off first: :func:`_split_run_argv`)."""
     run_parser = commands.add_parser(
         "run",
         help="run a script as N ranks on this node",
@@ -192,6 +226,11 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         metavar="DIR",
         help="also keep each rank's whole output in DIR/rank-N.log (made if missing)",
     )
+    return run_parser
+
+
+def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``distcomm bench``, whose options :mod:`distcomm._bench.options` adds."""
     bench_parser = commands.add_parser(
         "bench",
         help="time the collectives (one rank: start it under a launcher)",
@@ -203,6 +242,10 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     from distcomm._bench.options import add_arguments
 
     add_arguments(bench_parser)
+
+
+def _add_trace_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``distcomm trace DIR``."""
     trace_parser = commands.add_parser(
         "trace",
         help="read the flight recorder's dumps of every rank (DISTCOMM_TRACE)",
@@ -211,7 +254,6 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "arrive last. See docs/debugging.md.",
     )
     trace_parser.add_argument("dir", metavar="DIR", help="the folder of the dumps")
-    return parser, run_parser
 
 
 def _split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:

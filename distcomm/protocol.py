@@ -1,7 +1,7 @@
 """The contracts every backend meets: :class:`Communicator`, :class:`Work` and :class:`ReduceOp`.
 
 A backend returns an object satisfying :class:`Communicator` from its factory. Most backends derive
-from :class:`distcomm.BaseCommunicator`, which implements this protocol over a few engine
+from :class:`distcomm.backend.BaseCommunicator`, which implements this protocol over a few engine
 primitives; the protocol is what user code and the module-level functions rely on.
 
 A communicator is used by one thread per rank.

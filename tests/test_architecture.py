@@ -46,6 +46,8 @@ LAYERS = (
         "distcomm.errors",
         "distcomm.protocol",
         "distcomm._logs",
+        "distcomm._settings",
+        "distcomm._operations",
         "distcomm._measures",
         "distcomm._files",
         "distcomm._version",

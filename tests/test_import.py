@@ -83,5 +83,45 @@ def test_every_name_in_all_exists() -> None:
     assert len(distcomm.__all__) == len(set(distcomm.__all__))
 
 
+#: The backend-author kit: in distcomm.backend only, never in the user's namespace.
+BACKEND_ONLY = (
+    "BaseCommunicator",
+    "BaseWork",
+    "BackendSpec",
+    "Capabilities",
+    "EnvironmentSpec",
+    "hookimpl",
+    "hookspec",
+)
+
+
+def test_backend_author_names_live_in_distcomm_backend_only() -> None:
+    import distcomm.backend
+
+    assert [name for name in BACKEND_ONLY if name in distcomm.__all__] == []
+    assert [name for name in BACKEND_ONLY if name in distcomm._EXPORTS] == []
+    assert [name for name in BACKEND_ONLY if name not in distcomm.backend.__all__] == []
+    assert [name for name in BACKEND_ONLY if hasattr(distcomm, name)] == []
+    assert [name for name in BACKEND_ONLY if name in dir(distcomm)] == []
+
+
+def test_a_backend_name_asked_of_distcomm_says_where_it_lives() -> None:
+    try:
+        from distcomm import BaseCommunicator  # type: ignore[attr-defined]  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("BaseCommunicator must be imported from distcomm.backend")
+    for name in BACKEND_ONLY:
+        try:
+            getattr(distcomm, name)
+        except AttributeError as exc:
+            assert f"moved to distcomm.backend (from distcomm.backend import {name})" in str(exc), (
+                str(exc)
+            )
+        else:
+            raise AssertionError(f"distcomm.{name} must not exist")
+
+
 def test_version_is_a_string() -> None:
     assert isinstance(distcomm.__version__, str) and distcomm.__version__.count(".") >= 1

@@ -14,6 +14,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from distcomm import _operations
+
 __all__ = ["OPERATIONS", "Operation", "Prepared", "prepare"]
 
 
@@ -30,19 +32,11 @@ class Operation:
     capability: str
 
 
+#: The operations bench times, by bench's name of them (the table in distcomm._operations).
 OPERATIONS: dict[str, Operation] = {
-    op.name: op
-    for op in (
-        Operation("all_reduce", "tensor", False, "all_reduce"),
-        Operation("broadcast", "tensor", False, "broadcast"),
-        Operation("all_gather", "tensor", True, "all_gather_into_tensor"),
-        Operation("reduce_scatter", "tensor", True, "reduce_scatter_tensor"),
-        Operation("all_to_all", "tensor", True, "all_to_all_single"),
-        Operation("all_gather_object", "object", True, "objects"),
-        Operation("broadcast_object", "object", False, "objects"),
-        Operation("gather_object", "object", True, "objects"),
-        Operation("scatter_object", "object", True, "objects"),
-    )
+    op.bench: Operation(op.bench, "object" if op.objects else "tensor", op.shared, op.capability)
+    for op in _operations.OPERATIONS
+    if op.bench
 }
 
 

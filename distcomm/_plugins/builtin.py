@@ -1,8 +1,8 @@
 """The built-in launch environments, registered through the same hook a plugin uses.
 
-Priorities give DESIGN section 3's automatic order: ``env`` (400) > ``slurm`` (300) > ``mpi``
-(200) > plugin environments (100 unless they say otherwise) > ``single_node``, the fallback that
-always matches and so always comes last.
+Priorities give the automatic order of docs/launch.md#precedence: ``env`` (400) > ``slurm``
+(300) > ``mpi`` (200) > plugin environments (100 unless they say otherwise) > ``single_node``,
+the fallback that always matches and so always comes last.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 
 import pluggy
 
+from distcomm import _settings
 from distcomm._logs import configure_from_env, logger
 from distcomm._plugins.names import FIRST_PARTY_BACKENDS, normalise_backend
 from distcomm.backend import hooks
@@ -116,12 +117,12 @@ class PluginRegistry(Registry):
             )
         if entry_points is None:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        blocked = set(_split_names(environ.get("DISTCOMM_DISABLE_PLUGINS", "")))
+        blocked = set(_settings.read("DISTCOMM_DISABLE_PLUGINS", environ))
         for name in sorted(blocked & {"fakelink", *_CORE_PLUGINS}):
             registry.notes.append(f"DISTCOMM_DISABLE_PLUGINS: {name!r} is part of core and stays")
         for ep in entry_points:
             registry._load_entry_point(ep, blocked)
-        for module_name in _split_names(environ.get("DISTCOMM_PLUGINS", "")):
+        for module_name in _settings.read("DISTCOMM_PLUGINS", environ):
             registry._load_module(module_name)
         logger.debug(
             "plugins: %s", ", ".join(f"{p.name} ({p.distribution})" for p in registry.plugins)
@@ -168,11 +169,6 @@ def check_backend(name: str) -> str:
         return normalised
     hint = did_you_mean(normalised, valid) or "run `distcomm info` to see every backend."
     raise BackendNotFoundError(f"unknown backend {name!r}; valid: {', '.join(valid)}. HINT: {hint}")
-
-
-def _split_names(value: str) -> list[str]:
-    """The comma-separated names in ``value``, in order, without blanks or repeats."""
-    return list(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
 
 
 def _describe(exc: BaseException) -> str:

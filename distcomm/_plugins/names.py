@@ -20,7 +20,7 @@ FIRST_PARTY_BACKENDS: dict[str, str] = {
     "mpi": "distcomm-mpi",
     "linklink": "distcomm-linklink",
 }
-#: Their places in the automatic order (DESIGN section 4), shown even when not installed.
+#: Their places in the automatic order (docs/backends.md#priorities), shown even when not installed.
 FIRST_PARTY_PRIORITIES: dict[str, int] = {"nccl": 300, "mpi": 200, "gloo": 100, "linklink": 0}
 
 

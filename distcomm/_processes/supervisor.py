@@ -26,12 +26,11 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import IO, Any, TextIO
 
-from distcomm._files import private_folders
 from distcomm._plugins.loader import check_backend
 from distcomm._processes import failures, tracebacks
+from distcomm._processes.arguments import checked_argv, open_logs
 from distcomm._processes.variables import exit_status, launch_variables, new_run_id
 from distcomm.backend.ports import free_port
-from distcomm.errors import InvalidArgumentError
 
 __all__ = ["run"]
 
@@ -104,29 +103,30 @@ def run(
             ``log_dir`` cannot be made or written.
         BackendNotFoundError: ``backend`` names no backend.
     """
-    argv = [str(arg) for arg in cmd_argv]
-    if not argv:
-        raise InvalidArgumentError(
-            "cmd_argv=[] has nothing to run. HINT: e.g. [sys.executable, 'train.py']."
-        )
-    if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
-        raise InvalidArgumentError(
-            f"nprocs={nprocs!r} must be a positive int. HINT: e.g. 2 for two ranks."
-        )
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
-        raise InvalidArgumentError(
-            f"grace={grace!r} must be a number of seconds >= 0. HINT: the default is 5."
-        )
-    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-        raise InvalidArgumentError(f"max_restarts={max_restarts!r} must be >= 0. HINT: e.g. 3")
-    if backend is not None:
-        backend = check_backend(backend)
-    logs = _open_logs(log_dir, nprocs) if log_dir is not None else None
+    argv = checked_argv(cmd_argv, nprocs, grace, max_restarts)
+    backend = None if backend is None else check_backend(backend)
+    logs = None if log_dir is None else open_logs(log_dir, nprocs)
     out, err = stdout or sys.stdout, stderr or sys.stderr
+    return _run_attempts(argv, nprocs, backend, float(grace), out, err, logs, max_restarts)
+
+
+def _run_attempts(
+    argv: list[str],
+    nprocs: int,
+    backend: str | None,
+    grace: float,
+    out: TextIO,
+    err: TextIO,
+    logs: list[IO[bytes]] | None,
+    max_restarts: int,
+) -> int:
+    """Run the job, and again in a fresh world after each failure (not after a signal), at most
+    ``max_restarts`` more times; return the last attempt's exit status. ``logs`` are closed at
+    the end, whatever happens."""
     try:
         restart = 0
         while True:
-            job = _Job(argv, nprocs, backend, float(grace), out, err, restart)
+            job = _Job(argv, nprocs, backend, grace, out, err, restart)
             job.logs, job.reports = logs, tempfile.mkdtemp(prefix="distcomm-run-")  # 0700
             try:
                 status = job.run()
@@ -142,22 +142,6 @@ def run(
     finally:
         for log in logs or ():
             log.close()
-
-
-def _open_logs(log_dir: str | os.PathLike[str], nprocs: int) -> list[IO[bytes]]:
-    """``log_dir/rank-N.log`` for every rank, created 0600 (the folder 0700 when made here)."""
-    try:
-        private_folders(log_dir)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-        return [
-            os.fdopen(os.open(os.path.join(log_dir, f"rank-{rank}.log"), flags, 0o600), "wb")
-            for rank in range(nprocs)
-        ]
-    except OSError as exc:
-        raise InvalidArgumentError(
-            f"--log-dir {os.fspath(log_dir)!r} cannot hold the ranks' logs: {exc.strerror or exc}."
-            " HINT: give a folder you can write to (it is made if missing)."
-        ) from exc
 
 
 class _Job:

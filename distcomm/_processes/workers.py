@@ -30,6 +30,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
+from distcomm import _settings
 from distcomm._plugins.loader import check_backend
 from distcomm._processes.variables import exit_status
 from distcomm._runtime.lifecycle import finalize, init
@@ -98,42 +99,74 @@ def run_processes(
     payload = _check(fn, nprocs, args, timeout)
     if backend is not None:
         backend = check_backend(backend)
-    context = multiprocessing.get_context("spawn")
     ranks = range(first_rank, first_rank + nprocs)
     world = world_size if world_size is not None else nprocs
     # Operations time out after DISTCOMM_TIMEOUT when the user set it (the children inherit
     # it), else a little after the run, so that a stuck run ends with this function's error.
-    user_set = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
+    user_set = _settings.is_set("DISTCOMM_TIMEOUT")
     op_timeout = None if timeout is None or user_set else float(timeout) + _GRACE
+    return _start_and_collect(payload, variables, backend, op_timeout, timeout, ranks, world)
+
+
+def _start_and_collect(
+    payload: bytes,
+    variables: Callable[[int], dict[str, str]],
+    backend: str | None,
+    op_timeout: float | None,
+    timeout: float | None,
+    ranks: range,
+    world_size: int,
+) -> list[Any]:
+    """Start a process per rank of ``ranks`` and collect their results; whatever happens, stop
+    every process started, close the pipes and remove the folder of their stacks."""
+    context = multiprocessing.get_context("spawn")
     stacks = tempfile.mkdtemp(prefix="distcomm-spawn-")
     procs: list[multiprocessing.process.BaseProcess] = []
     conns: list[Connection] = []
     try:
-        for index in range(nprocs):
-            reader, writer = context.Pipe(duplex=False)
-            proc = context.Process(
-                target=_rank_main,
-                args=(
-                    writer,
-                    variables(index),
-                    payload,
-                    backend,
-                    op_timeout,
-                    os.path.join(stacks, f"rank-{index}.txt"),
-                    os.getpid(),
-                ),
-                name=f"distcomm-rank-{ranks[index]}",
+        for index in range(len(ranks)):
+            proc, reader = _start_process(
+                context, variables, payload, backend, op_timeout, stacks, index, ranks
             )
-            proc.start()
-            writer.close()
             procs.append(proc)
             conns.append(reader)
-        return _collect(procs, conns, timeout, stacks, ranks, world)
+        return _collect(procs, conns, timeout, stacks, ranks, world_size)
     finally:
         _stop(procs)
         for conn in conns:
             conn.close()
         shutil.rmtree(stacks, ignore_errors=True)
+
+
+def _start_process(
+    context: multiprocessing.context.SpawnContext,
+    variables: Callable[[int], dict[str, str]],
+    payload: bytes,
+    backend: str | None,
+    op_timeout: float | None,
+    stacks: str,
+    index: int,
+    ranks: range,
+) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+    """Start process ``index`` (rank ``ranks[index]``); return it and the end of its pipe that
+    its report comes through."""
+    reader, writer = context.Pipe(duplex=False)
+    proc = context.Process(
+        target=_rank_main,
+        args=(
+            writer,
+            variables(index),
+            payload,
+            backend,
+            op_timeout,
+            os.path.join(stacks, f"rank-{index}.txt"),
+            os.getpid(),
+        ),
+        name=f"distcomm-rank-{ranks[index]}",
+    )
+    proc.start()
+    writer.close()
+    return proc, reader
 
 
 def _check(

@@ -208,14 +208,14 @@ def all_reduce_coalesced(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> None:
     """Reduce every tensor of ``tensors`` in place, in a few engine calls (one per bucket of
-    ``bucket_bytes``; see :meth:`~distcomm.BaseCommunicator.all_reduce_coalesced`)."""
+    ``bucket_bytes``; see :meth:`~distcomm.backend.BaseCommunicator.all_reduce_coalesced`)."""
     resolve_group(group).all_reduce_coalesced(tensors, op, bucket_bytes)
 
 
 def assert_same(x: Any, group: Any = None, what: str = "") -> None:
     """Raise NotSameError on every rank unless every rank of ``group`` holds the same ``x``
     (a tensor, array, state_dict, module or picklable object; see
-    :meth:`~distcomm.BaseCommunicator.assert_same`)."""
+    :meth:`~distcomm.backend.BaseCommunicator.assert_same`)."""
     resolve_group(group).assert_same(x, what)
 
 

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from distcomm import _settings
 from distcomm.backend import _uncaught
 from distcomm.backend._pipeline.failures import lost_peer
 from distcomm.errors import (
@@ -77,7 +78,7 @@ def install(rank: int) -> None:
     """Write a report on an uncaught exception of this process (``rank``), if run by
     ``distcomm run`` (an observer of :mod:`distcomm.backend._uncaught`); once per process."""
     global _done
-    folder = os.environ.get(VARIABLE)
+    folder = _settings.read(VARIABLE)
     if not folder:
         return
     with _installed:

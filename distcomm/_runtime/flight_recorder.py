@@ -29,10 +29,11 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _settings
 from distcomm._files import private_folders
 from distcomm.backend import aborts
 from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
-from distcomm.errors import DistTimeoutError, InvalidArgumentError, NotInitializedError
+from distcomm.errors import DistTimeoutError, NotInitializedError
 
 if TYPE_CHECKING:
     from distcomm.environment.info import LaunchInfo
@@ -128,37 +129,20 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
             DISTCOMM_TRACE_SIGNAL names no signal.
     """
     global _current
-    value = os.environ.get("DISTCOMM_TRACE", "").strip()
-    if value in ("", "0"):
+    keep = int(_settings.read("DISTCOMM_TRACE"))
+    if not keep:
         return
-    if not value.isdigit():
-        raise InvalidArgumentError(
-            f"DISTCOMM_TRACE={value!r} is not a number of operations; valid: a positive int "
-            "(the last N collectives of each rank are kept), or 0. HINT: DISTCOMM_TRACE=2000."
-        )
-    signum = _signal_from_environment()
+    signum: signal.Signals = _settings.read("DISTCOMM_TRACE_SIGNAL")
     if _current is not None:
         return
     job = launch.job_id or f"{launch.method}-{launch.master_port or 'local'}"
-    folder = os.environ.get("DISTCOMM_TRACE_DIR") or os.path.join("distcomm-trace", job)
+    folder = _settings.read("DISTCOMM_TRACE_DIR") or os.path.join("distcomm-trace", job)
     path = os.path.join(os.path.abspath(folder), f"rank-{rank}.json")
-    _current = FlightRecorder(int(value), path, rank, world_size)
+    _current = FlightRecorder(keep, path, rank, world_size)
     atexit.register(_dump_quietly)
     aborts.add_last_words(_dump_quietly)
     for sig in {signum, signal.SIGTERM}:
         _chain(sig)
-
-
-def _signal_from_environment() -> signal.Signals:
-    name = os.environ.get("DISTCOMM_TRACE_SIGNAL", "SIGUSR2").strip().upper()
-    name = name if name.startswith("SIG") else f"SIG{name}"
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        raise InvalidArgumentError(
-            f"DISTCOMM_TRACE_SIGNAL={name!r} names no signal; valid: a name such as SIGUSR2 or "
-            "SIGUSR1. HINT: the default SIGUSR2 is free; SIGUSR1 is Lightning's requeue signal."
-        ) from None
 
 
 def _chain(sig: signal.Signals) -> None:

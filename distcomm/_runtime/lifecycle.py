@@ -8,10 +8,12 @@ for ``distcomm info --explain``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import threading
 from typing import Any
 
+from distcomm import _settings
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
 from distcomm._runtime import exports, failure_reports, flight_recorder, profiling, state
@@ -19,8 +21,10 @@ from distcomm._runtime import torch_group as torch_groups
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
-from distcomm.backend import BaseCommunicator, _uncaught, aborts
+from distcomm.backend import BaseCommunicator, _uncaught
 from distcomm.backend._pipeline import agreement
+from distcomm.backend.specs import BackendSpec
+from distcomm.environment.info import LaunchInfo
 from distcomm.errors import AlreadyInitializedError
 from distcomm.protocol import Communicator
 
@@ -50,8 +54,7 @@ def init(
         backend: a backend name; default ``DISTCOMM_BACKEND``, else chosen automatically.
         method: a launch method (``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's);
             default ``DISTCOMM_INIT_METHOD``, else detected.
-        rank: this process's rank, where no launcher says it (with ``world_size``); under a
-            launcher it may only repeat the launcher's.
+        rank: this process's rank where no launcher says it (under one, only the same).
         world_size: the number of ranks, likewise.
         master_addr: the rendezvous host, instead of the launch's.
         master_port: the rendezvous port, instead of the launch's.
@@ -59,16 +62,14 @@ def init(
             or 1800.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device, for GPU backends.
         export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-            MASTER_PORT where absent, so env-reading code agrees (the master address and port
-            of the torch rendezvous, where there is one); ``finalize`` removes them.
-        debug: the mismatch check (docs/debugging.md): ``"sample"`` (the first 64
-            collectives of each communicator, then every 1024th), ``"check"`` (every one) or
-            ``"off"``; default ``DISTCOMM_DEBUG``, else ``"sample"``.
+            MASTER_PORT where absent (``finalize`` removes them).
+        debug: the mismatch check (docs/debugging.md): ``"sample"`` (the first 64 collectives
+            of each communicator, then every 1024th), ``"check"`` (every one) or ``"off"``;
+            default ``DISTCOMM_DEBUG``, else ``"sample"``.
         torch_group: beside a backend that makes no torch default process group (mpi,
-            linklink, plugins), make one (gloo; nccl for a GPU device) so that torch-native
-            code (DDP, Accelerate) works: ``"auto"`` when the program has imported torch,
-            True, or False; default ``DISTCOMM_TORCH_GROUP``, else ``"auto"``
-            (docs/interop.md). It is ``comm.torch_group``.
+            linklink, plugins), make one so that torch-native code (DDP) works: ``"auto"``
+            (when the program imported torch), True or False; default
+            ``DISTCOMM_TORCH_GROUP``, else ``"auto"`` (docs/interop.md).
         **options: passed to the backend's factory.
 
     Calling ``init`` again returns the running communicator; arguments that are given and
@@ -78,76 +79,120 @@ def init(
         BackendNotFoundError: no such backend, or none available for this launch.
         BackendUnavailableError: the backend cannot run here (the reason says why).
         EnvironmentDetectionError: a launcher variable is malformed.
+        InvalidArgumentError: an argument or a ``DISTCOMM_*`` variable is malformed.
     """
-    request = InitRequest.parse(
-        backend,
-        method,
-        rank=rank,
-        world_size=world_size,
-        master_addr=master_addr,
-        master_port=master_port,
-        timeout=timeout,
-        device=device,
-        debug=debug,
-        torch_group=torch_group,
-        options=options,
-    )
-    requested = request.given()
+    arguments = dict(locals())  # init's arguments by name, as InitRequest.parse takes them
+    export = arguments.pop("export_env")
+    request = InitRequest.parse(**arguments)
     with _lock:
         ctx = state.current()
         if ctx is not None:
-            _check_same(ctx, requested)
+            _check_same(ctx, request.given())
             return ctx.comm
-        timeout_s = request.timeout or resolve_timeout(None)
-        aborts.on_timeout()  # a malformed policy is an error now, not at the first timeout
-        aborts.abort_on_exception()
-        debug_policy = request.debug or agreement.policy()  # DISTCOMM_DEBUG checked now too
-        profiling.enabled_by_environment()  # a malformed DISTCOMM_PROFILE is an error now
-        beside_choice = torch_groups.policy(request.torch_group)
-        launch = apply_overrides(detect_environment(method), request)
-        trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
-        _uncaught.install(launch.rank if launch.world_size > 1 else None)
-        failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
-        flight_recorder.start_from_environment(launch, launch.rank, launch.world_size)
-        selection = select_backend(get_registry(), launch, request.backend)
-        trace += selection.trace
-        if selection.error is not None:
-            raise selection.error
-        assert selection.spec is not None
-        comm = selection.spec.factory(
-            launch, timeout=timeout_s, device=request.device, **request.options
+        return _start(request, export)
+
+
+@dataclasses.dataclass
+class _Start:
+    """What ``init`` settles on its way, phase by phase."""
+
+    request: InitRequest
+    timeout: float
+    debug: str
+    beside: str | bool
+    launch: LaunchInfo | None = None
+    trace: list[str] = dataclasses.field(default_factory=list)
+
+
+def _start(request: InitRequest, export: bool) -> Communicator:
+    """The phases of ``init``: parse the settings, detect the launch, select the backend,
+    create the communicator (and torch's group beside it), attach it to the process."""
+    start = _parse(request)
+    _detect(start)
+    spec = _select(start)
+    comm, beside = _create(start, spec)
+    return _attach(start, comm, beside, export)
+
+
+def _parse(request: InitRequest) -> _Start:
+    """Every ``DISTCOMM_*`` variable is checked now, before any communication."""
+    _settings.check_all()
+    return _Start(
+        request,
+        timeout=request.timeout or resolve_timeout(None),
+        debug=request.debug or agreement.policy(),
+        beside=torch_groups.policy(request.torch_group),
+    )
+
+
+def _detect(start: _Start) -> None:
+    """The launch (argument, ``DISTCOMM_INIT_METHOD``, detection, then ``init``'s overrides);
+    the handlers that report this rank's failures are installed for it."""
+    launch = apply_overrides(detect_environment(start.request.method), start.request)
+    start.launch = launch
+    start.trace.append(f"method {launch.method}: {launch.sources.get('method', 'chosen')}")
+    _uncaught.install(launch.rank if launch.world_size > 1 else None)
+    failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
+    flight_recorder.start_from_environment(launch, launch.rank, launch.world_size)
+
+
+def _select(start: _Start) -> BackendSpec:
+    """The backend (argument, ``DISTCOMM_BACKEND``, automatic), with the trace of why."""
+    assert start.launch is not None
+    selection = select_backend(get_registry(), start.launch, start.request.backend)
+    start.trace += selection.trace
+    if selection.error is not None:
+        raise selection.error
+    assert selection.spec is not None
+    return selection.spec
+
+
+def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Communicator | None]:
+    """The default communicator, and torch's default group beside it where that is asked."""
+    launch, request = start.launch, start.request
+    assert launch is not None
+    comm = spec.factory(launch, timeout=start.timeout, device=request.device, **request.options)
+    if hasattr(comm, "debug"):
+        comm.debug = start.debug
+    try:
+        beside, group, why = torch_groups.make(
+            start.beside, comm, launch, get_registry(), start.timeout, request.device
         )
-        if hasattr(comm, "debug"):
-            comm.debug = debug_policy
-        try:
-            beside, group, why = torch_groups.make(
-                beside_choice, comm, launch, get_registry(), timeout_s, request.device
-            )
-        except BaseException:
-            comm.finalize()
-            raise
-        trace.append(why)
-        if group is not None and isinstance(comm, BaseCommunicator) and comm.torch_group is None:
-            comm.torch_group = group
-        effective = {
-            "backend": comm.backend,
-            "method": launch.method,
-            "rank": comm.rank,
-            "world_size": comm.world_size,
-            "master_addr": launch.master_addr,
-            "master_port": launch.master_port,
-            "timeout": timeout_s,
-            **requested,
-        }
-        _uncaught.install(comm.rank if comm.world_size > 1 else None)  # back above torch's
-        ctx = state.Context(comm, launch, trace, effective, torch_beside=beside)
-        if export_env:
-            made = beside if beside is not None else comm
-            ctx.exported = exports.export_env(getattr(made, "launch", launch))
-        ctx.recorder = profiling.start(comm)
-        state.set_process(ctx)
-        logger.info("initialised %r: %s", comm, "; ".join(trace))
-        return comm
+    except BaseException:
+        comm.finalize()
+        raise
+    start.trace.append(why)
+    if group is not None and isinstance(comm, BaseCommunicator) and comm.torch_group is None:
+        comm.torch_group = group
+    return comm, beside
+
+
+def _attach(
+    start: _Start, comm: Communicator, beside: Communicator | None, export: bool
+) -> Communicator:
+    """Make ``comm`` the process's default communicator: what ``init`` was asked and settled
+    on (for a later call), the exported variables, the profiler."""
+    launch = start.launch
+    assert launch is not None
+    effective = {
+        "backend": comm.backend,
+        "method": launch.method,
+        "rank": comm.rank,
+        "world_size": comm.world_size,
+        "master_addr": launch.master_addr,
+        "master_port": launch.master_port,
+        "timeout": start.timeout,
+        **start.request.given(),
+    }
+    _uncaught.install(comm.rank if comm.world_size > 1 else None)  # back above torch's
+    ctx = state.Context(comm, launch, start.trace, effective, torch_beside=beside)
+    if export:
+        made = beside if beside is not None else comm
+        ctx.exported = exports.export_env(getattr(made, "launch", launch))
+    ctx.recorder = profiling.start(comm)
+    state.set_process(ctx)
+    logger.info("initialised %r: %s", comm, "; ".join(start.trace))
+    return comm
 
 
 def finalize() -> None:

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _settings
 from distcomm._measures import busbw_factor, human_bytes
 from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
-from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from distcomm.protocol import Communicator
@@ -156,13 +155,7 @@ def enabled_by_environment() -> bool:
     Raises:
         InvalidArgumentError: DISTCOMM_PROFILE is set to something other than 0 or 1.
     """
-    value = os.environ.get("DISTCOMM_PROFILE", "").strip()
-    if value not in ("", "0", "1"):
-        raise InvalidArgumentError(
-            f"DISTCOMM_PROFILE={value!r} is not valid; valid: 1 (print a communication summary "
-            "at finalize on rank 0) or 0. HINT: export DISTCOMM_PROFILE=1, or unset it."
-        )
-    return value == "1"
+    return bool(_settings.read("DISTCOMM_PROFILE"))
 
 
 @contextlib.contextmanager

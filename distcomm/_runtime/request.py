@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
-from typing import Any, cast
+from typing import Any
 
+from distcomm import _settings
 from distcomm._plugins.names import normalise_backend
 from distcomm._runtime import torch_group as torch_groups
 from distcomm.backend._pipeline import agreement
@@ -20,7 +20,7 @@ from distcomm.errors import InvalidArgumentError
 
 __all__ = ["DEFAULT_TIMEOUT", "InitRequest", "apply_overrides", "resolve_timeout"]
 
-DEFAULT_TIMEOUT = 1800.0
+DEFAULT_TIMEOUT = _settings.DEFAULT_TIMEOUT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,27 +97,10 @@ class InitRequest:
 
 def resolve_timeout(timeout: float | datetime.timedelta | None) -> float:
     """Seconds from a number, a timedelta, or (None) ``DISTCOMM_TIMEOUT`` / the default 1800."""
-    source, given = "timeout", cast(object, timeout)
-    if given is None:
-        raw = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
-        if not raw:
-            return DEFAULT_TIMEOUT
-        source, given = "DISTCOMM_TIMEOUT", raw
-    if isinstance(given, datetime.timedelta):
-        value = given.total_seconds()
-    elif isinstance(given, (int, float, str)) and not isinstance(given, bool):
-        try:
-            value = float(given)
-        except ValueError:
-            value = -1.0
-    else:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise InvalidArgumentError(
-            f"{source}={given!r} must be a positive number of seconds or a timedelta. "
-            "HINT: e.g. init(timeout=600) or DISTCOMM_TIMEOUT=600."
-        )
-    return value
+    if timeout is None:
+        seconds = _settings.read("DISTCOMM_TIMEOUT")
+        return DEFAULT_TIMEOUT if seconds is None else float(seconds)
+    return float(_settings.convert("DISTCOMM_TIMEOUT", timeout, "timeout"))
 
 
 def _check_device(device: Any) -> str:
@@ -145,11 +128,29 @@ def apply_overrides(launch: LaunchInfo, request: InitRequest) -> LaunchInfo:
         InvalidArgumentError: a value that is not an int or out of range, rank or world_size
             alone on one node, or a rank or world_size that differs from the launcher's.
     """
-    rank, world_size = request.rank, request.world_size
-    master_addr, master_port = request.master_addr, request.master_port
+    changes = _changes(request)
+    if not changes:
+        return launch
+    _check_ranges(launch, changes)
+    _check_agrees(launch, changes)
+    if launch.agent_store and ("master_addr" in changes or "master_port" in changes):
+        changes["agent_store"] = False  # the launcher's store is not at the address given
+    updated = launch.replace(**changes)
+    if launch.method == "single_node" and "world_size" in changes:
+        updated = updated.replace(
+            "derived: init arguments on one node",
+            local_rank=updated.rank,
+            local_world_size=updated.world_size,
+        )
+    return updated
+
+
+def _changes(request: InitRequest) -> dict[str, Any]:
+    """The launch fields the request sets; the ints checked to be ints."""
     changes: dict[str, Any] = {}
     examples = {"rank": 0, "world_size": 2, "master_port": 29500}
-    for name, value in (("rank", rank), ("world_size", world_size), ("master_port", master_port)):
+    for name in ("rank", "world_size", "master_port"):
+        value = getattr(request, name)
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidArgumentError(
@@ -157,10 +158,13 @@ def apply_overrides(launch: LaunchInfo, request: InitRequest) -> LaunchInfo:
                     f"HINT: pass an int, e.g. init({name}={examples[name]})."
                 )
             changes[name] = value
-    if master_addr is not None:
-        changes["master_addr"] = str(master_addr)
-    if not changes:
-        return launch
+    if request.master_addr is not None:
+        changes["master_addr"] = str(request.master_addr)
+    return changes
+
+
+def _check_ranges(launch: LaunchInfo, changes: dict[str, Any]) -> None:
+    """Rank and world_size together on one node, each in range; a port that is one."""
     if ("rank" in changes) != ("world_size" in changes) and launch.method == "single_node":
         raise InvalidArgumentError(
             f"init got {'rank' if 'rank' in changes else 'world_size'} without the other, and no "
@@ -184,32 +188,28 @@ def apply_overrides(launch: LaunchInfo, request: InitRequest) -> LaunchInfo:
             f"master_port={port!r} is not a TCP port: valid ports are 0..65535. "
             "HINT: pass a free port on the master's host, e.g. init(master_port=29500)."
         )
+
+
+def _check_agrees(launch: LaunchInfo, changes: dict[str, Any]) -> None:
+    """Under a launcher, rank and world_size may only repeat the launcher's."""
     differs = [
         (name, changes[name], getattr(launch, name))
         for name in ("rank", "world_size")
         if name in changes and changes[name] != getattr(launch, name)
     ]
-    if differs and launch.method != "single_node":
-        given = ", ".join(f"{name}={mine!r}" for name, mine, _ in differs)
-        said = ", ".join(
-            f"{name}={theirs!r} (from {launch.sources.get(name, 'the launcher')})"
-            for name, _, theirs in differs
-        )
-        omit = " and ".join(f"{name}=" for name, _, _ in differs)
-        hint = f"omit {omit} to use the launcher's {'values' if len(differs) > 1 else 'value'}"
-        if size != launch.world_size:
-            hint += f", or start {size} processes with the launcher"
-        raise InvalidArgumentError(
-            f"init({given}) disagrees with the {launch.method} launch, which says {said}; the "
-            f"rendezvous would wait for ranks that never start. HINT: {hint}."
-        )
-    if launch.agent_store and ("master_addr" in changes or "master_port" in changes):
-        changes["agent_store"] = False  # the launcher's store is not at the address given
-    updated = launch.replace(**changes)
-    if launch.method == "single_node" and "world_size" in changes:
-        updated = updated.replace(
-            "derived: init arguments on one node",
-            local_rank=updated.rank,
-            local_world_size=updated.world_size,
-        )
-    return updated
+    if not differs or launch.method == "single_node":
+        return
+    size = changes.get("world_size", launch.world_size)
+    given = ", ".join(f"{name}={mine!r}" for name, mine, _ in differs)
+    said = ", ".join(
+        f"{name}={theirs!r} (from {launch.sources.get(name, 'the launcher')})"
+        for name, _, theirs in differs
+    )
+    omit = " and ".join(f"{name}=" for name, _, _ in differs)
+    hint = f"omit {omit} to use the launcher's {'values' if len(differs) > 1 else 'value'}"
+    if size != launch.world_size:
+        hint += f", or start {size} processes with the launcher"
+    raise InvalidArgumentError(
+        f"init({given}) disagrees with the {launch.method} launch, which says {said}; the "
+        f"rendezvous would wait for ranks that never start. HINT: {hint}."
+    )

@@ -1,18 +1,18 @@
 """Choosing a backend for a launch, and recording why every candidate was taken or not.
 
-Order (DESIGN section 4): the ``backend`` argument, else ``DISTCOMM_BACKEND``, else automatic:
-adopt an existing torch default process group; a world of 1 with no launcher runs on fakelink;
-otherwise the available backend of highest priority (nccl 300, mpi 200, gloo 100, plugins by their
-own; 0 means only when asked for).
+Order (docs/backends.md, "How a backend is chosen"): the ``backend`` argument, else
+``DISTCOMM_BACKEND``, else automatic: adopt an existing torch default process group; a world of 1
+with no launcher runs on fakelink; otherwise the available backend of highest priority (nccl 300,
+mpi 200, gloo 100, plugins by their own; 0 means only when asked for).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Mapping
 
+from distcomm import _settings
 from distcomm._plugins.names import (
     FIRST_PARTY_BACKENDS,
     FIRST_PARTY_PRIORITIES,
@@ -58,14 +58,13 @@ def select_backend(
     environ: Mapping[str, str] | None = None,
 ) -> Selection:
     """Choose a backend for ``launch``; never raises: a failure is ``Selection.error``."""
-    environ = os.environ if environ is None else environ
     trace: list[str] = []
     origin = "argument"
     if requested is not None:
         trace.append(f"backend {requested!r} requested by the backend argument")
-    elif environ.get("DISTCOMM_BACKEND", "").strip():
-        requested, origin = environ["DISTCOMM_BACKEND"], "DISTCOMM_BACKEND"
-        trace.append(f"backend {requested.strip()!r} requested by DISTCOMM_BACKEND")
+    elif _settings.is_set("DISTCOMM_BACKEND", environ):
+        requested, origin = _settings.read("DISTCOMM_BACKEND", environ), "DISTCOMM_BACKEND"
+        trace.append(f"backend {requested!r} requested by DISTCOMM_BACKEND")
     candidates = _candidates(registry, launch)
     by_name = {c.name: c for c in candidates}
     specs = registry.backends
@@ -84,27 +83,29 @@ def select_backend(
         if choice is None or adopted not in specs:
             return _fail(candidates, trace, _not_found(adopted, specs, by_name))
         return _chosen(choice, specs, candidates, trace, "adopts the existing torch process group")
+    return _automatic(launch, specs, candidates, trace)
+
+
+def _automatic(
+    launch: LaunchInfo,
+    specs: dict[str, BackendSpec],
+    candidates: list[Candidate],
+    trace: list[str],
+) -> Selection:
+    """Nothing named a backend: fakelink for a world of 1 with no launcher, else the
+    highest-priority available one."""
     if launch.method == "single_node" and launch.world_size == 1:
-        return _chosen(
-            by_name["fakelink"],
-            specs,
-            candidates,
-            trace,
-            "because a world of 1 with no launcher runs in-process",
-        )
+        fakelink = next(c for c in candidates if c.name == "fakelink")
+        why = "because a world of 1 with no launcher runs in-process"
+        return _chosen(fakelink, specs, candidates, trace, why)
     ranked = sorted(
         (c for c in candidates if c.name in specs and c.priority > 0),
         key=lambda c: (-c.priority, c.name),
     )
     for choice in ranked:
         if choice.available:
-            return _chosen(
-                choice,
-                specs,
-                candidates,
-                trace,
-                f"is the highest-priority available backend (priority {choice.priority})",
-            )
+            why = f"is the highest-priority available backend (priority {choice.priority})"
+            return _chosen(choice, specs, candidates, trace, why)
     reasons = "; ".join(f"{c.name}: {c.reason}" for c in candidates if not c.selected)
     return _fail(
         candidates,

@@ -21,12 +21,12 @@ reads the store while idle). ``finalize()`` destroys it (distcomm made it).
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from distcomm import _settings
 from distcomm._logs import logger
 from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.ports import free_port
@@ -39,8 +39,6 @@ __all__ = ["CHOICES", "make", "policy"]
 
 #: What ``init(torch_group=...)`` takes.
 CHOICES = ("auto", True, False)
-_WORDS: dict[str, str | bool] = {"auto": "auto", "1": True, "true": True, "yes": True}
-_WORDS.update({"on": True, "0": False, "false": False, "no": False, "off": False})
 
 
 def policy(given: Any = None, environ: Mapping[str, str] | None = None) -> str | bool:
@@ -56,17 +54,8 @@ def policy(given: Any = None, environ: Mapping[str, str] | None = None) -> str |
             f"torch_group={given!r} is not a choice; valid: 'auto', True, False. HINT: 'auto' "
             "makes torch's default process group when the program imported torch."
         )
-    environ = os.environ if environ is None else environ
-    raw = environ.get("DISTCOMM_TORCH_GROUP", "").strip()
-    if not raw:
-        return "auto"
-    if raw.lower() not in _WORDS:
-        raise InvalidArgumentError(
-            f"DISTCOMM_TORCH_GROUP={raw!r} is not a choice; valid: auto, 1, 0 (also true, "
-            "false, yes, no, on, off). HINT: 0 keeps distcomm from making torch's default "
-            "process group beside a non-torch backend."
-        )
-    return _WORDS[raw.lower()]
+    value: str | bool = _settings.read("DISTCOMM_TORCH_GROUP", environ)
+    return value
 
 
 def make(

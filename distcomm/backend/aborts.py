@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NoReturn
 
+from distcomm import _settings
 from distcomm.backend import _uncaught
-from distcomm.errors import InvalidArgumentError
 
 __all__ = [
     "ON_TIMEOUT_CHOICES",
@@ -43,7 +43,7 @@ __all__ = [
     "set_job_abort",
 ]
 
-ON_TIMEOUT_CHOICES = ("raise", "abort")
+ON_TIMEOUT_CHOICES = _settings.ON_TIMEOUT_CHOICES
 
 _job_abort: Callable[[], object] | None = None
 _abort_notice: Callable[[], object] | None = None
@@ -103,29 +103,12 @@ def on_timeout(environ: Mapping[str, str] | None = None) -> str:
     Raises:
         InvalidArgumentError: another value.
     """
-    environ = os.environ if environ is None else environ
-    value = environ.get("DISTCOMM_ON_TIMEOUT", "").strip().lower() or "raise"
-    if value not in ON_TIMEOUT_CHOICES:
-        raise InvalidArgumentError(
-            f"DISTCOMM_ON_TIMEOUT={environ['DISTCOMM_ON_TIMEOUT']!r} is not a policy; valid: "
-            f"{', '.join(ON_TIMEOUT_CHOICES)}. HINT: raise (a DistTimeoutError the program can "
-            "catch) or abort (print the diagnostic and end the job)."
-        )
-    return value
+    return str(_settings.read("DISTCOMM_ON_TIMEOUT", environ))
 
 
 def abort_on_exception(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``DISTCOMM_ABORT_ON_EXCEPTION`` lets a dying rank end an MPI job (default yes)."""
-    environ = os.environ if environ is None else environ
-    value = environ.get("DISTCOMM_ABORT_ON_EXCEPTION", "").strip().lower()
-    if value in ("", "1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise InvalidArgumentError(
-        f"DISTCOMM_ABORT_ON_EXCEPTION={value!r} must be 1 or 0. HINT: 0 keeps a rank that "
-        "raises from ending the MPI job (the others then wait until their timeout)."
-    )
+    return bool(_settings.read("DISTCOMM_ABORT_ON_EXCEPTION", environ))
 
 
 def abort_on_uncaught_exception(rank: int, abort: Callable[[], object], how: str) -> None:

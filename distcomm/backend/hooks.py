@@ -1,8 +1,9 @@
 """The pluggy hooks a distcomm plugin implements (project name ``"distcomm"``).
 
-A plugin is a module (or object) with functions marked ``@distcomm.hookimpl``, found through the
-``distcomm`` entry-point group or the ``DISTCOMM_PLUGINS`` variable. Both hooks are *historic*:
-a plugin registered at any time is called once, right after it is registered, with the registry.
+A plugin is a module (or object) with functions marked ``@distcomm.backend.hookimpl``, found
+through the ``distcomm`` entry-point group or the ``DISTCOMM_PLUGINS`` variable. Both hooks are
+*historic*: a plugin registered at any time is called once, right after it is registered, with the
+registry.
 """
 
 from __future__ import annotations

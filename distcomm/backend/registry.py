@@ -65,13 +65,15 @@ class Registry:
     def add_backend(self, spec: BackendSpec) -> None:
         """Register a backend. Call from ``distcomm_register_backends``."""
         if not isinstance(spec, BackendSpec):
-            raise TypeError(f"add_backend() takes a distcomm.BackendSpec, not {spec!r}")
+            raise TypeError(f"add_backend() takes a distcomm.backend.BackendSpec, not {spec!r}")
         self._add("backend", spec.name, spec, self._backends)
 
     def add_environment(self, spec: EnvironmentSpec) -> None:
         """Register a launch environment. Call from ``distcomm_register_environments``."""
         if not isinstance(spec, EnvironmentSpec):
-            raise TypeError(f"add_environment() takes a distcomm.EnvironmentSpec, not {spec!r}")
+            raise TypeError(
+                f"add_environment() takes a distcomm.backend.EnvironmentSpec, not {spec!r}"
+            )
         self._add("environment", spec.name, spec, self._environments)
 
     def _add(self, kind: str, name: str, spec: Any, table: dict[str, Any]) -> None:

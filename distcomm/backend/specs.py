@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from distcomm._operations import OPERATIONS
+
 if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
     from distcomm.protocol import Communicator
@@ -37,25 +39,7 @@ DTYPE_NAMES: tuple[str, ...] = (
 ALL_DTYPES = frozenset(DTYPE_NAMES)
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 #: Every collective a Communicator offers.
-ALL_OPS = frozenset(
-    {
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "reduce_scatter_tensor",
-        "gather",
-        "scatter",
-        "all_to_all_single",
-        "send",
-        "recv",
-        "barrier",
-        "objects",
-        "new_group",
-        "split",
-    }
-)
+ALL_OPS = frozenset(op.capability for op in OPERATIONS if op.capability)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any
 
 import distcomm
-from distcomm import _sharing
+from distcomm import _settings, _sharing
 from distcomm._plugins.loader import check_backend
 from distcomm.errors import BackendNotFoundError, EnvironmentDetectionError, InvalidArgumentError
 from distcomm.helpers import main_process_only, run_on_main
@@ -149,7 +149,7 @@ def ddp_init_group(run_opts: Mapping[str, Any]) -> None:
             raise InvalidArgumentError(f"distributed_backend: {exc}") from None
     if distcomm.is_initialized() or distcomm.detect_environment().world_size == 1:
         return
-    timeout = None if os.environ.get("DISTCOMM_TIMEOUT", "").strip() else DEFAULT_TIMEOUT
+    timeout = None if _settings.is_set("DISTCOMM_TIMEOUT") else DEFAULT_TIMEOUT
     distcomm.init(backend=backend, timeout=timeout)
 
 

@@ -3,7 +3,8 @@
 Pure: detection reads an environ mapping (``os.environ`` by default) and writes nothing; it
 imports no engine (torch, numpy, mpi4py). Built-in methods, by automatic precedence: ``env``
 (torchrun), ``slurm`` (an srun task step), ``mpi`` (mpirun / mpiexec), then
-plugin environments, then ``single_node`` (no launcher: a world of 1). See DESIGN section 3.
+plugin environments, then ``single_node`` (no launcher: a world of 1). See
+docs/launch.md#precedence.
 ``distcomm.detect_environment`` asks the registered environments; this package is given them.
 """
 

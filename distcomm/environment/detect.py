@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from distcomm import _settings
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import EnvironmentDetectionError, InvalidArgumentError, did_you_mean
 
@@ -44,7 +45,7 @@ def detect_launch(
     snapshot = _snapshot(environ)
     origin = "method"
     if method is None:
-        method = snapshot.get("DISTCOMM_INIT_METHOD", "").strip() or None
+        method = _settings.read("DISTCOMM_INIT_METHOD", snapshot)
         origin = "DISTCOMM_INIT_METHOD"
     if method is not None:
         spec = _spec(specs, method, origin)

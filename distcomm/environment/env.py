@@ -33,16 +33,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
     present = [name for name in ("RANK", "WORLD_SIZE") if name in environ]
     if not present:
         return None
-    if len(present) == 1:
-        (given,) = present
-        missing = "WORLD_SIZE" if given == "RANK" else "RANK"
-        raise EnvironmentDetectionError(
-            f"{given}={environ[given]!r} is set but {missing} is not; the env method needs "
-            f"both. HINT: set {missing} as well (torchrun sets both), or "
-            f"unset {given}.",
-            variable=missing,
-            value=None,
-        )
+    _check_both_set(environ, present)
     context = "the env method needs it"
     rank = require_int(environ, "RANK", context=context)
     world_size = require_int(environ, "WORLD_SIZE", context=context, minimum=1)
@@ -55,12 +46,7 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         node_rank="GROUP_RANK",
         num_nodes="GROUP_WORLD_SIZE",
     )
-    address = read_text(environ, "MASTER_ADDR")
-    sources["master_addr"] = "MASTER_ADDR"
-    if address is None:
-        single = layout["num_nodes"] == 1
-        address = "127.0.0.1" if single else None
-        sources["master_addr"] = "derived: one node, loopback" if single else "default"
+    address, sources["master_addr"] = _master_addr(environ, layout["num_nodes"])
     port = read_int(environ, "MASTER_PORT")
     job_variable, job_id = _job_id(environ)
     agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() in _TRUE
@@ -89,6 +75,34 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         restart_count=restarts or 0,
         sources=sources,
     )
+
+
+def _check_both_set(environ: Mapping[str, str], present: list[str]) -> None:
+    """Raise EnvironmentDetectionError when only one of RANK and WORLD_SIZE is ``present``."""
+    if len(present) == 1:
+        (given,) = present
+        missing = "WORLD_SIZE" if given == "RANK" else "RANK"
+        raise EnvironmentDetectionError(
+            f"{given}={environ[given]!r} is set but {missing} is not; the env method needs "
+            f"both. HINT: set {missing} as well (torchrun sets both), or "
+            f"unset {given}.",
+            variable=missing,
+            value=None,
+        )
+
+
+def _master_addr(environ: Mapping[str, str], num_nodes: int) -> tuple[str | None, str]:
+    """Return ``(address, source)``: MASTER_ADDR, else the loopback on one node, else None.
+
+    Raises:
+        EnvironmentDetectionError: MASTER_ADDR is set but empty.
+    """
+    address = read_text(environ, "MASTER_ADDR")
+    if address is not None:
+        return address, "MASTER_ADDR"
+    if num_nodes == 1:
+        return "127.0.0.1", "derived: one node, loopback"
+    return None, "default"
 
 
 def _job_id(environ: Mapping[str, str]) -> tuple[str, str | None]:

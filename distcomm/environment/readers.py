@@ -117,6 +117,33 @@ def node_layout(
     Raises:
         EnvironmentDetectionError: a variable is set but malformed.
     """
+    values, sources = _local_layout(environ, rank, world_size, local_rank, local_world_size)
+    local_size = values["local_world_size"]
+    values["node_rank"], sources["node_rank"] = _read_or_derive(
+        environ, node_rank, rank // local_size, "rank // local_world_size", minimum=0
+    )
+    values["num_nodes"], sources["num_nodes"] = _read_or_derive(
+        environ,
+        num_nodes,
+        -(-world_size // local_size),
+        "ceil(world_size / local_world_size)",
+        minimum=1,
+    )
+    return values, sources
+
+
+def _local_layout(
+    environ: Mapping[str, str],
+    rank: int,
+    world_size: int,
+    local_rank: str,
+    local_world_size: str,
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Read (or derive) the local rank and local world size, as :func:`node_layout` does.
+
+    Returns:
+        ``(values, sources)``: both keyed by ``local_rank`` and ``local_world_size``.
+    """
     local_rank_value = read_int(environ, local_rank)
     local_size_value = read_int(environ, local_world_size, minimum=1)
     if local_size_value is not None:
@@ -136,28 +163,8 @@ def node_layout(
         )
     else:
         local, local_source = rank, f"derived: rank ({local_rank} unset: one node assumed)"
-    node, node_source = _read_or_derive(
-        environ, node_rank, rank // local_size, "rank // local_world_size", minimum=0
-    )
-    nodes, nodes_source = _read_or_derive(
-        environ,
-        num_nodes,
-        -(-world_size // local_size),
-        "ceil(world_size / local_world_size)",
-        minimum=1,
-    )
-    values = {
-        "local_rank": local,
-        "local_world_size": local_size,
-        "node_rank": node,
-        "num_nodes": nodes,
-    }
-    sources = {
-        "local_rank": local_source,
-        "local_world_size": local_size_source,
-        "node_rank": node_source,
-        "num_nodes": nodes_source,
-    }
+    values = {"local_rank": local, "local_world_size": local_size}
+    sources = {"local_rank": local_source, "local_world_size": local_size_source}
     return values, sources
 
 

@@ -5,10 +5,10 @@ the extern step, salloc's interactive step), and SLURM_PROCID is set. The batch 
 SLURM_PROCID=0 and SLURM_NTASKS=N but no task step: that process is one of one (``single_node``
 says so with a warning).
 
-Precedence with MPI (DESIGN section 3): when an MPI launcher's size variable is present too and
-differs from the step's task count, the tasks are MPI's proxies, not its ranks (mpirun inside an
-sbatch script starts its proxies through srun), and ``mpi`` takes the launch. Both counts are the
-same on every rank, so every rank decides the same way.
+Precedence with MPI (docs/launch.md#precedence): when an MPI launcher's size variable is present
+too and differs from the step's task count, the tasks are MPI's proxies, not its ranks (mpirun
+inside an sbatch script starts its proxies through srun), and ``mpi`` takes the launch. Both
+counts are the same on every rank, so every rank decides the same way.
 """
 
 from __future__ import annotations
@@ -75,28 +75,14 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         "node_rank": "SLURM_NODEID",
     }
     num_nodes, sources["num_nodes"] = _num_nodes(environ, nodelist, context)
-    if node_rank >= num_nodes:
-        raise EnvironmentDetectionError(
-            f"SLURM_NODEID={environ['SLURM_NODEID']!r} must be below the number of nodes, "
-            f"{num_nodes} (from {sources['num_nodes']}). HINT: check the step's Slurm variables.",
-            variable="SLURM_NODEID",
-            value=environ["SLURM_NODEID"],
-        )
+    _check_node_rank(environ, node_rank, num_nodes, sources["num_nodes"])
     local_world_size, sources["local_world_size"] = _local_world_size(
         environ, node_rank, num_nodes, world_size
     )
     address, sources["master_addr"] = master_addr(environ, nodelist)
     port, sources["master_port"] = master_port(environ)
-    job_id = read_text(environ, "SLURM_JOB_ID")
-    sources["job_id"] = "SLURM_JOB_ID" if job_id is not None else "default"
-    if job_id is not None:  # two steps of one job are two worlds: the step is part of it
-        job_id, sources["job_id"] = f"{job_id}.{step}", "derived: SLURM_JOB_ID.SLURM_STEP_ID"
-    reason = f"srun task step (SLURM_STEP_ID={step!r}, SLURM_PROCID set)"
-    wireup = None
-    if mpi is not None:
-        reason += f"; {mpi[0]}={mpi[1]} equals the step's task count"
-        wireup = sources["mpi_wireup"] = f"{mpi[0]}={mpi[1]}"
-    sources["method"] = reason
+    job_id, sources["job_id"] = _job_id(environ, step)
+    wireup = _record_method(step, mpi, sources)
     restarts = read_int(environ, "SLURM_RESTART_COUNT")  # set once a job was requeued
     if restarts is not None:
         sources["restart_count"] = "SLURM_RESTART_COUNT"
@@ -115,6 +101,45 @@ def detect(environ: Mapping[str, str]) -> LaunchInfo | None:
         restart_count=restarts or 0,
         sources=sources,
     )
+
+
+def _check_node_rank(
+    environ: Mapping[str, str], node_rank: int, num_nodes: int, num_nodes_source: str
+) -> None:
+    """Raise EnvironmentDetectionError unless SLURM_NODEID is below the number of nodes."""
+    if node_rank >= num_nodes:
+        raise EnvironmentDetectionError(
+            f"SLURM_NODEID={environ['SLURM_NODEID']!r} must be below the number of nodes, "
+            f"{num_nodes} (from {num_nodes_source}). HINT: check the step's Slurm variables.",
+            variable="SLURM_NODEID",
+            value=environ["SLURM_NODEID"],
+        )
+
+
+def _job_id(environ: Mapping[str, str], step: str) -> tuple[str | None, str]:
+    """Return ``(job_id, source)``: ``SLURM_JOB_ID.SLURM_STEP_ID``, or None when SLURM_JOB_ID
+    is unset.
+
+    Raises:
+        EnvironmentDetectionError: SLURM_JOB_ID is set but empty.
+    """
+    job_id = read_text(environ, "SLURM_JOB_ID")
+    if job_id is None:
+        return None, "default"
+    # two steps of one job are two worlds: the step is part of it
+    return f"{job_id}.{step}", "derived: SLURM_JOB_ID.SLURM_STEP_ID"
+
+
+def _record_method(step: str, mpi: tuple[str, int] | None, sources: dict[str, str]) -> str | None:
+    """Put in ``sources`` the MPI wireup (when an MPI launcher's size equals the step's task
+    count) and why this is a Slurm launch; return the wireup, or None."""
+    reason = f"srun task step (SLURM_STEP_ID={step!r}, SLURM_PROCID set)"
+    wireup = None
+    if mpi is not None:
+        reason += f"; {mpi[0]}={mpi[1]} equals the step's task count"
+        wireup = sources["mpi_wireup"] = f"{mpi[0]}={mpi[1]}"
+    sources["method"] = reason
+    return wireup
 
 
 def _first_int(

@@ -74,6 +74,21 @@ def spawn(
         DistTimeoutError: the run took longer than ``timeout``; ``missing_ranks`` are those
             that had not finished, and the message shows their stacks. All are killed.
     """
+    _check(timeout, max_restarts)
+    name = check_backend(backend)
+    for restart in range(max_restarts + 1):
+        try:
+            return _attempt(fn, nprocs, args, name, timeout, restart)
+        except (RankFailedError, DistTimeoutError) as exc:
+            if restart == max_restarts:
+                raise
+            _say_restarting(exc, restart, max_restarts)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _check(timeout: float, max_restarts: int) -> None:
+    """Raise InvalidArgumentError for a ``timeout`` that is not a positive number of seconds or
+    a ``max_restarts`` that is not an int >= 0."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise InvalidArgumentError(
             f"timeout={timeout!r} must be a positive number of seconds. HINT: the default is 120."
@@ -83,32 +98,40 @@ def spawn(
             f"max_restarts={max_restarts!r} must be an int >= 0. HINT: e.g. 1 to run again once "
             "after a failure; 0 (the default) never does."
         )
-    name = check_backend(backend)
-    for restart in range(max_restarts + 1):
-        port, run = free_port(), new_run_id()
-        try:
-            return run_processes(
-                fn,
-                nprocs,
-                args,
-                variables=functools.partial(
-                    _variables, nprocs=nprocs, port=port, backend=name, run=run, restart=restart
-                ),
-                backend=name,
-                timeout=timeout,
-            )
-        except (RankFailedError, DistTimeoutError) as exc:
-            if restart == max_restarts:
-                raise
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            print(
-                f"spawn: attempt {restart + 1} of {max_restarts + 1} failed "
-                f"({type(exc).__name__}: {first}); starting every rank again "
-                f"(restart {restart + 1} of {max_restarts})",
-                file=sys.stderr,
-                flush=True,
-            )
-    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _attempt(
+    fn: Callable[..., T],
+    nprocs: int,
+    args: tuple[Any, ...],
+    backend: str,
+    timeout: float,
+    restart: int,
+) -> list[T]:
+    """One attempt: every rank run in a fresh world (a new port and run id)."""
+    port, run = free_port(), new_run_id()
+    return run_processes(
+        fn,
+        nprocs,
+        args,
+        variables=functools.partial(
+            _variables, nprocs=nprocs, port=port, backend=backend, run=run, restart=restart
+        ),
+        backend=backend,
+        timeout=timeout,
+    )
+
+
+def _say_restarting(exc: BaseException, restart: int, max_restarts: int) -> None:
+    """Say on stderr why attempt ``restart + 1`` ended, and that every rank starts again."""
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    print(
+        f"spawn: attempt {restart + 1} of {max_restarts + 1} failed "
+        f"({type(exc).__name__}: {first}); starting every rank again "
+        f"(restart {restart + 1} of {max_restarts})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _variables(

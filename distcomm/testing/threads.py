@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from distcomm import _settings
 from distcomm._runtime import state
 from distcomm._runtime.request import resolve_timeout
 from distcomm.backend import stacks
@@ -58,90 +58,139 @@ def run_threads(
         DistTimeoutError: the run took longer than ``timeout``; the message shows where each
             unfinished rank was.
     """
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise InvalidArgumentError(f"world_size={world_size!r} must be a positive int")
-    if not callable(fn):
-        raise InvalidArgumentError(f"fn={fn!r} must be callable")
+    _check_arguments(fn, world_size)
     faults = checked(faults, world_size)
-    set_by_user = os.environ.get("DISTCOMM_TIMEOUT", "").strip()
+    set_by_user = _settings.is_set("DISTCOMM_TIMEOUT")
     op_timeout = resolve_timeout(None) if set_by_user else timeout + _GRACE
-    fabric = Fabric(world_size)
-    results: list[Any] = [None] * world_size
-    failures: list[tuple[int, str]] = []
-    done = threading.Event()
-    finished = [False] * world_size
-    lock = threading.Lock()
-
-    def body(rank: int) -> None:
-        launch = LaunchInfo(
-            method="threads",
-            rank=rank,
-            world_size=world_size,
-            local_rank=rank,
-            local_world_size=world_size,
-            node_rank=0,
-            num_nodes=1,
-            sources={"method": "distcomm.testing.run_threads"},
-        )
-        comm = FakeLinkCommunicator(
-            fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=op_timeout
-        )
-        inject(comm, faults)
-        requested = {
-            "backend": "fakelink",
-            "method": "threads",
-            "rank": rank,
-            "world_size": world_size,
-            "timeout": float(timeout),
-        }
-        ctx = state.Context(comm, launch, ["run_threads"], requested, thread_owned=True)
-        state.thread_context(ctx)
-        try:
-            results[rank] = fn(*args)
-        except BaseException as exc:
-            if not _caused_by_abort(exc):
-                with lock:
-                    failures.append((rank, format_exception(exc)))
-            fabric.abort(f"rank {rank} failed")
-        finally:
-            state.thread_context(None)
-            fabric.depart(rank)
-            with lock:
-                finished[rank] = True
-                if all(finished) or failures:
-                    done.set()
-
+    run = _Run(Fabric(world_size), world_size)
     threads = [
-        threading.Thread(target=body, args=(r,), name=f"distcomm-rank-{r}", daemon=True)
+        threading.Thread(
+            target=_rank_body,
+            args=(run, r, fn, args, faults, op_timeout, timeout),
+            name=f"distcomm-rank-{r}",
+            daemon=True,
+        )
         for r in range(world_size)
     ]
     for thread in threads:
         thread.start()
-    if not done.wait(timeout):
-        unfinished = [r for r, f in enumerate(finished) if not f]
-        where = {r: stacks.where(thread=threads[r].ident) for r in unfinished}
-        fabric.abort(f"run_threads timed out after {timeout:g} s")
-        shown = stacks.describe(where, unfinished, "Where they are")
-        raise DistTimeoutError(
-            f"run_threads: ranks {unfinished} did not finish within {timeout:g} s.\n"
-            f"{shown}\nHINT: a rank is stuck where shown (a rank outside distcomm keeps the "
-            "others waiting in their next collective), or it is merely slow: raise timeout=.",
-            op="run_threads",
-            missing_ranks=unfinished,
-            stacks=where,
-        )
-    if failures:
-        deadline = time.monotonic() + _GRACE
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        rank, text = failures[0]
-        others = sorted({r for r, _ in failures[1:]})
-        also = f" (ranks {others} failed too)" if others else ""
-        message = f"rank {rank} of {world_size} failed{also}:\n{text.rstrip()}"
-        raise RankFailedError(rank, text, message)
+    if not run.done.wait(timeout):
+        raise _timed_out(run, threads, timeout)
+    if run.failures:
+        raise _first_failure(run, threads)
     for thread in threads:
         thread.join()
-    return results
+    return run.results
+
+
+def _check_arguments(fn: Callable[..., Any], world_size: int) -> None:
+    """Raise InvalidArgumentError for a world size that is not a positive int or an ``fn`` that
+    is not callable."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise InvalidArgumentError(f"world_size={world_size!r} must be a positive int")
+    if not callable(fn):
+        raise InvalidArgumentError(f"fn={fn!r} must be callable")
+
+
+class _Run:
+    """What the thread-ranks of one run share: the fabric, each rank's result, the failures, and
+    which ranks have finished (``done`` is set when all have, or one has failed)."""
+
+    def __init__(self, fabric: Fabric, world_size: int) -> None:
+        self.fabric = fabric
+        self.world_size = world_size
+        self.results: list[Any] = [None] * world_size
+        self.failures: list[tuple[int, str]] = []
+        self.done = threading.Event()
+        self.finished = [False] * world_size
+        self.lock = threading.Lock()
+
+
+def _rank_context(
+    run: _Run, rank: int, faults: Iterable[Fault], op_timeout: float, timeout: float
+) -> state.Context:
+    """The context of thread-rank ``rank``: its launch, its communicator (faults injected) and
+    the arguments ``init()`` would have been given."""
+    world_size = run.world_size
+    launch = LaunchInfo(
+        method="threads",
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        local_world_size=world_size,
+        node_rank=0,
+        num_nodes=1,
+        sources={"method": "distcomm.testing.run_threads"},
+    )
+    comm = FakeLinkCommunicator(
+        run.fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=op_timeout
+    )
+    inject(comm, faults)
+    requested = {
+        "backend": "fakelink",
+        "method": "threads",
+        "rank": rank,
+        "world_size": world_size,
+        "timeout": float(timeout),
+    }
+    return state.Context(comm, launch, ["run_threads"], requested, thread_owned=True)
+
+
+def _rank_body(
+    run: _Run,
+    rank: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    faults: Iterable[Fault],
+    op_timeout: float,
+    timeout: float,
+) -> None:
+    """One thread-rank: run ``fn(*args)`` as ``rank``, record its result or failure (aborting the
+    fabric on a failure), then leave the fabric and mark the rank finished."""
+    state.thread_context(_rank_context(run, rank, faults, op_timeout, timeout))
+    try:
+        run.results[rank] = fn(*args)
+    except BaseException as exc:
+        if not _caused_by_abort(exc):
+            with run.lock:
+                run.failures.append((rank, format_exception(exc)))
+        run.fabric.abort(f"rank {rank} failed")
+    finally:
+        state.thread_context(None)
+        run.fabric.depart(rank)
+        with run.lock:
+            run.finished[rank] = True
+            if all(run.finished) or run.failures:
+                run.done.set()
+
+
+def _timed_out(run: _Run, threads: list[threading.Thread], timeout: float) -> DistTimeoutError:
+    """Abort the run's fabric and return the error showing where each unfinished rank was."""
+    unfinished = [r for r, f in enumerate(run.finished) if not f]
+    where = {r: stacks.where(thread=threads[r].ident) for r in unfinished}
+    run.fabric.abort(f"run_threads timed out after {timeout:g} s")
+    shown = stacks.describe(where, unfinished, "Where they are")
+    return DistTimeoutError(
+        f"run_threads: ranks {unfinished} did not finish within {timeout:g} s.\n"
+        f"{shown}\nHINT: a rank is stuck where shown (a rank outside distcomm keeps the "
+        "others waiting in their next collective), or it is merely slow: raise timeout=.",
+        op="run_threads",
+        missing_ranks=unfinished,
+        stacks=where,
+    )
+
+
+def _first_failure(run: _Run, threads: list[threading.Thread]) -> RankFailedError:
+    """Give the other ranks a grace period to stop, then return the error reporting the first
+    rank that failed (and naming the others that failed too)."""
+    deadline = time.monotonic() + _GRACE
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    rank, text = run.failures[0]
+    others = sorted({r for r, _ in run.failures[1:]})
+    also = f" (ranks {others} failed too)" if others else ""
+    message = f"rank {rank} of {run.world_size} failed{also}:\n{text.rstrip()}"
+    return RankFailedError(rank, text, message)
 
 
 def _caused_by_abort(exc: BaseException | None) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import distcomm
+from distcomm.backend import BaseCommunicator
 from distcomm.backend.arrays import adapter_for
 from distcomm.backend.primitives import INTERNAL_TAG
 from distcomm.environment import LaunchInfo
@@ -22,7 +22,7 @@ from distcomm.errors import InvalidArgumentError
 WHERE = "probe 'world' (3 ranks)"
 
 
-class Probe(distcomm.BaseCommunicator):
+class Probe(BaseCommunicator):
     """Rank 1 of 3, with no engine: every primitive it would call raises NotImplementedError."""
 
     backend_name = "probe"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import distcomm
+from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.specs import Capabilities
 from distcomm.environment import LaunchInfo
 from distcomm.fakelink import Fabric, FakeLinkCommunicator
@@ -20,12 +21,12 @@ LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
 def test_a_backend_must_move_bytes() -> None:
     with pytest.raises(TypeError, match="must include 'uint8'"):
 
-        class NoBytes(distcomm.BaseCommunicator):
+        class NoBytes(BaseCommunicator):
             capabilities = Capabilities(dtypes=frozenset({"float32"}))
 
 
 def test_missing_primitive_names_backend_and_primitive() -> None:
-    class Half(distcomm.BaseCommunicator):
+    class Half(BaseCommunicator):
         backend_name = "half"
 
     comm = Half(rank=0, world_size=2, launch=LAUNCH)
@@ -39,7 +40,7 @@ def test_missing_primitive_names_backend_and_primitive() -> None:
 def test_plain_tensor_reaches_the_primitive_without_a_copy() -> None:
     seen: list[Any] = []
 
-    class Recorder(distcomm.BaseCommunicator):
+    class Recorder(BaseCommunicator):
         backend_name = "recorder"
 
         def _all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:

@@ -15,6 +15,7 @@ import pytest
 from skipped_ranks import TIMEOUT, skipped_barrier, skipped_group_barrier
 
 import distcomm
+from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.work import BaseWork, retained
 from distcomm.environment import LaunchInfo
 from distcomm.errors import DistcommError, DistTimeoutError, EngineError
@@ -106,7 +107,7 @@ class StandInWork(BaseWork):
         return self.engine.done
 
 
-class StandIn(distcomm.BaseCommunicator):
+class StandIn(BaseCommunicator):
     """A 2-rank backend whose async operations complete when the test says so."""
 
     backend_name = "standin"

@@ -15,6 +15,7 @@ import pytest
 import distcomm
 from distcomm.backend import stacks
 from distcomm.backend.communicator import BaseCommunicator
+from distcomm.backend.work import BaseWork
 from distcomm.environment import LaunchInfo
 from distcomm.errors import DistTimeoutError
 from distcomm.testing import run_threads
@@ -157,7 +158,7 @@ class Probe(BaseCommunicator):
         return self.answer
 
 
-class Never(distcomm.BaseWork):
+class Never(BaseWork):
     def _test(self) -> bool:
         return False
 

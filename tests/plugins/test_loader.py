@@ -18,12 +18,12 @@ from distcomm._plugins.loader import PluginRegistry, check_backend
 from distcomm.errors import BackendNotFoundError, PluginConflictError
 
 BACKEND_PLUGIN = """
-import distcomm
+from distcomm.backend import BackendSpec, hookimpl
 from distcomm.fakelink import create, is_available
 
-@distcomm.hookimpl
+@hookimpl
 def distcomm_register_backends(registry):
-    registry.add_backend(distcomm.BackendSpec({name!r}, create, is_available, priority={priority}))
+    registry.add_backend(BackendSpec({name!r}, create, is_available, priority={priority}))
 """
 
 
@@ -103,12 +103,12 @@ def test_plugin_that_fails_to_import_is_reported_not_fatal(site: Path) -> None:
 
 def test_hook_that_raises_is_rolled_back(site: Path) -> None:
     source = """
-    import distcomm
+    from distcomm.backend import BackendSpec, hookimpl
     from distcomm.fakelink import create, is_available
 
-    @distcomm.hookimpl
+    @hookimpl
     def distcomm_register_backends(registry):
-        registry.add_backend(distcomm.BackendSpec("half", create, is_available))
+        registry.add_backend(BackendSpec("half", create, is_available))
         raise RuntimeError("second backend failed")
     """
     make_distribution(site, "fake-half", {"fake_half": source}, {"half": "fake_half"})
@@ -119,9 +119,9 @@ def test_hook_that_raises_is_rolled_back(site: Path) -> None:
 
 def test_unknown_hook_fails_check_pending(site: Path) -> None:
     source = """
-    import distcomm
+    from distcomm.backend import hookimpl
 
-    @distcomm.hookimpl
+    @hookimpl
     def distcomm_register_everything(registry):
         pass
     """
@@ -194,6 +194,7 @@ def test_distcomm_plugins_registers_modules_without_entry_points(site: Path) -> 
 def test_plugin_environment_takes_its_place_in_the_order(site: Path) -> None:
     source = """
     import distcomm
+    from distcomm.backend import EnvironmentSpec, hookimpl
 
     def detect(environ):
         if "FAKE_RANK" not in environ:
@@ -201,9 +202,9 @@ def test_plugin_environment_takes_its_place_in_the_order(site: Path) -> None:
         rank = int(environ["FAKE_RANK"])
         return distcomm.LaunchInfo("fake", rank, 2, 0, 1, rank, 2)
 
-    @distcomm.hookimpl
+    @hookimpl
     def distcomm_register_environments(registry):
-        registry.add_environment(distcomm.EnvironmentSpec("fake", detect, priority=150))
+        registry.add_environment(EnvironmentSpec("fake", detect, priority=150))
     """
     make_distribution(site, "fake-env", {"fake_env": source}, {"env": "fake_env"})
     registry = load(site)

@@ -60,7 +60,7 @@ def test_mpi_ends_a_blocked_job_naming_where_the_late_ranks_are(
         timeout=100,
     )
     assert done.returncode != 0
-    start = done.stderr.index("all_reduce (operation #1) has not completed after")
+    start = done.stderr.index("all_reduce (operation #1) on mpi 'world' (4 ranks) did not complete")
     shows_the_late_ranks(done.stderr[start : done.stderr.index("MPI_Abort", start)])
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import distcomm
 from distcomm._plugins.loader import PluginRegistry
 from distcomm._plugins.names import FIRST_PARTY_BACKENDS
 from distcomm._runtime.selection import select_backend
+from distcomm.backend.hooks import hookimpl
 from distcomm.backend.specs import BackendSpec
 from distcomm.environment import LaunchInfo
 from distcomm.errors import BackendNotFoundError, BackendUnavailableError
@@ -76,7 +76,7 @@ class BackendsPlugin:
     def __init__(self, *specs: BackendSpec) -> None:
         self.specs = specs
 
-    @distcomm.hookimpl
+    @hookimpl
     def distcomm_register_backends(self, registry: PluginRegistry) -> None:
         for s in self.specs:
             registry.add_backend(s)

@@ -277,3 +277,8 @@ def test_the_docs_count_the_checks_of_each_topic() -> None:
                 assert int(shown[topic]) == count, f"{page}: {topic} {shown[topic]} != {count}"
         assert int(shown["total"]) == len(CHECKS), f"{page}: total {shown['total']}"
         assert f"{len(CHECKS)} passed in" in text, f"{page}: the pytest line"
+        for shown_count in re.findall(r"(\d+)\s+passed\b", text):
+            assert int(shown_count) == len(CHECKS), f"{page}: {shown_count} passed"
+    for page in [root.parent / "README.md", *sorted(root.glob("*.md"))]:
+        for shown_count in re.findall(r"(\d+)\s+(?:conformance\s+)?checks\b", page.read_text()):
+            assert int(shown_count) == len(CHECKS), f"{page.name}: {shown_count} checks"

@@ -15,13 +15,11 @@ from typing import Any, ClassVar
 from distcomm import (
     NON_MEMBER,
     BackendUnavailableError,
-    BaseCommunicator,
-    Capabilities,
     InvalidArgumentError,
     LaunchInfo,
     ReduceOp,
 )
-from distcomm.backend import adapter_for, as_torch
+from distcomm.backend import BaseCommunicator, Capabilities, adapter_for, as_torch
 from distcomm.errors import NotSupportedError
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_linklink.plugin import LINKLINK_CAPABILITIES, find_module

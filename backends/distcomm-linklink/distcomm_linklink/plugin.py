@@ -6,8 +6,8 @@ import importlib.util
 import sys
 from typing import Any
 
-from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
-from distcomm.backend import Registry
+from distcomm import LaunchInfo
+from distcomm.backend import BackendSpec, Capabilities, Registry, hookimpl
 
 __all__ = ["LINKLINK_CAPABILITIES", "distcomm_register_backends", "find_module", "is_available"]
 

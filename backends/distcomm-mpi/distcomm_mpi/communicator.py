@@ -17,20 +17,21 @@ from mpi4py import MPI
 from distcomm import (
     NON_MEMBER,
     BackendUnavailableError,
-    BaseCommunicator,
-    BaseWork,
-    Capabilities,
     InvalidArgumentError,
     LaunchInfo,
     ReduceOp,
 )
 from distcomm.backend import (
+    BaseCommunicator,
+    BaseWork,
+    Capabilities,
     abort_job,
     abort_on_uncaught_exception,
     monitor,
     select_cuda_device,
     set_abort_notice,
 )
+from distcomm.backend.aborts import on_timeout
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.leftovers import clean_abort, remove_at_abort
@@ -219,20 +220,18 @@ class MpiCommunicator(BaseCommunicator):
             self._blocked_timeout(seq, now - since[1])
 
     def _blocked_timeout(self, seq: int, waited: float) -> None:
-        label = self.blocked_op or f"{self.op} (operation #{seq})"
-        found = self.diagnose(seq if seq > 0 else None)
-        head = (
-            f"distcomm: rank {self.rank} of {self.describe()}: {label} has not completed after "
-            f"{waited:.0f} s (timeout {self.timeout:g} s)"
+        """MPI cannot cancel a blocking call: the timeout's diagnostic (the kit's, as a raised
+        DistTimeoutError would say it) is printed and the job ends, whatever
+        ``DISTCOMM_ON_TIMEOUT`` says (``raise`` cannot be honoured here)."""
+        policy = "" if on_timeout() == "abort" else ", although DISTCOMM_ON_TIMEOUT=raise"
+        _, message = self.timeout_error(
+            self.op,
+            seq if seq > 0 else None,
+            self.timeout,
+            label=self.blocked_op,
+            consequence=f"MPI cannot cancel it, so distcomm aborts the job (MPI_Abort{policy}).",
         )
-        if found.mismatch is not None:  # the ranks called different collectives
-            abort_job(f"{head}: {found.mismatch}\nMPI cannot cancel it: distcomm aborts the job.")
-        detail = f"; {found.detail}" if found.detail else ""
-        abort_job(
-            f"{head}{detail}.{found.block}MPI cannot cancel it, so distcomm aborts the job "
-            "(MPI_Abort). HINT: a rank is stuck, died or skipped this call; if it is merely "
-            "slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
-        )
+        abort_job(f"distcomm: rank {self.rank}: {message}")
 
     def _peer_progress(self) -> dict[int, int]:
         peers = [g for r, g in enumerate(self.global_ranks) if r != self.rank]

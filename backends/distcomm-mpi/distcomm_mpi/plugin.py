@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
-from distcomm.backend import Registry
+from distcomm import LaunchInfo
+from distcomm.backend import BackendSpec, Capabilities, Registry, hookimpl
 
 __all__ = ["MPI_CAPABILITIES", "distcomm_register_backends", "is_available"]
 

@@ -21,15 +21,8 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from distcomm import (
-    NON_MEMBER,
-    BaseCommunicator,
-    BaseWork,
-    Capabilities,
-    InvalidArgumentError,
-    ReduceOp,
-)
-from distcomm.backend import as_torch, monitor
+from distcomm import NON_MEMBER, InvalidArgumentError, ReduceOp
+from distcomm.backend import BaseCommunicator, BaseWork, Capabilities, as_torch, monitor
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_torch.mailbox import StoreMailbox
 from distcomm_torch.native import all_gather_single as _all_gather_single

@@ -6,8 +6,8 @@ import importlib.util
 import os
 from typing import Any
 
-from distcomm import BackendSpec, Capabilities, LaunchInfo, hookimpl
-from distcomm.backend import Registry
+from distcomm import LaunchInfo
+from distcomm.backend import BackendSpec, Capabilities, Registry, hookimpl
 
 __all__ = ["GLOO", "NCCL", "distcomm_register_backends"]
 

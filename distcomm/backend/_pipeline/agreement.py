@@ -29,14 +29,13 @@ k), decided from ``seq`` so that every rank decides alike; ``"check"`` at every 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _settings
 from distcomm.backend._pipeline import confirmation, divergence, objects
 from distcomm.backend._pipeline.history import call_site
-from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ __all__ = [
 ]
 
 #: The values of ``DISTCOMM_DEBUG`` and ``init(debug=...)`` (unset: ``"sample"``).
-POLICIES = ("sample", "check", "off")
+POLICIES = _settings.CHECK_POLICIES
 #: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
 SAMPLED_FIRST = 64
 SAMPLE_EVERY = 1024
@@ -70,20 +69,9 @@ def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
     Raises:
         InvalidArgumentError: a value that is not one of :data:`POLICIES`.
     """
-    source = "debug"
     if value is None:
-        value = (os.environ if environ is None else environ).get("DISTCOMM_DEBUG", "")
-        source = "DISTCOMM_DEBUG"
-        if not value.strip():
-            return "sample"
-    text = value.strip().lower() if isinstance(value, str) else value
-    if text not in POLICIES:
-        raise InvalidArgumentError(
-            f"{source}={value!r} is not a check policy; valid: {', '.join(POLICIES)}. HINT: "
-            "'check' checks every collective, 'off' none, 'sample' (the default) the first "
-            f"{SAMPLED_FIRST} and every {SAMPLE_EVERY}th after."
-        )
-    return str(text)
+        return str(_settings.read("DISTCOMM_DEBUG", environ))
+    return str(_settings.convert("DISTCOMM_DEBUG", value, "debug"))
 
 
 def limits(name: str) -> tuple[int, bool]:

@@ -121,7 +121,38 @@ class Failures:
                 behalf.op, behalf.seq, limit, waiting_for, stalled
             )
             return told
-        label = _label(op, seq)
+        error, message = self.timeout_error(op, seq, limit, waiting_for, stalled)
+        if aborts.on_timeout() == "abort":
+            self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
+        return error
+
+    def timeout_error(
+        self,
+        op: str,
+        seq: int | None,
+        limit: float,
+        waiting_for: str = "",
+        stalled: str = "",
+        *,
+        label: str = "",
+        consequence: str = "",
+    ) -> tuple[DistTimeoutError | CollectiveMismatchError, str]:
+        """The one builder of a timeout's error and message: retire this communicator, find
+        the ranks that had not arrived (their stacks), or the mismatch that kept them apart.
+
+        :meth:`timed_out` raises what it returns; an engine that cannot cancel a blocking call
+        (MPI's watchdog) prints the message and ends the job.
+
+        Args:
+            op, seq, limit, waiting_for, stalled: as for :meth:`timed_out`.
+            label: what is named instead of ``op (operation #seq)`` (a Work: "irecv from
+                rank 1").
+            consequence: a sentence said before the HINT ("MPI cannot cancel it, ...").
+
+        Returns:
+            The error, and the message to print for it (the mismatch's, after the operation).
+        """
+        label = label or _label(op, seq)
         found = self.diagnose(seq, waiting_for)
         late = (
             f"can never complete ({stalled})"
@@ -129,27 +160,24 @@ class Failures:
             else f"did not complete within {seconds(limit)} s"
         )
         self.unusable = f"{label} {'stalled' if stalled else f'timed out after {seconds(limit)} s'}"
+        then = f" {consequence}" if consequence else ""
         if found.mismatch is not None:
-            error: DistTimeoutError | CollectiveMismatchError = found.mismatch
-            message = f"{label} on {self.describe()} {late}: {error}"
-        else:
-            message = (
-                f"{label} on {self.describe()} {late}"
-                f"{'; ' + found.detail if found.detail else ''}.{found.block}HINT: a rank is "
-                "stuck, died or skipped this call; if it is merely slow, raise "
-                "init(timeout=...) or DISTCOMM_TIMEOUT."
-            )
-            error = DistTimeoutError(
-                message,
-                op=op,
-                seq=seq,
-                group=self.describe(),
-                missing_ranks=found.missing,
-                stacks=found.stacks,
-            )
-        if aborts.on_timeout() == "abort":
-            self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
-        return error
+            return found.mismatch, f"{label} on {self.describe()} {late}: {found.mismatch}{then}"
+        message = (
+            f"{label} on {self.describe()} {late}"
+            f"{'; ' + found.detail if found.detail else ''}.{found.block}{consequence}"
+            f"{' ' if consequence else ''}HINT: a rank is stuck, died or skipped this call; if it "
+            "is merely slow, raise init(timeout=...) or DISTCOMM_TIMEOUT."
+        )
+        error = DistTimeoutError(
+            message,
+            op=op,
+            seq=seq,
+            group=self.describe(),
+            missing_ranks=found.missing,
+            stacks=found.stacks,
+        )
+        return error, message
 
     def engine_failed(
         self, op: str, seq: int | None, exc: BaseException

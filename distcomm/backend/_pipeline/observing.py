@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from distcomm._operations import named
 from distcomm.backend._pipeline import agreement, device_clock
 from distcomm.errors import InvalidArgumentError
 
@@ -42,23 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["OBSERVED", "PENDING", "CollectiveEvent", "HookHandle", "add_hook", "before"]
 
 #: The public collectives the hooks see.
-OBSERVED = (
-    "all_reduce",
-    "reduce",
-    "reduce_scatter_tensor",
-    "broadcast",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_to_all_single",
-    "barrier",
-    "gather",
-    "scatter",
-    "broadcast_object",
-    "all_gather_object",
-    "gather_object",
-    "scatter_object",
-    "assert_same",
-)
+OBSERVED = named(observed=True)
 #: What a method wrapped for the hooks passes to its call until the call is numbered.
 PENDING: Any = object()
 

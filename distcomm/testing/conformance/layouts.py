@@ -141,78 +141,87 @@ def async_collectives() -> None:
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
     n = 4
     for lib, dtype in cases(lambda d: d in ("bool", "int64", "float32", "bfloat16")):
-        what = f"{lib} {dtype}"
-        t = make(lib, dtype, reduction_input(ReduceOp.SUM, dtype, rank, world, n))
-        _wait(distcomm.all_reduce(t, async_op=True), f"all_reduce {what}")
-        expect_values(
-            t, reduction_result(ReduceOp.SUM, dtype, world, n), f"async all_reduce {what}"
-        )
-
-        t = make(lib, dtype, pattern(dtype, rank, n))
-        _wait(distcomm.broadcast(t, src=world - 1, async_op=True), f"broadcast {what}")
-        expect_values(t, pattern(dtype, world - 1, n), f"async broadcast {what}")
-
-        t = make(lib, dtype, reduction_input(ReduceOp.MIN, dtype, rank, world, n))
-        _wait(distcomm.reduce(t, dst=0, op=ReduceOp.MIN, async_op=True), f"reduce {what}")
-        if rank == 0:
-            expect_values(
-                t, reduction_result(ReduceOp.MIN, dtype, world, n), f"async reduce {what}"
-            )
-
+        _async_in_place(lib, dtype, rank, world, n)
         mine = make(lib, dtype, pattern(dtype, rank, n))
-        everyone = [v for r in range(world) for v in pattern(dtype, r, n)]
-        parts = [empty(lib, dtype, (n,)) for _ in range(world)]
-        _wait(distcomm.all_gather(parts, mine, async_op=True), f"all_gather {what}")
-        expect_values(
-            make(lib, dtype, [v for p in parts for v in values_of(p)]),
-            everyone,
-            f"async all_gather {what}",
+        _async_all_gathers_and_reduce_scatter(lib, dtype, mine, rank, world, n)
+        _async_rooted_and_all_to_all(lib, dtype, mine, rank, world, n)
+
+
+def _async_in_place(lib: str, dtype: str, rank: int, world: int, n: int) -> None:
+    """async all_reduce, broadcast and reduce of one tensor, each result checked after wait()."""
+    what = f"{lib} {dtype}"
+    t = make(lib, dtype, reduction_input(ReduceOp.SUM, dtype, rank, world, n))
+    _wait(distcomm.all_reduce(t, async_op=True), f"all_reduce {what}")
+    expect_values(t, reduction_result(ReduceOp.SUM, dtype, world, n), f"async all_reduce {what}")
+
+    t = make(lib, dtype, pattern(dtype, rank, n))
+    _wait(distcomm.broadcast(t, src=world - 1, async_op=True), f"broadcast {what}")
+    expect_values(t, pattern(dtype, world - 1, n), f"async broadcast {what}")
+
+    t = make(lib, dtype, reduction_input(ReduceOp.MIN, dtype, rank, world, n))
+    _wait(distcomm.reduce(t, dst=0, op=ReduceOp.MIN, async_op=True), f"reduce {what}")
+    if rank == 0:
+        expect_values(t, reduction_result(ReduceOp.MIN, dtype, world, n), f"async reduce {what}")
+
+
+def _async_all_gathers_and_reduce_scatter(
+    lib: str, dtype: str, mine: Any, rank: int, world: int, n: int
+) -> None:
+    """async all_gather (of ``mine``), all_gather_into_tensor and reduce_scatter_tensor, each
+    result checked after wait()."""
+    what = f"{lib} {dtype}"
+    everyone = [v for r in range(world) for v in pattern(dtype, r, n)]
+    parts = [empty(lib, dtype, (n,)) for _ in range(world)]
+    _wait(distcomm.all_gather(parts, mine, async_op=True), f"all_gather {what}")
+    expect_values(
+        make(lib, dtype, [v for p in parts for v in values_of(p)]),
+        everyone,
+        f"async all_gather {what}",
+    )
+
+    out = empty(lib, dtype, (world * n,))
+    _wait(
+        distcomm.all_gather_into_tensor(out, mine, async_op=True),
+        f"all_gather_into_tensor {what}",
+    )
+    expect_values(out, everyone, f"async all_gather_into_tensor {what}")
+
+    inp = make(lib, dtype, reduction_input(ReduceOp.SUM, dtype, rank, world, n * world))
+    out = empty(lib, dtype, (n,))
+    _wait(distcomm.reduce_scatter_tensor(out, inp, async_op=True), f"reduce_scatter_tensor {what}")
+    expected = reduction_result(ReduceOp.SUM, dtype, world, n * world)[rank * n : (rank + 1) * n]
+    expect_values(out, expected, f"async reduce_scatter_tensor {what}")
+
+
+def _async_rooted_and_all_to_all(
+    lib: str, dtype: str, mine: Any, rank: int, world: int, n: int
+) -> None:
+    """async gather (of ``mine``), scatter and all_to_all_single, each result checked after
+    wait()."""
+    what = f"{lib} {dtype}"
+    gathered = [empty(lib, dtype, (n,)) for _ in range(world)] if rank == 0 else None
+    _wait(distcomm.gather(mine, gathered, dst=0, async_op=True), f"gather {what}")
+    if gathered is not None:
+        expect(
+            [values_of(p) for p in gathered] == [pattern(dtype, r, n) for r in range(world)],
+            f"async gather {what}: got {[values_of(p) for p in gathered]}",
         )
 
-        out = empty(lib, dtype, (world * n,))
-        _wait(
-            distcomm.all_gather_into_tensor(out, mine, async_op=True),
-            f"all_gather_into_tensor {what}",
-        )
-        expect_values(out, everyone, f"async all_gather_into_tensor {what}")
+    pieces = (
+        [make(lib, dtype, pattern(dtype, 50 + r, n)) for r in range(world)] if rank == 0 else None
+    )
+    t = empty(lib, dtype, (n,))
+    _wait(distcomm.scatter(t, pieces, src=0, async_op=True), f"scatter {what}")
+    expect_values(t, pattern(dtype, 50 + rank, n), f"async scatter {what}")
 
-        inp = make(lib, dtype, reduction_input(ReduceOp.SUM, dtype, rank, world, n * world))
-        out = empty(lib, dtype, (n,))
-        _wait(
-            distcomm.reduce_scatter_tensor(out, inp, async_op=True), f"reduce_scatter_tensor {what}"
-        )
-        expected = reduction_result(ReduceOp.SUM, dtype, world, n * world)[
-            rank * n : (rank + 1) * n
-        ]
-        expect_values(out, expected, f"async reduce_scatter_tensor {what}")
-
-        gathered = [empty(lib, dtype, (n,)) for _ in range(world)] if rank == 0 else None
-        _wait(distcomm.gather(mine, gathered, dst=0, async_op=True), f"gather {what}")
-        if gathered is not None:
-            expect(
-                [values_of(p) for p in gathered] == [pattern(dtype, r, n) for r in range(world)],
-                f"async gather {what}: got {[values_of(p) for p in gathered]}",
-            )
-
-        pieces = (
-            [make(lib, dtype, pattern(dtype, 50 + r, n)) for r in range(world)]
-            if rank == 0
-            else None
-        )
-        t = empty(lib, dtype, (n,))
-        _wait(distcomm.scatter(t, pieces, src=0, async_op=True), f"scatter {what}")
-        expect_values(t, pattern(dtype, 50 + rank, n), f"async scatter {what}")
-
-        inp = make(
-            lib, dtype, [v for r in range(world) for v in pattern(dtype, rank * world + r, 1)]
-        )
-        out = empty(lib, dtype, (world,))
-        _wait(distcomm.all_to_all_single(out, inp, async_op=True), f"all_to_all_single {what}")
-        expect_values(
-            out,
-            [pattern(dtype, s * world + rank, 1)[0] for s in range(world)],
-            f"async all_to_all_single {what}",
-        )
+    inp = make(lib, dtype, [v for r in range(world) for v in pattern(dtype, rank * world + r, 1)])
+    out = empty(lib, dtype, (world,))
+    _wait(distcomm.all_to_all_single(out, inp, async_op=True), f"all_to_all_single {what}")
+    expect_values(
+        out,
+        [pattern(dtype, s * world + rank, 1)[0] for s in range(world)],
+        f"async all_to_all_single {what}",
+    )
 
 
 @check

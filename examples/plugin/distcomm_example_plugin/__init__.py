@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import distcomm
-from distcomm.backend import Registry, read_int
+from distcomm.backend import BackendSpec, EnvironmentSpec, Registry, hookimpl, read_int
 from distcomm_example_plugin.loopback import LoopbackCommunicator, create, is_available
 
 
@@ -53,17 +53,17 @@ def detect_jsrun(environ: Mapping[str, str]) -> distcomm.LaunchInfo | None:
     )
 
 
-@distcomm.hookimpl
+@hookimpl
 def distcomm_register_environments(registry: Registry) -> None:
     """Register ``jsm`` below the built-in MPI detection (jsrun with Spectrum MPI is MPI)."""
-    registry.add_environment(distcomm.EnvironmentSpec("jsm", detect_jsrun, priority=150))
+    registry.add_environment(EnvironmentSpec("jsm", detect_jsrun, priority=150))
 
 
-@distcomm.hookimpl
+@hookimpl
 def distcomm_register_backends(registry: Registry) -> None:
     """Register ``loopback`` with priority 0: used only when asked for."""
     registry.add_backend(
-        distcomm.BackendSpec(
+        BackendSpec(
             name="loopback",
             factory=create,
             is_available=is_available,

@@ -12,10 +12,10 @@ import collections
 from typing import Any
 
 import distcomm
-from distcomm.backend import CompletedWork, adapter_for
+from distcomm.backend import BaseCommunicator, CompletedWork, adapter_for
 
 
-class LoopbackCommunicator(distcomm.BaseCommunicator):
+class LoopbackCommunicator(BaseCommunicator):
     """A world of 1 whose sends wait in a queue until this rank receives them."""
 
     backend_name = "loopback"
