@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         init,
     )
     from distcomm._runtime.profiling import profile
-    from distcomm.backend._pipeline.observing import (
+    from distcomm.backend.events import (
         CollectiveEvent,
         HookHandle,
         add_hook,
@@ -145,9 +145,9 @@ _EXPORTS = {
     "is_main_process": "distcomm._runtime.getters",
     "finalize": "distcomm._runtime.lifecycle",
     "init": "distcomm._runtime.lifecycle",
-    "CollectiveEvent": "distcomm.backend._pipeline.observing",
-    "HookHandle": "distcomm.backend._pipeline.observing",
-    "add_hook": "distcomm.backend._pipeline.observing",
+    "CollectiveEvent": "distcomm.backend.events",
+    "HookHandle": "distcomm.backend.events",
+    "add_hook": "distcomm.backend.events",
     "LaunchInfo": "distcomm.environment",
     "AlreadyInitializedError": "distcomm.errors",
     "BackendNotFoundError": "distcomm.errors",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from distcomm.backend._pipeline import device_clock
+from distcomm import _device_clock as device_clock
 from distcomm.backend.arrays import TorchAdapter
 
 __all__ = ["FakeGpu"]

@@ -48,6 +48,8 @@ LAYERS = (
         "distcomm._logs",
         "distcomm._settings",
         "distcomm._operations",
+        "distcomm._object_codec",
+        "distcomm._device_clock",
         "distcomm._measures",
         "distcomm._files",
         "distcomm._version",

@@ -18,11 +18,11 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from distcomm import _device_clock as device_clock
 from distcomm._bench.operations import OPERATIONS, prepare
 from distcomm._bench.options import choose_device
 from distcomm._bench.report import Progress, print_table, write_json
 from distcomm._measures import busbw_factor, human_bytes
-from distcomm.backend._pipeline import device_clock
 
 __all__ = ["run"]
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _settings
 from distcomm._files import private_folders
 from distcomm.backend import aborts
-from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
+from distcomm.backend.events import CollectiveEvent, HookHandle, add_hook
 from distcomm.errors import DistTimeoutError, NotInitializedError
 
 if TYPE_CHECKING:

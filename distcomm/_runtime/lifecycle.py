@@ -22,7 +22,6 @@ from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
 from distcomm.backend import BaseCommunicator, _uncaught
-from distcomm.backend._pipeline import agreement
 from distcomm.backend.specs import BackendSpec
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import AlreadyInitializedError
@@ -120,7 +119,7 @@ def _parse(request: InitRequest) -> _Start:
     return _Start(
         request,
         timeout=request.timeout or resolve_timeout(None),
-        debug=request.debug or agreement.policy(),
+        debug=request.debug or _settings.read("DISTCOMM_DEBUG"),
         beside=torch_groups.policy(request.torch_group),
     )
 

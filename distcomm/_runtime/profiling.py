@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from distcomm import _settings
 from distcomm._measures import busbw_factor, human_bytes
-from distcomm.backend._pipeline.observing import CollectiveEvent, HookHandle, add_hook
+from distcomm.backend.events import CollectiveEvent, HookHandle, add_hook
 
 if TYPE_CHECKING:
     from distcomm.protocol import Communicator

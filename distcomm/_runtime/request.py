@@ -14,7 +14,6 @@ from typing import Any
 from distcomm import _settings
 from distcomm._plugins.names import normalise_backend
 from distcomm._runtime import torch_group as torch_groups
-from distcomm.backend._pipeline import agreement
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import InvalidArgumentError
 
@@ -82,7 +81,7 @@ class InitRequest:
             master_port=master_port,
             timeout=None if timeout is None else resolve_timeout(timeout),
             device=None if device is None else _check_device(device),
-            debug=None if debug is None else agreement.policy(debug),
+            debug=None if debug is None else _settings.convert("DISTCOMM_DEBUG", debug, "debug"),
             torch_group=None if torch_group is None else torch_groups.policy(torch_group),
             options=dict(options or {}),
         )

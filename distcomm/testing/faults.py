@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from distcomm._operations import named
 from distcomm.backend import CompletedWork, adapter_for
-from distcomm.backend._pipeline.observing import OBSERVED
 from distcomm.errors import InvalidArgumentError
 
 __all__ = ["Fault", "checked", "delay", "inject", "raise_at", "resize", "skip"]
@@ -126,7 +126,7 @@ def inject(comm: Any, faults: Iterable[Fault]) -> None:
     if not mine:
         return
     fired: set[Fault] = set()
-    for name in OBSERVED:
+    for name in named(observed=True):
         setattr(comm, name, _faulty(comm, name, tuple(mine), fired))
 
 

@@ -33,8 +33,9 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _object_codec as objects
 from distcomm import _settings
-from distcomm.backend._pipeline import confirmation, divergence, objects
+from distcomm.backend._pipeline import confirmation, divergence
 from distcomm.backend._pipeline.history import call_site
 from distcomm.protocol import ReduceOp
 

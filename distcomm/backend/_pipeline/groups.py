@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import objects
+from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator, NonMember

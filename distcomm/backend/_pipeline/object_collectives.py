@@ -1,7 +1,7 @@
 """The object pipeline: broadcast_object, all_gather_object, gather_object, scatter_object.
 
 Objects travel as pickle protocol 5 bytes with out-of-band buffers
-(:mod:`~distcomm.backend._pipeline.objects`), on the communicator's object channel (itself, or a
+(:mod:`~distcomm._object_codec`), on the communicator's object channel (itself, or a
 CPU side channel for a GPU engine). Each counts as one collective, whatever it sends inside.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import objects
+from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.steps import Steps
 
 __all__ = ["ObjectCollectives"]

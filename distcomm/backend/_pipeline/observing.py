@@ -1,19 +1,19 @@
 """The hook point around every public collective: ``before`` and ``after`` hooks see each call.
 
-:func:`add_hook` registers a pair of functions for every communicator of the process; each
-public collective (the :data:`OBSERVED` methods of :class:`~distcomm.backend.BaseCommunicator`)
-then calls ``before(event)`` once it passed validation and was numbered (before the mismatch
-check, so a hook that raises stops the call before any traffic), and ``after(event)`` when the
-call returns or raises (``event.error``), once per public call. distcomm's own traffic inside a
-call (an object collective's size exchange, new_group and split, a reduction emulated by
-gathering, the check) is not seen.
+:func:`~distcomm.backend.events.add_hook` registers a pair of functions for every
+communicator of the process; each public collective (the :data:`OBSERVED` methods of
+:class:`~distcomm.backend.BaseCommunicator`) then calls ``before(event)`` once it passed
+validation and was numbered (before the mismatch check, so a hook that raises stops the call
+before any traffic), and ``after(event)`` when the call returns or raises (``event.error``),
+once per public call. distcomm's own traffic inside a call (an object collective's size
+exchange, new_group and split, a reduction emulated by gathering, the check) is not seen.
 
 While no hook is registered the methods are the plain ones: the wrappers are put on the class
 when the first hook is added and taken off when the last is removed, and the step that numbers
 an operation tests one class attribute (``_observing``). The all_reduce shortcut of a backend
 (``_all_reduce_plain``) is bypassed while hooks are registered, so that every call is seen.
 
-``event.started`` and ``event.finished`` come from :mod:`~distcomm.backend._pipeline.device_clock`:
+``event.started`` and ``event.finished`` come from :mod:`~distcomm._device_clock`:
 for a blocking call on a CUDA tensor each is read once the device finished its queued work (at
 the start: the work queued before the call; at the end: the call's own), so the time includes
 the transfer, not only its launch. An async call (``async_op=True``) is never synchronised (that
@@ -24,184 +24,57 @@ this; CPU tensors and numpy arrays never synchronise.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _device_clock as device_clock
 from distcomm._operations import named
-from distcomm.backend._pipeline import agreement, device_clock
-from distcomm.errors import InvalidArgumentError
+from distcomm.backend import events
+from distcomm.backend._pipeline import agreement
+from distcomm.backend.events import CollectiveEvent
 
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
-    from distcomm.protocol import Communicator, ReduceOp
+    from distcomm.protocol import ReduceOp
 
-__all__ = ["OBSERVED", "PENDING", "CollectiveEvent", "HookHandle", "add_hook", "before"]
+__all__ = ["OBSERVED", "PENDING", "before", "wrap"]
 
 #: The public collectives the hooks see.
 OBSERVED = named(observed=True)
 #: What a method wrapped for the hooks passes to its call until the call is numbered.
 PENDING: Any = object()
-
-Hook = Callable[["CollectiveEvent"], Any]
-
-
-@dataclasses.dataclass(eq=False)
-class CollectiveEvent:
-    """One public collective, as the hooks see it.
-
-    Attributes:
-        op: the operation, e.g. ``"all_reduce"``, ``"broadcast_object"``.
-        seq: its sequence number on ``group`` (the same on every member).
-        group: the communicator it runs on.
-        rank: this rank in ``group``.
-        world_size: the number of ranks of ``group``.
-        shape: the tensor's shape (None for barrier and the object collectives).
-        numel: the tensor's element count (None likewise).
-        dtype: the tensor's canonical dtype name, e.g. ``"float32"`` (None likewise).
-        device: ``"cpu"`` or ``"cuda:N"`` (None likewise).
-        root: the source or destination rank of a rooted operation, else None.
-        reduce_op: the reduce op's name, e.g. ``"SUM"``, for reductions, else None.
-        started: ``time.perf_counter()`` when ``before`` hooks were called (for a blocking call
-            on a CUDA tensor: once the device finished the work queued before it).
-        finished: ``time.perf_counter()`` when the call returned or raised (for ``after``; for
-            a blocking call on a CUDA tensor that returned: once the device finished it).
-        result: what the call returned (an async call's Work; an object collective's objects).
-        error: the exception the call raised, else None (for ``after``).
-    """
-
-    op: str
-    seq: int
-    group: Communicator
-    rank: int
-    world_size: int
-    shape: tuple[int, ...] | None = None
-    numel: int | None = None
-    dtype: str | None = None
-    device: str | None = None
-    root: int | None = None
-    reduce_op: str | None = None
-    started: float = 0.0
-    finished: float = 0.0
-    result: Any = None
-    error: BaseException | None = None
-
-    @property
-    def nbytes(self) -> int | None:
-        """The tensor's bytes (None for barrier and the object collectives)."""
-        if self.numel is None or self.dtype is None:
-            return None
-        return self.numel * _ITEMSIZE.get(self.dtype, 1)
+#: The plain methods of BaseCommunicator while the wrappers are on (None: inherited).
+_plain: dict[str, Any] = {}
 
 
-#: Bytes per element of each dtype name distcomm moves.
-_ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float16": 2, "bfloat16": 2, "int16": 2}
-_ITEMSIZE.update({"int32": 4, "float32": 4, "int64": 8, "float64": 8})
+def wrap(on: bool) -> None:
+    """Put the observing wrappers on :class:`~distcomm.backend.BaseCommunicator` (``on``) or
+    take them off; :mod:`distcomm.backend.events` calls it, under its lock, as hooks come and
+    go."""
+    from distcomm.backend.communicator import BaseCommunicator
+
+    if on and not _plain:
+        for name in OBSERVED:
+            _plain[name] = BaseCommunicator.__dict__.get(name)
+            public = getattr(BaseCommunicator, name)
+            steps = getattr(BaseCommunicator, _STEPS.get(name, name))
+            wrapper = _observed(steps, _async_index(public))
+            setattr(BaseCommunicator, name, functools.wraps(public)(wrapper))
+        BaseCommunicator._observing = True
+    elif not on and _plain:
+        BaseCommunicator._observing = False
+        for name, plain in _plain.items():
+            if plain is None:
+                delattr(BaseCommunicator, name)
+            else:
+                setattr(BaseCommunicator, name, plain)
+        _plain.clear()
 
 
-class HookHandle:
-    """What :func:`add_hook` returns: ``remove()`` it (or use it as a context manager)."""
-
-    def __init__(self, before: Hook | None, after: Hook | None) -> None:
-        self.before = before
-        self.after = after
-
-    def remove(self) -> None:
-        """Stop calling these hooks; idempotent."""
-        _registry.remove(self)
-
-    def __enter__(self) -> HookHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-def add_hook(before: Hook | None = None, after: Hook | None = None) -> HookHandle:
-    """Call ``before(event)`` and ``after(event)`` around every public collective.
-
-    Hooks see every communicator of the process (``event.group`` says which), in every thread;
-    ``before`` hooks run in the order they were added, ``after`` hooks in reverse. A ``before``
-    hook that raises stops the call before any traffic (the operation is not run, and its
-    number is given back); ``after`` still runs, with ``event.error`` set. Exceptions of
-    ``after`` hooks propagate to the caller.
-
-    Args:
-        before: called with a :class:`CollectiveEvent` once the call passed validation.
-        after: called with the same event once the call returned (async: once it was issued;
-            ``event.result`` is its Work) or raised.
-
-    Returns:
-        A handle: ``handle.remove()``, or ``with distcomm.add_hook(...):``.
-
-    Raises:
-        InvalidArgumentError: neither hook given, or one is not callable.
-    """
-    for name, hook in (("before", before), ("after", after)):
-        if hook is not None and not callable(hook):
-            raise InvalidArgumentError(
-                f"add_hook: {name}={hook!r} is not callable. HINT: pass a function taking one "
-                "CollectiveEvent."
-            )
-    if before is None and after is None:
-        raise InvalidArgumentError(
-            "add_hook: give before=, after= or both. HINT: add_hook(before=lambda e: print(e.op))"
-        )
-    handle = HookHandle(before, after)
-    _registry.add(handle)
-    return handle
-
-
-class _Registry:
-    """The hooks of the process, and the wrappers they need on the communicator class."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.before: tuple[Hook, ...] = ()
-        self.after: tuple[Hook, ...] = ()
-        self.handles: list[HookHandle] = []
-        self.plain: dict[str, Any] = {}
-
-    def add(self, handle: HookHandle) -> None:
-        with self.lock:
-            self.handles.append(handle)
-            self._publish()
-
-    def remove(self, handle: HookHandle) -> None:
-        with self.lock:
-            if handle in self.handles:
-                self.handles.remove(handle)
-                self._publish()
-
-    def _publish(self) -> None:
-        self.before = tuple(h.before for h in self.handles if h.before is not None)
-        self.after = tuple(h.after for h in reversed(self.handles) if h.after is not None)
-        from distcomm.backend.communicator import BaseCommunicator
-
-        if self.handles and not self.plain:
-            for name in OBSERVED:
-                self.plain[name] = BaseCommunicator.__dict__.get(name)
-                public = getattr(BaseCommunicator, name)
-                steps = getattr(BaseCommunicator, _STEPS.get(name, name))
-                wrapper = _observed(steps, _async_index(public))
-                setattr(BaseCommunicator, name, functools.wraps(public)(wrapper))
-            BaseCommunicator._observing = True
-        elif not self.handles and self.plain:
-            BaseCommunicator._observing = False
-            for name, plain in self.plain.items():
-                if plain is None:
-                    delattr(BaseCommunicator, name)
-                else:
-                    setattr(BaseCommunicator, name, plain)
-            self.plain.clear()
-
-
-_registry = _Registry()
-#: The method a wrapper calls instead of the public one: all_reduce's steps past its shortcut.
 _STEPS = {"all_reduce": "_all_reduce_steps"}
 #: Whether the call this thread is numbering blocks (``async_op`` false): set by the wrapper,
 #: read by :func:`before`, which ``_count`` calls without the call's arguments.
@@ -264,7 +137,7 @@ def before(
     blocking = getattr(_calling, "blocking", True)
     event.started = device_clock.now(event.device if blocking else None)
     try:
-        for hook in _registry.before:
+        for hook in events.before_hooks():
             hook(event)
     except BaseException:
         comm.seq -= 1  # not run: the next call takes this number
@@ -276,5 +149,5 @@ def _after(
 ) -> None:
     event.finished = device_clock.now(event.device if synchronise else None)
     event.result, event.error = result, error
-    for hook in _registry.after:
+    for hook in events.after_hooks():
         hook(event)

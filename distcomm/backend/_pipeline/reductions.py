@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distcomm.backend._pipeline import objects
+from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.staging import Staged
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import (
