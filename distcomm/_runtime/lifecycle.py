@@ -99,45 +99,43 @@ class _Start:
     timeout: float
     debug: str
     beside: str | bool
-    launch: LaunchInfo | None = None
-    trace: list[str] = dataclasses.field(default_factory=list)
+    launch: LaunchInfo
+    trace: list[str]
 
 
 def _start(request: InitRequest, export: bool) -> Communicator:
     """The phases of ``init``: parse the settings, detect the launch, select the backend,
     create the communicator (and torch's group beside it), attach it to the process."""
-    start = _parse(request)
-    _detect(start)
+    timeout, debug, beside = _parse(request)
+    launch = _detect(request)
+    trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
+    start = _Start(request, timeout, debug, beside, launch, trace)
     spec = _select(start)
-    comm, beside = _create(start, spec)
-    return _attach(start, comm, beside, export)
+    comm, beside_comm = _create(start, spec)
+    return _attach(start, comm, beside_comm, export)
 
 
-def _parse(request: InitRequest) -> _Start:
-    """Every ``DISTCOMM_*`` variable is checked now, before any communication."""
+def _parse(request: InitRequest) -> tuple[float, str, str | bool]:
+    """The timeout, the check policy and the torch group choice; every ``DISTCOMM_*`` variable
+    is checked now, before any communication."""
     _settings.check_all()
-    return _Start(
-        request,
-        timeout=request.timeout or resolve_timeout(None),
-        debug=request.debug or _settings.read("DISTCOMM_DEBUG"),
-        beside=torch_groups.policy(request.torch_group),
-    )
+    timeout = request.timeout or resolve_timeout(None)
+    debug = request.debug or str(_settings.read("DISTCOMM_DEBUG"))
+    return timeout, debug, torch_groups.policy(request.torch_group)
 
 
-def _detect(start: _Start) -> None:
+def _detect(request: InitRequest) -> LaunchInfo:
     """The launch (argument, ``DISTCOMM_INIT_METHOD``, detection, then ``init``'s overrides);
     the handlers that report this rank's failures are installed for it."""
-    launch = apply_overrides(detect_environment(start.request.method), start.request)
-    start.launch = launch
-    start.trace.append(f"method {launch.method}: {launch.sources.get('method', 'chosen')}")
+    launch = apply_overrides(detect_environment(request.method), request)
     _uncaught.install(launch.rank if launch.world_size > 1 else None)
     failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
     flight_recorder.start_from_environment(launch, launch.rank, launch.world_size)
+    return launch
 
 
 def _select(start: _Start) -> BackendSpec:
     """The backend (argument, ``DISTCOMM_BACKEND``, automatic), with the trace of why."""
-    assert start.launch is not None
     selection = select_backend(get_registry(), start.launch, start.request.backend)
     start.trace += selection.trace
     if selection.error is not None:
@@ -149,7 +147,6 @@ def _select(start: _Start) -> BackendSpec:
 def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Communicator | None]:
     """The default communicator, and torch's default group beside it where that is asked."""
     launch, request = start.launch, start.request
-    assert launch is not None
     comm = spec.factory(launch, timeout=start.timeout, device=request.device, **request.options)
     if hasattr(comm, "debug"):
         comm.debug = start.debug
@@ -172,7 +169,6 @@ def _attach(
     """Make ``comm`` the process's default communicator: what ``init`` was asked and settled
     on (for a later call), the exported variables, the profiler."""
     launch = start.launch
-    assert launch is not None
     effective = {
         "backend": comm.backend,
         "method": launch.method,
