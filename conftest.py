@@ -25,7 +25,7 @@ import pytest
 import distcomm
 from distcomm._plugins.loader import PluginRegistry, set_registry
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # multirank.py, jobs.py
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "support"))  # jobs, multirank
 from jobs import find_mpirun, job_environment
 
 pytest_plugins = ("pytester",)  # for testing distcomm's own pytest plugin

@@ -160,24 +160,24 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
     if comm.rank == src:
         payload, size, sent = split(obj, HEAD, DIRECT_BYTES, SLOT)
         _SIZE.pack_into(payload, 0, size)
-        comm._call(comm._broadcast, False, payload if size <= SLOT else _slot(payload), src)
+        comm._kit_call(comm._broadcast, False, payload if size <= SLOT else _slot(payload), src)
         if size > SLOT:
-            comm._call(comm._broadcast, False, payload, src)
+            comm._kit_call(comm._broadcast, False, payload, src)
         for buffer in sent:
-            comm._call(comm._broadcast, False, buffer, src)
+            comm._kit_call(comm._broadcast, False, buffer, src)
         return obj
     slot = bytearray(SLOT)
-    comm._call(comm._broadcast, False, slot, src)
+    comm._kit_call(comm._broadcast, False, slot, src)
     (size,) = _SIZE.unpack_from(slot, 0)
     if size <= SLOT:
         payload = slot
     else:
         payload = _empty(size)
-        comm._call(comm._broadcast, False, payload, src)
+        comm._kit_call(comm._broadcast, False, payload, src)
     view = memoryview(payload)[HEAD:size]
     received = [_empty(n) for n in direct_lengths(view)]
     for buffer in received:
-        comm._call(comm._broadcast, False, buffer, src)
+        comm._kit_call(comm._broadcast, False, buffer, src)
     return unpack(view, received)
 
 
@@ -188,7 +188,7 @@ def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
     if max(sizes) <= width:
         return _from_slots(slots, sizes, width)
     out = _empty(sum(sizes))
-    comm._call(comm._all_gather_v, False, out, sizes, memoryview(payload)[:size])
+    comm._kit_call(comm._all_gather_v, False, out, sizes, memoryview(payload)[:size])
     view, at, objs = memoryview(out), 0, []
     for n in sizes:
         objs.append(unpack(view[at + HEAD : at + n]))
@@ -206,7 +206,7 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
     padded = bytearray(width)
     memoryview(padded)[:size] = memoryview(payload)[:size]
     out = _empty(width * comm.world_size) if comm.rank == dst else None
-    comm._call(comm._gather, False, out, padded, dst)
+    comm._kit_call(comm._gather, False, out, padded, dst)
     if out is None:
         return None
     view = memoryview(out)
@@ -226,9 +226,9 @@ def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int)
         for r, p in enumerate(payloads):
             view[r * width : r * width + len(p)] = p
         _SIZE.pack_into(size, 0, width)
-    comm._call(comm._broadcast, False, size, src)
+    comm._kit_call(comm._broadcast, False, size, src)
     mine = bytearray(_SIZE.unpack(size)[0])
-    comm._call(comm._scatter, False, mine, full, src)
+    comm._kit_call(comm._scatter, False, mine, full, src)
     return unpack(memoryview(mine))
 
 
@@ -253,7 +253,7 @@ def _gather_slots(comm: BaseCommunicator, obj: Any) -> tuple[Any, int, list[int]
     payload, size, _ = split(obj, HEAD, room=width)
     _SIZE.pack_into(payload, 0, size)
     slots = bytearray(width * comm.world_size)
-    comm._call(
+    comm._kit_call(
         comm._all_gather_into, False, slots, payload if size <= width else _slot(payload, width)
     )
     return (

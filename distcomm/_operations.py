@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OPERATIONS", "Operation", "by_name", "named"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "OPERATIONS", "Operation", "by_name", "named"]
+
+#: all_reduce_coalesced's default size of a bucket: 25 MiB, as torch's DDP.
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 
 
 @dataclass(frozen=True)

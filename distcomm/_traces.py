@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from distcomm.backend._pipeline.divergence import Timeline, first_divergence
+from distcomm._divergence import Timeline, first_divergence
 
 __all__ = ["analyse", "load"]
 

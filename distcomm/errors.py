@@ -32,15 +32,24 @@ __all__ = [
 
 
 class DistcommError(Exception):
-    """Base class of every error raised by distcomm."""
+    """Base class of every error raised by distcomm.
+
+    Raised itself when a communicator can no longer be used: after ``finalize()``, or after
+    one of its operations timed out or failed (the message says why).
+    """
 
 
 class BackendNotFoundError(DistcommError, LookupError):
-    """No backend of the requested name is registered, or none is available for this launch."""
+    """No backend of the requested name is registered, or none is available for this launch.
+
+    The message lists the available names, the first-party distributions that are not
+    installed and how to install them, and a did-you-mean.
+    """
 
 
 class BackendUnavailableError(DistcommError):
-    """The backend is registered but cannot run here; ``reason`` says why."""
+    """The backend is registered but cannot run here: it is unavailable for this launch, or
+    two plugins registered it; ``backend`` names it and ``reason`` says why."""
 
     def __init__(self, message: str, *, backend: str | None = None, reason: str | None = None):
         super().__init__(message)
@@ -49,7 +58,8 @@ class BackendUnavailableError(DistcommError):
 
 
 class EnvironmentDetectionError(DistcommError):
-    """A launcher variable is present but malformed; ``variable`` and ``value`` name it."""
+    """A launcher variable is present but malformed (``variable`` and ``value`` name it), or
+    ``method=`` named a launcher that did not start this process (docs/launch.md)."""
 
     def __init__(self, message: str, *, variable: str | None = None, value: str | None = None):
         super().__init__(message)
@@ -58,11 +68,14 @@ class EnvironmentDetectionError(DistcommError):
 
 
 class InvalidArgumentError(DistcommError, ValueError):
-    """An argument has a value distcomm cannot use."""
+    """An argument has a value distcomm cannot use: a bad op, dtype, rank, tag, size, device
+    or timeout, an unknown method name, an option the backend does not take, or
+    ``group=NON_MEMBER``."""
 
 
 class NotInitializedError(DistcommError):
-    """An operation needs ``distcomm.init()`` first."""
+    """An operation needs ``distcomm.init()`` first: ``get_communicator()`` before ``init()``,
+    or a collective before ``init()`` in a world larger than 1."""
 
 
 class AlreadyInitializedError(DistcommError):
@@ -70,12 +83,19 @@ class AlreadyInitializedError(DistcommError):
 
 
 class PluginConflictError(DistcommError):
-    """Two plugins registered the same backend or environment name."""
+    """Two plugins registered the same backend or environment name.
+
+    It is recorded when the plugins load and shown by ``distcomm info``, not raised into the
+    program: asking for the conflicted backend raises BackendUnavailableError, with the
+    conflict as its reason.
+    """
 
 
 class NotSupportedError(DistcommError, NotImplementedError):
     """The backend's engine cannot do this at all (its capabilities say so), e.g. point-to-point
-    messages on linklink."""
+    messages on linklink (``p2p=False``), splitting a linklink sub-group
+    (``subgroup_split=False``), ``adopt`` on a backend that cannot. The message names the
+    backend and the alternative."""
 
 
 class OperationError(DistcommError):
@@ -112,7 +132,9 @@ class OperationError(DistcommError):
 
 
 class DistTimeoutError(OperationError, TimeoutError):
-    """An operation did not complete within its timeout (see OperationError's attributes)."""
+    """An operation (or ``init``'s rendezvous) did not complete within its timeout, or
+    ``run_threads`` / ``spawn`` did not finish within their own (see OperationError's
+    attributes)."""
 
 
 class EngineError(OperationError, RuntimeError):
@@ -185,7 +207,8 @@ class NotSameError(OperationError, AssertionError):
 
 
 class RankFailedError(DistcommError):
-    """A rank of a multi-rank run raised; ``rank`` and ``traceback`` (text) say which and where."""
+    """A rank of a multi-rank run (``run_threads``, ``spawn``) raised; ``rank`` and
+    ``traceback`` (text) say which and where."""
 
     def __init__(self, rank: int, traceback: str, message: str | None = None):
         self.rank = rank
@@ -205,4 +228,12 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
 
 
 class DistcommWarning(UserWarning):
-    """A warning distcomm issues: the program runs, but probably not as the user meant."""
+    """A warning distcomm issues: the program runs, but probably not as the user meant.
+
+    Issued for a Slurm batch script that runs Python without ``srun`` (docs/launch.md), CUDA
+    tensors staged through host memory on a CPU-only backend (docs/backends.md), a
+    ``dist_init(device_id=)`` naming a GPU other than the one the GPU backend's communicator
+    uses, and a ``finalize()`` that could not confirm the calls with the other ranks or left
+    Works that had not completed. Turn it into an error with
+    ``warnings.simplefilter("error", distcomm.DistcommWarning)``.
+    """

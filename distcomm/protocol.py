@@ -23,9 +23,19 @@ __all__ = ["NON_MEMBER", "Communicator", "NonMember", "ReduceOp", "Work"]
 
 
 class ReduceOp(enum.Enum):
-    """Reduction operations. Accepted wherever an op is: a member, its name in any case, the
-    aliases ``"prod"`` (PRODUCT), ``"mean"`` and ``"average"`` (AVG), or a
-    ``torch.distributed.ReduceOp`` member of those names."""
+    """Reduction operations. Accepted wherever an op is: a member, its name in any case
+    (``"sum"``, ``"SUM"``, ``"Max"``), its value (``"product"``, ``"avg"``, ``"band"``, ...),
+    the aliases ``"prod"`` (PRODUCT), ``"mean"`` and ``"average"`` (AVG), or a
+    ``torch.distributed.ReduceOp`` member of those names (recognised without importing torch).
+    Anything else raises InvalidArgumentError (a ValueError) listing the valid ops;
+    ``ReduceOp.coerce(op)`` performs the same conversion.
+
+    AVG works on every backend: an engine without a native average gets SUM, and distcomm
+    then divides by the world size. AVG needs a floating-point dtype, and BAND, BOR and BXOR
+    an integer or bool dtype: any other combination raises InvalidArgumentError, which names
+    the dtype. On bools, SUM, MAX and BOR mean logical or; PRODUCT, MIN and BAND logical and;
+    BXOR logical xor.
+    """
 
     SUM = "sum"
     PRODUCT = "product"
@@ -106,18 +116,39 @@ class NonMember:
 
 
 NON_MEMBER = NonMember()
+"""What ``new_group`` and ``split`` return on ranks outside the new group. It is falsy, so
+``if group:`` tells whether this rank is a member; passing it as ``group=`` raises
+InvalidArgumentError instead of silently using the whole world."""
 
 
 @runtime_checkable
 class Work(Protocol):
-    """A handle on an asynchronous operation (``async_op=True``, ``isend``, ``irecv``)."""
+    """A handle on an asynchronous operation (``async_op=True``, ``isend``, ``irecv``).
+
+    A Work owns everything the engine may still touch until the operation completes (see
+    "Work" in the API reference). Call ``wait()``, or see ``is_completed()`` return True,
+    from the rank's own thread before reading the result: where distcomm had to copy the
+    tensor (non-contiguous, staged or bridged), the first of the two to see the operation
+    complete copies the result back into it.
+
+    Attributes:
+        op: the operation's name, e.g. ``"all_reduce"``.
+        seq: the operation's sequence number on its communicator; None for point-to-point
+            messages.
+        source: on an ``irecv``'s Work only: the sender's rank, once the Work completes.
+    """
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the operation completes; return True.
 
+        Args:
+            timeout: seconds to wait; default: the communicator's timeout.
+
         Raises:
-            DistTimeoutError: it did not complete within ``timeout`` seconds (default: the
-                communicator's timeout).
+            DistTimeoutError: it did not complete within ``timeout`` seconds; the message
+                names the timeout waited (``wait(timeout=0.5)``: "did not complete within
+                0.5 s"). The Work then keeps its buffers until the process exits (the engine
+                may still write into them), and the communicator can no longer be used.
         """
         ...
 
@@ -133,24 +164,49 @@ class Communicator(Protocol):
     Ranks (``src``, ``dst``, ``recv``'s return value) are always ranks of this communicator;
     ``global_ranks[r]`` maps rank ``r`` to the world. ``native`` is the engine's own handle.
     Tensor arguments are torch tensors or numpy arrays; collectives are in place, as in
-    torch.distributed, and return None, or a :class:`Work` when ``async_op=True``.
+    torch.distributed, and return None, or a ``Work`` when ``async_op=True``.
+
+    Its methods are the module-level functions without their ``group`` argument
+    (``comm.all_reduce(tensor, op, async_op)``), plus ``split``. ``init()`` returns the default
+    one; ``new_group`` and ``split`` make more, and those can be split again.
     """
 
     @property
-    def rank(self) -> int: ...
+    def rank(self) -> int:
+        """This rank's position in the communicator."""
+        ...
+
     @property
-    def world_size(self) -> int: ...
+    def world_size(self) -> int:
+        """The number of ranks of the communicator."""
+        ...
+
     @property
-    def global_ranks(self) -> tuple[int, ...]: ...
+    def global_ranks(self) -> tuple[int, ...]:
+        """The world rank of each member: ``global_ranks.index(world_rank)`` maps back."""
+        ...
+
     @property
-    def backend(self) -> str: ...
+    def backend(self) -> str:
+        """The backend's name, e.g. ``"gloo"``."""
+        ...
+
     @property
-    def native(self) -> Any: ...
+    def native(self) -> Any:
+        """The engine's own handle, for code that needs it (DDP's ``process_group=``): a torch
+        ``ProcessGroup`` on gloo and nccl, an mpi4py ``Comm`` on mpi, the in-process fabric on
+        fakelink."""
+        ...
+
     @property
-    def launch(self) -> LaunchInfo: ...
+    def launch(self) -> LaunchInfo:
+        """How the job was launched (the detected launch, with ``init``'s overrides)."""
+        ...
+
     @property
     def capabilities(self) -> Capabilities:
-        """What the engine does natively (the rest is emulated)."""
+        """What the engine does natively (the rest is emulated): a
+        ``distcomm.backend.Capabilities`` (docs/backends.md)."""
         ...
 
     def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM, async_op: bool = False) -> Any: ...
@@ -198,5 +254,20 @@ class Communicator(Protocol):
     def assert_same(self, x: Any, what: str = "") -> None: ...
 
     def new_group(self, ranks: Sequence[int]) -> Communicator | NonMember: ...
-    def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember: ...
+    def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember:
+        """Split into groups by ``color``; collective over this communicator.
+
+        Ranks with the same ``color`` form one group. Within a group, members are ordered by
+        ``key``, ties broken by rank in this communicator (the default key).
+
+        Args:
+            color: a non-negative int; None: this rank joins no group.
+            key: the order within the group; default: this rank.
+
+        Returns:
+            The new communicator on its members; ``NON_MEMBER`` on a rank whose ``color`` is
+            None.
+        """
+        ...
+
     def finalize(self) -> None: ...

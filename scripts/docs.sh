@@ -6,8 +6,10 @@
 #     the signature lacks (griffe), a broken #anchor, a page missing from the nav, ...;
 #   - a relative link that mkdocs cannot resolve: one inside docs/ is broken, one that leaves
 #     docs/ (../README.md) must name a file or directory of the repository;
-#   - a module documented in docs/reference/ without __all__, a name of its __all__ that the
-#     page does not render, or a private name (_x) that it does.
+#   - a module documented in docs/reference/ (whole, `::: distcomm.errors`, or name by name,
+#     `::: distcomm.init`) without __all__, a name of its __all__ that the page does not
+#     render, a name rendered on its own that its module's __all__ does not name, or a private
+#     name (_x) that the page renders.
 # The site goes to a temporary directory, removed at the end: nothing is left behind.
 # Used by scripts/test.sh; installs the docs extra into ./.venv when it is missing.
 set -euo pipefail
@@ -58,6 +60,8 @@ for match in link.finditer(log):
         errors.append(f"docs/{doc}: broken link {url!r}: the repository has no {missing}")
 
 # Every name of a documented module's __all__ has its heading on the page; no private name does.
+# A module is documented by a page that renders it whole (::: distcomm) or any of its names on
+# their own (::: distcomm.init, ::: distcomm.Communicator.split): the nearest module above.
 loader = griffe.GriffeLoader(search_paths=["."])
 packages = {}
 for page in sorted((docs / "reference").glob("*.md")):
@@ -68,18 +72,25 @@ for page in sorted((docs / "reference").glob("*.md")):
     ids = set(re.findall(r'\bid="([^"]+)"', html_file.read_text()))
     for private in sorted(i for i in ids if re.search(r"\._(?!_)|\.__\w*[^_\W]_?$", i)):
         errors.append(f"{page}: renders the private name {private}")
+    modules = {}  # the modules the page documents: path -> griffe module
     for directive in re.finditer(r"^::: *([\w.]+)", page.read_text(), re.MULTILINE):
-        path = directive[1]
+        path = owner = directive[1]
         try:
             top = path.partition(".")[0]
             if top not in packages:
                 packages[top] = loader.load(top)
             module = packages[top] if path == top else packages[top][path.partition(".")[2]]
+            while not module.is_module:  # a name on its own: up to the module it belongs to
+                owner = owner.rpartition(".")[0]
+                module = packages[top] if owner == top else packages[top][owner.partition(".")[2]]
         except Exception as exc:  # ImportError, KeyError, ...: griffe's message says which
             errors.append(f"{page}: cannot load {path}: {type(exc).__name__}: {exc}")
             continue
-        if not module.is_module:
-            continue
+        name = path[len(owner) + 1 :].partition(".")[0]
+        if name and module.exports is not None and name not in map(str, module.exports):
+            errors.append(f"{page}: renders {path}, but {owner}.__all__ does not name {name!r}")
+        modules[owner] = module
+    for path, module in modules.items():
         if module.exports is None:
             errors.append(f"{page}: {path} has no __all__ ({module.relative_filepath})")
             continue

@@ -1,5 +1,5 @@
 """``distcomm bench``: its options, and real runs under distcomm run, mpirun and torchrun (srun:
-tests/launchers/test_slurm.py) whose JSON and PNG are checked (tests/bench_records.py)."""
+tests/launchers/test_slurm.py) whose JSON and PNG are checked (tests/support/bench_records.py)."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_cuda_buffers_are_timed_to_the_end_of_the_device_work(
     """Each timed block waits for the GPU before reading the clock, once after its barrier and
     once after its last call: on a GPU that needs 1 s per block, 4 calls take 0.25 s each.
     No GPU in CI: bench's CUDA buffers are CPU tensors the arrays layer reports on cuda:0, and
-    torch.cuda.synchronize is a fake GPU on a fake clock (tests/fake_gpu.py)."""
+    torch.cuda.synchronize is a fake GPU on a fake clock (tests/support/fake_gpu.py)."""
     import json
 
     import torch

@@ -1,8 +1,8 @@
 """distcomm.helpers: zero_first, main_process_only, run_on_main, rank_prefixed_message.
 
 At world 1 directly; on 4 fakelink thread-ranks, 4 gloo processes and ``mpirun -n 4`` through
-the scenarios below (one world per backend for the whole suite: tests/multirank.py). The fault
-scenarios raise on one rank on purpose: the others must raise RankFailedError naming it, not
+the scenarios below (one world per backend for the whole suite: tests/support/multirank.py). The
+fault scenarios raise on one rank on purpose: the others must raise RankFailedError naming it, not
 wait (a wait would end the whole world's run at its timeout, failing every test here).
 """
 

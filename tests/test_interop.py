@@ -1,5 +1,5 @@
 """torch-native libraries right after ``distcomm.init()``: DDP, FSDP, HF Accelerate and
-PyTorch-Ignite in one 2-rank job per launcher (tests/interop_clients.py): ``distcomm run``
+PyTorch-Ignite in one 2-rank job per launcher (tests/support/interop_clients.py): ``distcomm run``
 (gloo, which makes torch's default group itself) and ``mpirun`` (mpi, with the group distcomm
 makes beside it). ``srun --mpi=pmi2``: tests/launchers/test_slurm.py. A numpy-only program under
 mpirun makes no group, and does not even import torch."""
@@ -13,7 +13,7 @@ import pytest
 from interop_records import check_interop
 from jobs import run_job
 
-CLIENTS = str(Path(__file__).resolve().parent / "interop_clients.py")
+CLIENTS = str(Path(__file__).resolve().parent / "support" / "interop_clients.py")
 
 
 @pytest.mark.timeout(240)

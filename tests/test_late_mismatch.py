@@ -1,5 +1,5 @@
 """A collective mismatch late in a job, 4 ranks, nothing set: no rank ends as if nothing happened,
-and every rank's error names the first diverging operation (tests/late_mismatch.py holds the
+and every rank's error names the first diverging operation (tests/support/late_mismatch.py holds the
 program and its scenarios: a size, dtype, op or root mismatch at operation #100, #2000 or
 #5000, followed by 0 or 50 more calls before ``finalize()``).
 

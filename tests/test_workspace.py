@@ -1,8 +1,8 @@
 """distcomm.workspace: gathering through shared memory or a shared directory.
 
 Multi-rank behaviour runs as scenarios on 4 thread-ranks, 4 gloo processes and ``mpirun -n 4``
-(tests/multirank.py); every world's run is checked to leave no ``/dev/shm/distcomm-*`` behind,
-fault scenarios included.
+(tests/support/multirank.py); every world's run is checked to leave no ``/dev/shm/distcomm-*``
+behind, fault scenarios included.
 """
 
 from __future__ import annotations

@@ -24,8 +24,21 @@ def dist_init(
 ) -> tuple[int, int]:
     """Initialise (method first) and return ``(rank, world_size)``.
 
-    When torch is imported and CUDA is available, also sets the current CUDA device:
-    ``device_id`` if given, else the local rank modulo the visible devices.
+    Calls ``init(backend=backend, method=method)``. If torch has already been imported and
+    CUDA is available, it also calls ``torch.cuda.set_device``: with ``device_id`` when given,
+    otherwise with the local rank modulo the number of visible devices. On a GPU backend
+    (nccl) the communicator chose this rank's GPU at init and keeps it current: a
+    ``device_id`` naming another only warns (DistcommWarning); to choose the GPU, pass
+    ``init(device="cuda:N")``.
+
+    Args:
+        method: the launch method, as ``init``'s ``method``.
+        device_id: the CUDA device to make current: a non-negative int, or None.
+        backend: the backend, as ``init``'s ``backend``.
+
+    Raises:
+        InvalidArgumentError: ``device_id`` is not a non-negative int or None; or what
+            ``init`` raises.
     """
     if device_id is not None and (
         not isinstance(device_id, int) or isinstance(device_id, bool) or device_id < 0
@@ -69,8 +82,13 @@ def dist_finalize() -> None:
 class DistContext:
     """``with DistContext() as ctx:`` runs the block initialised (``ctx.rank``, ``ctx.world_size``).
 
-    It finalizes on exit, even when the block raises, but only if it was the one that
-    initialised.
+    It initialises on entry (``dist_init(method, backend=backend)``) and finalizes on exit,
+    even when the block raises, but only if this context did the initialising: nested inside
+    an initialised program, it leaves the program's world alone.
+
+    Args:
+        method: the launch method, as ``init``'s ``method``.
+        backend: the backend, as ``init``'s ``backend``.
     """
 
     def __init__(self, method: str | None = None, backend: str | None = None) -> None:
@@ -96,7 +114,8 @@ class DistContext:
 
 
 def dist_mode(func: F) -> F:
-    """Decorator: run ``func`` inside a :class:`DistContext` and return its value."""
+    """Decorator (it takes no arguments): run ``func`` inside a ``DistContext()`` and return
+    its value."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

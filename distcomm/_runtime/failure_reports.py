@@ -24,7 +24,7 @@ from typing import Any
 
 from distcomm import _settings
 from distcomm.backend import _uncaught
-from distcomm.backend._pipeline.failures import lost_peer
+from distcomm.backend.engine_messages import lost_peer
 from distcomm.errors import (
     CollectiveMismatchError,
     DistTimeoutError,

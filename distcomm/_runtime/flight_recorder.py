@@ -23,13 +23,13 @@ import json
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _settings
+from distcomm._call_sites import user_frame
 from distcomm._files import private_folders
 from distcomm.backend import aborts
 from distcomm.backend.events import CollectiveEvent, HookHandle, add_hook
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FlightRecorder", "dump_trace", "start_from_environment"]
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _current: FlightRecorder | None = None
 
 
@@ -112,9 +111,7 @@ class FlightRecorder:
 
 def _call_site() -> str | None:
     """``file:line in function`` of the first frame outside distcomm."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = frame.f_back
+    frame = user_frame()
     if frame is None:
         return None
     code = frame.f_code

@@ -29,7 +29,8 @@ __all__ = [
 
 
 def is_initialized() -> bool:
-    """Whether ``init`` has run (in this thread-rank, inside run_threads)."""
+    """Whether ``init`` has run in this process (inside ``run_threads``: in this thread-rank;
+    threads it did not start look uninitialised)."""
     return state.current() is not None
 
 
@@ -51,57 +52,60 @@ def _launch() -> LaunchInfo:
 
 
 def get_rank() -> int:
-    """This process's global rank (before init: the detected launch's)."""
+    """This process's global rank: the default communicator's (before init: the detected
+    launch's)."""
     ctx = state.current()
     return ctx.comm.rank if ctx is not None else detect_environment().rank
 
 
 def get_world_size() -> int:
-    """The number of ranks (before init: the detected launch's)."""
+    """The number of ranks: the default communicator's size (before init: the detected
+    launch's world size)."""
     ctx = state.current()
     return ctx.comm.world_size if ctx is not None else detect_environment().world_size
 
 
 def get_local_rank() -> int:
-    """This process's rank on its node."""
+    """This process's rank on its node: the launch's (before init: the detected one's)."""
     return _launch().local_rank
 
 
 def get_local_world_size() -> int:
-    """The number of ranks on this node."""
+    """The number of ranks on this node: the launch's (before init: the detected one's)."""
     return _launch().local_world_size
 
 
 def get_node_rank() -> int:
-    """The index of this node in the job."""
+    """The index of this node in the job: the launch's (before init: the detected one's)."""
     return _launch().node_rank
 
 
 def restart_count() -> int:
     """How many times the launcher restarted the job before this attempt: torchrun's
     TORCHELASTIC_RESTART_COUNT (``distcomm run --max-restarts`` sets it too), Slurm's
-    SLURM_RESTART_COUNT for a requeued job; 0 elsewhere. A program resumes from its checkpoint
-    when it is above 0."""
+    SLURM_RESTART_COUNT for a requeued job; 0 elsewhere (before init: the detected value). A
+    program resumes from its checkpoint when it is above 0 (docs/elastic.md)."""
     return _launch().restart_count
 
 
 def get_backend() -> str | None:
-    """The running backend's name, or None before init."""
+    """The running backend's name, e.g. ``"fakelink"``, or None before init."""
     ctx = state.current()
     return ctx.comm.backend if ctx is not None else None
 
 
 def is_distributed() -> bool:
-    """Whether distcomm is initialised with more than one rank."""
+    """Whether distcomm is initialised with more than one rank (False before init)."""
     ctx = state.current()
     return ctx is not None and ctx.comm.world_size > 1
 
 
 def is_main_process() -> bool:
-    """Whether this is global rank 0 (right before init too)."""
+    """Whether this is global rank 0 (before init: by detection, so it is True on rank 0 only
+    from the first line of a script)."""
     return get_rank() == 0
 
 
 def is_local_main_process() -> bool:
-    """Whether this is local rank 0 on its node."""
+    """Whether this is local rank 0 on its node (before init: by detection)."""
     return get_local_rank() == 0

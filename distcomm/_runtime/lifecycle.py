@@ -49,36 +49,78 @@ def init(
 ) -> Communicator:
     """Initialise distcomm and return the default communicator.
 
-    Args:
-        backend: a backend name; default ``DISTCOMM_BACKEND``, else chosen automatically.
-        method: a launch method (``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's);
-            default ``DISTCOMM_INIT_METHOD``, else detected.
-        rank: this process's rank where no launcher says it (under one, only the same).
-        world_size: the number of ranks, likewise.
-        master_addr: the rendezvous host, instead of the launch's.
-        master_port: the rendezvous port, instead of the launch's.
-        timeout: seconds (or a timedelta) an operation may block; default ``DISTCOMM_TIMEOUT``
-            or 1800.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a torch.device, for GPU backends.
-        export_env: set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
-            MASTER_PORT where absent (``finalize`` removes them).
-        debug: the mismatch check (docs/debugging.md): ``"sample"`` (the first 64 collectives
-            of each communicator, then every 1024th), ``"check"`` (every one) or ``"off"``;
-            default ``DISTCOMM_DEBUG``, else ``"sample"``.
-        torch_group: beside a backend that makes no torch default process group (mpi,
-            linklink, plugins), make one so that torch-native code (DDP) works: ``"auto"``
-            (when the program imported torch), True or False; default
-            ``DISTCOMM_TORCH_GROUP``, else ``"auto"`` (docs/interop.md).
-        **options: passed to the backend's factory.
+    ``init`` finds out how the process was launched, picks a backend, creates the default
+    communicator and returns it. It records why it chose what it chose: ``distcomm info
+    --explain`` prints the same reasoning (docs/cli.md).
 
-    Calling ``init`` again returns the running communicator; arguments that are given and
-    differ from it raise AlreadyInitializedError. After ``finalize()`` it may be called again.
+    Args:
+        backend: a backend name, case-insensitive; default ``DISTCOMM_BACKEND``, else chosen
+            automatically (docs/backends.md).
+        method: a launch method (``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's);
+            default ``DISTCOMM_INIT_METHOD``, else detected (docs/launch.md).
+        rank: an int. With no launcher (``single_node``) it sets this process's rank, given
+            together with ``world_size`` (the two also become the local rank and local world
+            size). Under a launcher it must equal what the launcher says: a different value
+            is an InvalidArgumentError naming the launcher's variable.
+        world_size: the number of ranks (an int), likewise.
+        master_addr: the rendezvous host (a str), instead of the detected one.
+        master_port: the rendezvous port (an int), instead of the detected one.
+        timeout: seconds (an int or a float) or a ``datetime.timedelta``: an operation that
+            blocks longer raises DistTimeoutError. Default ``DISTCOMM_TIMEOUT``, else 1800. It
+            must be positive and finite.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. It is validated,
+            then passed to the backend's factory: fakelink ignores it, gloo refuses anything
+            but ``"cpu"``, nccl defaults to the local rank's CUDA device modulo the number of
+            visible devices.
+        export_env: set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+            ``MASTER_ADDR`` and ``MASTER_PORT`` in ``os.environ`` where they are absent, so that
+            code that reads them agrees with distcomm. Existing values are never overwritten;
+            unknown values (such as a plain process's port) are not set. The master address
+            and port are those of torch's rendezvous wherever there is one: the launcher's,
+            the one gloo agreed over MPI under mpirun, or the one of the torch group made
+            beside mpi (``torch_group``). ``finalize()`` removes exactly what was set. Inside
+            ``run_threads`` nothing is exported.
+        debug: the mismatch check (docs/debugging.md): ``"sample"`` (check points at the first
+            64 collectives of each communicator, then every 1024th; between them a vote before
+            each new kind of call, at every blocking barrier and in ``finalize()``, so that no
+            mismatch passes), ``"check"`` (every one) or ``"off"``; default
+            ``DISTCOMM_DEBUG``, else ``"sample"``.
+        torch_group: beside a backend that makes no torch default process group (mpi,
+            linklink, plugins), make one so that torch-native code (DDP, FSDP, Accelerate)
+            works: ``"auto"`` (when the program has imported torch), True or False; default
+            ``DISTCOMM_TORCH_GROUP``, else ``"auto"``. It is ``comm.torch_group``, and
+            ``finalize()`` destroys it (docs/interop.md).
+        **options: passed to the backend's factory as keyword arguments. fakelink takes none:
+            any option raises InvalidArgumentError ("takes no options").
+
+    The fields that ``rank``, ``world_size``, ``master_addr`` and ``master_port`` override show
+    ``"argument"`` as their source in the communicator's ``launch.sources``.
+
+    Calling ``init`` again while initialised returns the running communicator, so a library
+    can call ``distcomm.init()`` defensively without knowing how the program started: omitted
+    arguments are not resolved again. Each argument that is given (not None) is compared:
+    ``backend``, ``method``, ``rank``, ``world_size``, ``master_addr``, ``master_port`` and
+    ``timeout`` (in seconds) with the running communicator's values; ``device``, ``debug``,
+    ``torch_group`` and each backend option with what the first ``init`` was given, so one that
+    the first call omitted differs even when it names the default (``init(device="cpu")`` after
+    ``init()`` raises). Any difference raises AlreadyInitializedError, which lists them. After
+    ``finalize()``, ``init()`` starts afresh.
+
+    Returns:
+        The default communicator (also ``get_communicator()``).
 
     Raises:
-        BackendNotFoundError: no such backend, or none available for this launch.
-        BackendUnavailableError: the backend cannot run here (the reason says why).
-        EnvironmentDetectionError: a launcher variable is malformed.
-        InvalidArgumentError: an argument or a ``DISTCOMM_*`` variable is malformed.
+        BackendNotFoundError: no backend of that name is registered, or none is available for
+            this launch.
+        BackendUnavailableError: the backend is known but cannot run here (the reason says
+            why).
+        EnvironmentDetectionError: a launcher variable is malformed, or ``method`` names a
+            launcher that did not start this process.
+        InvalidArgumentError: an argument or a ``DISTCOMM_*`` variable is malformed; a rank or
+            world size that disagrees with the launcher; an option the backend does not take.
+        AlreadyInitializedError: called again with arguments that differ (see above).
+        DistTimeoutError: the rendezvous (gloo, nccl) did not complete within the timeout:
+            a master that nobody serves or that is unreachable, a rank that never starts.
     """
     arguments = dict(locals())  # init's arguments by name, as InitRequest.parse takes them
     export = arguments.pop("export_env")
@@ -193,7 +235,16 @@ def _attach(
 def finalize() -> None:
     """Shut down the default communicator and remove the variables ``init`` exported.
 
-    A no-op when not initialised, and inside ``run_threads`` (which owns its world).
+    Each exported variable is removed only if it still holds the value ``init`` set. The torch
+    group made beside the backend (``torch_group``) is destroyed. Before the communicator is
+    freed, ``finalize`` waits for the Works it handed out that have not completed, up to its
+    timeout; if one still has not, the communicator is not freed under it (a DistcommWarning
+    says so). Under the mismatch check (a vote) and ``DISTCOMM_PROFILE=1`` (the summary,
+    printed by rank 0) it is collective: every rank calls it.
+
+    A no-op when not initialised, and inside ``run_threads`` (which owns its world). Afterwards
+    the old communicator raises DistcommError ("can no longer be used"), and ``init()`` starts
+    afresh.
     """
     with _lock:
         ctx = state.current()

@@ -140,8 +140,8 @@ def _missing(choice: str | bool, why: str) -> tuple[None, None, str]:
 
 
 def _setting_up(comm: Communicator) -> contextlib.AbstractContextManager[None]:
-    """Calls that are init's, not the program's (``BaseCommunicator._setting_up``); a
+    """Calls that are init's, not the program's (``BaseCommunicator._kit_setting_up``); a
     communicator of another kind counts them as it does."""
     if isinstance(comm, BaseCommunicator):
-        return comm._setting_up()
+        return comm._kit_setting_up()
     return contextlib.nullcontext()

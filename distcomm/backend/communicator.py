@@ -20,6 +20,7 @@ import sys
 import warnings
 from typing import Any
 
+from distcomm.backend import _reserved
 from distcomm.backend._pipeline import confirmation
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
@@ -29,11 +30,19 @@ from distcomm.backend._pipeline.p2p import PointToPoint
 from distcomm.backend._pipeline.reductions import Reductions
 from distcomm.backend._pipeline.rooted import Rooted
 from distcomm.backend._pipeline.sameness import Sameness
+from distcomm.backend.primitives import Primitives
 from distcomm.backend.work import retained
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
 
 __all__ = ["BaseCommunicator"]
+
+#: What a backend's communicator may define: the primitives and the names of
+#: ``_reserved.COMMUNICATOR``; any other name of the kit's is refused when the class is made.
+_PROVIDED = _reserved.COMMUNICATOR | {
+    name for name in vars(Primitives) if name.startswith("_") and not name.startswith("__")
+}
+_LISTED = _reserved.COMMUNICATOR | {"the primitives of distcomm.backend.primitives"}
 
 
 class BaseCommunicator(
@@ -63,6 +72,7 @@ class BaseCommunicator(
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _reserved.check(cls, BaseCommunicator, _PROVIDED, _LISTED)
         if "uint8" not in cls.capabilities.dtypes:
             raise TypeError(
                 f"{cls.__qualname__}.capabilities.dtypes must include 'uint8': object "
@@ -72,15 +82,15 @@ class BaseCommunicator(
     # -- identity ----------------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self._rank
+        return self._kit_rank
 
     @property
     def world_size(self) -> int:
-        return self._world_size
+        return self._kit_world_size
 
     @property
     def global_ranks(self) -> tuple[int, ...]:
-        return self._global_ranks
+        return self._kit_global_ranks
 
     @property
     def backend(self) -> str:
@@ -93,12 +103,12 @@ class BaseCommunicator(
 
     @property
     def launch(self) -> LaunchInfo:
-        return self._launch
+        return self._kit_launch
 
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} {self.backend_name} {self.name!r} "
-            f"rank {self._rank} of {self._world_size}>"
+            f"rank {self._kit_rank} of {self._kit_world_size}>"
         )
 
     def finalize(self) -> None:
@@ -120,8 +130,8 @@ class BaseCommunicator(
         """
         if self.unusable == "finalized":
             return
-        failed = self._confirm_the_end()
-        left = self._pending.settle(self.timeout if self.unusable is None else 0.0)
+        failed = self._kit_confirm_the_end()
+        left = self._kit_pending.settle(self.timeout if self.unusable is None else 0.0)
         if left:
             retained().append(self)
             warnings.warn(
@@ -138,17 +148,17 @@ class BaseCommunicator(
         if failed is not None:
             raise failed
 
-    def _confirm_the_end(self) -> CollectiveMismatchError | None:
+    def _kit_confirm_the_end(self) -> CollectiveMismatchError | None:
         """Before finalizing: confirm with the other ranks that they made the same calls (a
         vote, unless the policy is off, this communicator already failed or an exception is
         being handled); the mismatch to raise once the communicator is released, if they did
         not (a vote that cannot finish only warns)."""
-        h = self._history
+        h = self._kit_history
         if h is None:
             return None
         h.ended = True
         handling = sys.exc_info()[1] is not None  # the exception in flight says what went wrong
-        if self.unusable is not None or handling or not self._can_confirm():
+        if self.unusable is not None or handling or not self._kit_can_confirm():
             return None
         try:
             confirmation.vote(self, confirmation.FINALIZE)

@@ -36,8 +36,8 @@ INTERNAL_TAG = 2**30
 class Primitives:
     """Mixin of BaseCommunicator holding the primitives (see the module docstring)."""
 
-    _rank: int
-    _world_size: int
+    _kit_rank: int
+    _kit_world_size: int
     backend_name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
@@ -92,7 +92,7 @@ class Primitives:
     # the scratch buffers and finishes the result (a slice copied out) when it completes.
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         """Reduce into ``dst``'s ``tensor``. Default: all-reduce (a scratch copy off ``dst``)."""
-        target = tensor if self._rank == dst else adapter_for(tensor).clone(tensor)
+        target = tensor if self._kit_rank == dst else adapter_for(tensor).clone(tensor)
         return self._then(self._all_reduce(target, op, async_op), None, target)
 
     def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
@@ -102,7 +102,7 @@ class Primitives:
         numel = adapter.numel(output)
 
         def keep_mine() -> None:
-            mine = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
+            mine = adapter.flat(scratch)[self._kit_rank * numel : (self._kit_rank + 1) * numel]
             adapter.copy_(output, mine)
 
         return self._then(self._all_reduce(scratch, op, async_op), keep_mine, scratch, output)
@@ -111,7 +111,7 @@ class Primitives:
         """Concatenate every rank's ``tensor`` into ``dst``'s ``output``. Default: all-gather."""
         adapter = adapter_for(tensor)
         if output is None:
-            output = adapter.empty(tensor, adapter.numel(tensor) * self._world_size)
+            output = adapter.empty(tensor, adapter.numel(tensor) * self._kit_world_size)
         return self._then(self._all_gather_into(output, tensor, async_op), None, output, tensor)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
@@ -119,10 +119,10 @@ class Primitives:
         adapter = adapter_for(output)
         numel = adapter.numel(output)
         if full is None:
-            full = adapter.empty(output, numel * self._world_size)
+            full = adapter.empty(output, numel * self._kit_world_size)
 
         def keep_mine() -> None:
-            mine = adapter.flat(full)[self._rank * numel : (self._rank + 1) * numel]
+            mine = adapter.flat(full)[self._kit_rank * numel : (self._kit_rank + 1) * numel]
             adapter.copy_(output, mine)
 
         return self._then(self._broadcast(full, src, async_op), keep_mine, full, output)
@@ -152,15 +152,15 @@ class Primitives:
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         """Chunk r of ``input`` goes to rank r. Default: point-to-point with INTERNAL_TAG."""
         adapter = adapter_for(input)
-        size = self._world_size
+        size = self._kit_world_size
         chunk = adapter.numel(input) // size
         src_flat, out_flat = adapter.flat(input), adapter.flat(output)
-        peers = [r for r in range(size) if r != self._rank]
+        peers = [r for r in range(size) if r != self._kit_rank]
         works = [self._irecv(out_flat[r * chunk : (r + 1) * chunk], r, INTERNAL_TAG) for r in peers]
         works += [
             self._isend(src_flat[r * chunk : (r + 1) * chunk], r, INTERNAL_TAG) for r in peers
         ]
-        me = slice(self._rank * chunk, (self._rank + 1) * chunk)
+        me = slice(self._kit_rank * chunk, (self._kit_rank + 1) * chunk)
         adapter.copy_(out_flat[me], src_flat[me])
         return AllOf(self, works, input, output)  # type: ignore[arg-type]
 
@@ -175,8 +175,8 @@ class Primitives:
         if min(sizes) == width:
             return self._then(self._all_gather_into(output, tensor, async_op), None, output, tensor)
         send = bytearray(width)
-        memoryview(send)[: sizes[self._rank]] = memoryview(tensor).cast("B")
-        padded = bytearray(width * self._world_size)
+        memoryview(send)[: sizes[self._kit_rank]] = memoryview(tensor).cast("B")
+        padded = bytearray(width * self._kit_world_size)
 
         def unpad() -> None:
             src, dst, at = memoryview(padded), memoryview(output).cast("B"), 0
@@ -188,7 +188,7 @@ class Primitives:
 
     def _barrier(self, async_op: bool) -> Work | None:
         """Wait for every rank. Default: all-gather one byte."""
-        out, one = bytearray(self._world_size), bytearray(1)
+        out, one = bytearray(self._kit_world_size), bytearray(1)
         return self._then(self._all_gather_into(out, one, async_op), None, out, one)
 
     def _adopt(self, native: Any) -> Communicator | NonMember:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from distcomm.backend import _reserved
 from distcomm.errors import DistcommError
 from distcomm.protocol import Work
 
@@ -54,6 +55,10 @@ class BaseWork:
             none.
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _reserved.check(cls, BaseWork, _reserved.WORK, _reserved.WORK)
+
     def __init__(
         self,
         comm: BaseCommunicator | None,
@@ -63,12 +68,12 @@ class BaseWork:
     ) -> None:
         if op is None and comm is not None:
             op, seq = comm.op, comm.seq
-        self._comm = comm
+        self._kit_comm = comm
         self.op = op or ""
         self.seq = seq
-        self._owned: list[Any] = list(buffers)
-        self._finishers: list[Callable[[], None]] = []
-        self._done = False
+        self._kit_owned: list[Any] = list(buffers)
+        self._kit_finishers: list[Callable[[], None]] = []
+        self._kit_done = False
 
     # -- what a backend overrides --------------------------------------------------------------
     def _test(self) -> bool:
@@ -85,7 +90,9 @@ class BaseWork:
         timeout as "none" (torch's ``kNoTimeout``) must get at least its smallest unit instead.
         The default tests the engine with short sleeps until the deadline.
         """
-        limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
+        limit = (
+            self._kit_comm.timeout if timeout is None and self._kit_comm is not None else timeout
+        )
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.0001
         while not self._test():
@@ -98,22 +105,28 @@ class BaseWork:
     # -- ownership and finishing ---------------------------------------------------------------
     def own(self, *objects: Any) -> None:
         """Keep ``objects`` alive until the operation completes."""
-        if not self._done:
-            self._owned.extend(objects)
+        if not self._kit_done:
+            self._kit_owned.extend(objects)
 
     def then(self, finish: Callable[[], None]) -> None:
         """Run ``finish`` once, in the waiting thread, when the operation completes (at once if
         it already has): the copy back into a caller's tensor, the division of an emulated
         AVG."""
-        if self._done:
+        if self._kit_done:
             finish()
         else:
-            self._finishers.append(finish)
+            self._kit_finishers.append(finish)
 
     @property
     def source(self) -> int | None:
         """For an irecv: the sender's rank in the communicator, once complete (else None)."""
         return None
+
+    @property
+    def done(self) -> bool:
+        """Whether the operation has completed and its result is in place, as far as this Work
+        knows (no engine call: :meth:`is_completed` asks the engine)."""
+        return self._kit_done
 
     # -- the Work protocol ---------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> bool:
@@ -124,50 +137,53 @@ class BaseWork:
                 communicator's timeout); the message names the ranks that had not arrived.
             EngineError: the engine failed (a peer went away, ...); its exception is the cause.
         """
-        if self._done:
+        if self._kit_done:
             return True
-        comm = self._comm
+        comm = self._kit_comm
         marked = comm if timeout is None else None
         if marked is not None:  # what this rank is blocked in, for watchdogs and diagnostics
-            marked.blocked_op = self._label()
+            marked.blocked_op = self._kit_label()
             marked.blocked_seq = self.seq or -next(marked.p2p_marks)
         try:
             finished = self._block(timeout)
         except BaseException as exc:  # a Ctrl-C too: the engine may still use the buffers
             _RETAINED.append(self)
-            if comm is None or isinstance(exc, DistcommError) or not isinstance(exc, Exception):
+            if comm is None or not isinstance(exc, Exception) or _ours(comm, exc):
                 raise
-            raise comm.engine_failed(self.op, self.seq, exc) from exc
+            limit = comm.timeout if timeout is None else timeout
+            raise comm.engine_failed(self.op, self.seq, exc, limit, self._waiting_for()) from exc
         finally:
             if marked is not None:
                 marked.blocked_seq, marked.blocked_op = 0, ""
         if not finished:
             _RETAINED.append(self)
-            comm = self._comm
+            comm = self._kit_comm
             assert comm is not None, "a Work without a communicator cannot time out"
             limit = comm.timeout if timeout is None else timeout
             raise comm.timed_out(self.op, self.seq, limit, self._waiting_for())
-        self._complete()
+        self._kit_complete()
         return True
 
     def is_completed(self) -> bool:
         """Whether the operation has completed (its result then in place), without blocking."""
-        if self._done:
+        if self._kit_done:
             return True
         try:
             finished = self._test()
         except Exception as exc:
-            if self._comm is None:
+            if self._kit_comm is None:
                 raise
             _RETAINED.append(self)  # failed or timed out: the engine may still use the buffers
-            if isinstance(exc, DistcommError):
+            if _ours(self._kit_comm, exc):
                 raise
-            raise self._comm.engine_failed(self.op, self.seq, exc) from exc
+            raise self._kit_comm.engine_failed(
+                self.op, self.seq, exc, waiting_for=self._waiting_for()
+            ) from exc
         if finished:
-            self._complete()
+            self._kit_complete()
         return finished
 
-    def _label(self) -> str:
+    def _kit_label(self) -> str:
         """The operation in messages: its name, and its sequence number when it has one."""
         return self.op if self.seq is None else f"{self.op} (operation #{self.seq})"
 
@@ -176,18 +192,24 @@ class BaseWork:
         sender): the message of a timeout says it."""
         return ""
 
-    def _complete(self) -> None:
-        self._done = True
-        finishers, self._finishers = self._finishers, []
+    def _kit_complete(self) -> None:
+        self._kit_done = True
+        finishers, self._kit_finishers = self._kit_finishers, []
         for finish in finishers:
             finish()
-        self._owned = []
-        if self._comm is not None:
-            self._comm._pending.discard(self)
+        self._kit_owned = []
+        if self._kit_comm is not None:
+            self._kit_comm._kit_pending.discard(self)
 
     def __repr__(self) -> str:
-        state = "done" if self._done else "pending"
+        state = "done" if self._kit_done else "pending"
         return f"<{type(self).__name__} {self.op or 'operation'} #{self.seq} {state}>"
+
+
+def _ours(comm: BaseCommunicator, exc: BaseException) -> bool:
+    """Whether ``exc`` is distcomm's own error, raised as it is, rather than an engine's (which
+    includes a DistcommError that the backend's ``_timeout_of`` calls its engine's timeout)."""
+    return isinstance(exc, DistcommError) and comm._timeout_of(exc) is None
 
 
 class CompletedWork(BaseWork):
@@ -195,12 +217,12 @@ class CompletedWork(BaseWork):
 
     def __init__(self, source: int | None = None) -> None:
         super().__init__(None, op="", seq=0)
-        self._done = True
-        self._source = source
+        self._kit_done = True
+        self._kit_source = source
 
     @property
     def source(self) -> int | None:
-        return self._source
+        return self._kit_source
 
     def _test(self) -> bool:
         return True
@@ -212,18 +234,18 @@ class WrappedWork(BaseWork):
 
     def __init__(self, comm: BaseCommunicator, inner: Work, *buffers: Any) -> None:
         super().__init__(comm, *buffers)
-        self._inner = inner
+        self._kit_inner = inner
 
     @property
     def source(self) -> int | None:
-        source = getattr(self._inner, "source", None)
+        source = getattr(self._kit_inner, "source", None)
         return None if source is None else int(source)
 
     def _test(self) -> bool:
-        return bool(self._inner.is_completed())
+        return bool(self._kit_inner.is_completed())
 
     def _block(self, timeout: float | None) -> bool:
-        self._inner.wait(timeout)
+        self._kit_inner.wait(timeout)
         return True
 
 
@@ -233,20 +255,20 @@ class AllOf(BaseWork):
 
     def __init__(self, comm: BaseCommunicator, works: list[Work], *buffers: Any) -> None:
         super().__init__(comm, *buffers)
-        self._parts = [w if isinstance(w, BaseWork) else WrappedWork(comm, w) for w in works]
+        self._kit_parts = [w if isinstance(w, BaseWork) else WrappedWork(comm, w) for w in works]
 
     def _test(self) -> bool:
-        return all(part.is_completed() for part in self._parts)
+        return all(part.is_completed() for part in self._kit_parts)
 
     def _block(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
-        for part in self._parts:
-            if part._done:
+        for part in self._kit_parts:
+            if part._kit_done:
                 continue
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not part._block(left):
                 return False
-            part._complete()
+            part._kit_complete()
         return True
 
 
@@ -268,7 +290,7 @@ class PendingWorks:
         if len(self._works) >= self._TEST_FROM:
             for other in list(self._works.values()):
                 _quietly_completed(other)
-        if not work._done:
+        if not work._kit_done:
             self._works[id(work)] = work
 
     def discard(self, work: BaseWork) -> None:
@@ -282,11 +304,11 @@ class PendingWorks:
         left = []
         for work in list(self._works.values()):
             try:
-                finished = work._done or work._block(max(0.0, deadline - time.monotonic()))
+                finished = work._kit_done or work._block(max(0.0, deadline - time.monotonic()))
             except Exception:
                 finished = False
             if finished:
-                work._complete()
+                work._kit_complete()
             else:
                 _RETAINED.append(work)
                 left.append(work)

@@ -34,15 +34,9 @@ class _FabricWork(BaseWork):
 
     def _block(self, timeout: float | None) -> bool:
         state = self._state
-        try:
-            limit = self._limit if timeout is None else timeout
-            if not self._fabric.wait(lambda: state.done, limit, polling=timeout is not None):
-                return False
-        except FabricStalled as stall:
-            assert self._comm is not None
-            raise self._comm.timed_out(
-                self.op, self.seq, 0.0, self._waiting_for(), stalled=str(stall)
-            ) from None
+        limit = self._limit if timeout is None else timeout
+        if not self._fabric.wait(lambda: state.done, limit, polling=timeout is not None):
+            return False  # a stall raises FabricStalled (FakeLinkCommunicator._timeout_of)
         return self._test()
 
 
@@ -91,6 +85,11 @@ class FakeLinkCommunicator(BaseCommunicator):
 
     def _peer_stacks(self, ranks: list[int]) -> dict[int, str]:
         return self.fabric.stacks(self.uid, ranks)
+
+    def _timeout_of(self, exc: BaseException) -> str | None:
+        """A stalled fabric (every rank still running waits, none can go on) is a timeout
+        that came early: the operation can never complete."""
+        return str(exc) if isinstance(exc, FabricStalled) else None
 
     def _abort_job(self, message: str) -> None:
         """Thread-ranks end their fabric, never the process: every rank waiting in it stops."""

@@ -46,14 +46,14 @@ def message(check: Callable[[], Any]) -> str:
 # -- ranks ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", [3, -1, 7, True, "1", 1.0, None])
 def test_a_rank_out_of_range_is_named_with_the_valid_ranks(comm: Probe, value: Any) -> None:
-    text = message(lambda: comm._check_rank(value, "dst"))
+    text = message(lambda: comm._kit_check_rank(value, "dst"))
     assert text.startswith(f"dst={value!r} is not a rank of {WHERE}: valid ranks are 0..2. HINT:")
     assert "comm.global_ranks.index(world_rank)" in text
 
 
 @pytest.mark.parametrize("value", [0, 1, 2])
 def test_every_rank_of_the_communicator_is_accepted(comm: Probe, value: int) -> None:
-    comm._check_rank(value, "src")
+    comm._kit_check_rank(value, "src")
 
 
 def test_a_public_call_checks_before_sending(comm: Probe) -> None:
@@ -78,41 +78,43 @@ def test_user_tags_below_the_internal_one_are_accepted(comm: Probe, tag: int) ->
 # -- group members -------------------------------------------------------------------------------
 @pytest.mark.parametrize("ranks", [[], [0, 0], [1, 3], [-1], [True, 2]])
 def test_bad_group_members_are_named(comm: Probe, ranks: list[Any]) -> None:
-    text = message(lambda: comm._check_members(ranks))
+    text = message(lambda: comm._kit_check_members(ranks))
     assert text.startswith(f"new_group: ranks {ranks!r} must be distinct ranks of {WHERE} (0..2)")
     assert "HINT: pass e.g. [0, 1]." in text
 
 
 def test_group_members_that_cannot_be_sorted_are_refused(comm: Probe) -> None:
-    text = message(lambda: comm._check_members(["a", 1]))
+    text = message(lambda: comm._kit_check_members(["a", 1]))
     assert text.startswith("new_group: ranks ['a', 1] must be a sequence of ints")
 
 
 def test_group_members_come_back_sorted(comm: Probe) -> None:
-    assert comm._check_members([2, 0]) == (0, 2)
-    assert comm._check_members((1,)) == (1,)
+    assert comm._kit_check_members([2, 0]) == (0, 2)
+    assert comm._kit_check_members((1,)) == (1,)
 
 
 # -- tensor pairs and lists ----------------------------------------------------------------------
 def test_a_pair_of_another_dtype_is_named(comm: Probe) -> None:
     other = np.zeros(4, dtype=np.int64)
-    text = message(lambda: comm._check_pair(other, "output", NUMPY, "float32", 4))
+    text = message(lambda: comm._kit_check_pair(other, "output", NUMPY, "float32", 4))
     assert text == ("output has dtype 'int64' but the input has 'float32'. HINT: use one dtype.")
 
 
 def test_a_pair_of_another_size_is_named_with_the_expected_size(comm: Probe) -> None:
-    text = message(lambda: comm._check_pair(np.zeros(3, np.float32), "output", NUMPY, "float32", 4))
+    text = message(
+        lambda: comm._kit_check_pair(np.zeros(3, np.float32), "output", NUMPY, "float32", 4)
+    )
     assert text.startswith(f"output has 3 elements; expected 4 on {WHERE}.")
 
 
 def test_a_pair_of_another_kind_is_named(comm: Probe) -> None:
-    text = message(lambda: comm._check_pair(bytearray(4), "output", NUMPY, "float32", 4))
+    text = message(lambda: comm._kit_check_pair(bytearray(4), "output", NUMPY, "float32", 4))
     assert text.startswith("output must be the same kind of array as the input (numpy)")
 
 
 def test_a_matching_pair_is_accepted(comm: Probe) -> None:
-    comm._check_pair(np.ones((2, 2), np.float32), "output", NUMPY, "float32", 4)
-    comm._check_pair(np.ones(9, np.float32), "output", NUMPY, "float32", None)  # any size
+    comm._kit_check_pair(np.ones((2, 2), np.float32), "output", NUMPY, "float32", 4)
+    comm._kit_check_pair(np.ones(9, np.float32), "output", NUMPY, "float32", None)  # any size
 
 
 @pytest.mark.parametrize(
@@ -120,7 +122,7 @@ def test_a_matching_pair_is_accepted(comm: Probe) -> None:
     [([F32, F32], "2"), ([F32] * 4, "4"), ([], "0"), (F32, "'ndarray'"), (None, "'NoneType'")],
 )
 def test_a_list_of_the_wrong_length_is_named(comm: Probe, parts: Any, got: str) -> None:
-    text = message(lambda: comm._check_list(parts, "gather_list", NUMPY, "float32", 4))
+    text = message(lambda: comm._kit_check_list(parts, "gather_list", NUMPY, "float32", 4))
     assert text == (
         f"gather_list must be a list of 3 tensors (one per rank of {WHERE}), got {got}. "
         "HINT: [torch.empty_like(t) for _ in range(world_size)]."
@@ -129,27 +131,27 @@ def test_a_list_of_the_wrong_length_is_named(comm: Probe, parts: Any, got: str) 
 
 def test_a_list_names_the_index_of_a_mismatched_entry(comm: Probe) -> None:
     parts = [F32, np.zeros(4, dtype=np.float64), F32]
-    text = message(lambda: comm._check_list(parts, "gather_list", NUMPY, "float32", 4))
+    text = message(lambda: comm._kit_check_list(parts, "gather_list", NUMPY, "float32", 4))
     assert text.startswith("gather_list[1] has dtype 'float64' but the input has 'float32'.")
     parts = [F32, F32, np.zeros(5, dtype=np.float32)]
-    text = message(lambda: comm._check_list(parts, "gather_list", NUMPY, "float32", 4))
+    text = message(lambda: comm._kit_check_list(parts, "gather_list", NUMPY, "float32", 4))
     assert text.startswith(f"gather_list[2] has 5 elements; expected 4 on {WHERE}.")
 
 
 def test_a_list_is_for_the_root_only(comm: Probe) -> None:
     text = message(
-        lambda: comm._check_root_list([F32] * 3, "scatter_list", 0, "src", NUMPY, "float32", 4)
+        lambda: comm._kit_check_root_list([F32] * 3, "scatter_list", 0, "src", NUMPY, "float32", 4)
     )
     assert text == (
         "scatter_list must be None on rank 1: only src=0 passes it, as in torch.distributed. "
         "HINT: pass it only where rank == src."
     )
     text = message(
-        lambda: comm._check_root_list(None, "scatter_list", 1, "src", NUMPY, "float32", 4)
+        lambda: comm._kit_check_root_list(None, "scatter_list", 1, "src", NUMPY, "float32", 4)
     )
     assert text.startswith("scatter_list is required on src=1 (this rank)")
-    comm._check_root_list(None, "scatter_list", 0, "src", NUMPY, "float32", 4)
-    comm._check_root_list([F32] * 3, "scatter_list", 1, "src", NUMPY, "float32", 4)
+    comm._kit_check_root_list(None, "scatter_list", 0, "src", NUMPY, "float32", 4)
+    comm._kit_check_root_list([F32] * 3, "scatter_list", 1, "src", NUMPY, "float32", 4)
 
 
 def test_a_public_call_checks_the_list_of_its_root(comm: Probe) -> None:
@@ -162,29 +164,33 @@ def test_a_public_call_checks_the_list_of_its_root(comm: Probe) -> None:
 @pytest.mark.parametrize(
     "check",
     [
-        pytest.param(lambda c: c._check_rank(5, "dst"), id="rank"),
-        pytest.param(lambda c: c._check_members([0, 0]), id="members"),
+        pytest.param(lambda c: c._kit_check_rank(5, "dst"), id="rank"),
+        pytest.param(lambda c: c._kit_check_members([0, 0]), id="members"),
         pytest.param(
-            lambda c: c._check_pair(np.zeros(4, np.int8), "output", NUMPY, "float32", 4),
+            lambda c: c._kit_check_pair(np.zeros(4, np.int8), "output", NUMPY, "float32", 4),
             id="dtype",
         ),
-        pytest.param(lambda c: c._check_list([F32], "gather_list", NUMPY, "float32", 4), id="list"),
         pytest.param(
-            lambda c: c._check_root_list([F32] * 3, "gather_list", 0, "dst", NUMPY, "float32", 4),
+            lambda c: c._kit_check_list([F32], "gather_list", NUMPY, "float32", 4), id="list"
+        ),
+        pytest.param(
+            lambda c: c._kit_check_root_list(
+                [F32] * 3, "gather_list", 0, "dst", NUMPY, "float32", 4
+            ),
             id="list-off-the-root",
         ),
         pytest.param(lambda c: c._check_tag(-1), id="tag"),
-        pytest.param(lambda c: c._check_members(["a", 1]), id="unsortable"),
+        pytest.param(lambda c: c._kit_check_members(["a", 1]), id="unsortable"),
         pytest.param(
-            lambda c: c._check_pair(np.zeros(3, np.float32), "output", NUMPY, "float32", 4),
+            lambda c: c._kit_check_pair(np.zeros(3, np.float32), "output", NUMPY, "float32", 4),
             id="size",
         ),
         pytest.param(
-            lambda c: c._check_pair(bytearray(4), "output", NUMPY, "float32", 4),
+            lambda c: c._kit_check_pair(bytearray(4), "output", NUMPY, "float32", 4),
             id="kind",
         ),
         pytest.param(
-            lambda c: c._check_root_list(None, "gather_list", 1, "dst", NUMPY, "float32", 4),
+            lambda c: c._kit_check_root_list(None, "gather_list", 1, "dst", NUMPY, "float32", 4),
             id="list-missing-on-the-root",
         ),
     ],

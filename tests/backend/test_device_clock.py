@@ -1,8 +1,8 @@
 """The hooks' times on CUDA tensors include the device's work (``device_clock``).
 
 CI has no GPU: tensors are CPU tensors that the arrays layer reports on ``cuda:0``, and
-``torch.cuda.synchronize`` is a fake GPU with a fake clock (tests/fake_gpu.py), so the tests see
-the order of synchronisations and clock readings.
+``torch.cuda.synchronize`` is a fake GPU with a fake clock (tests/support/fake_gpu.py), so the
+tests see the order of synchronisations and clock readings.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of distcomm.backend._pipeline.divergence: the first operation where ranks parted, found
+"""Tests of distcomm._divergence: the first operation where ranks parted, found
 from made-up timelines and history dumps (rings that start at #1, rings that have wrapped,
 ranks that are behind or ended), and the error that names it."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from distcomm.backend._pipeline.divergence import (
+from distcomm._divergence import (
     ENDED,
     Timeline,
     first_divergence,

@@ -163,7 +163,7 @@ def test_works_nobody_waits_for_do_not_pile_up() -> None:
     for _ in range(200):
         comm.isend(np.ones(2), 1)
         comm.engines[-1].done = True
-    assert len(comm._pending) <= 64
+    assert len(comm._kit_pending) <= 64
 
 
 def test_finalize_waits_for_a_pending_work() -> None:

@@ -39,12 +39,12 @@ def mine(seen: list[Any]) -> dict[str, Any]:
 
 def test_nothing_registered_leaves_the_plain_methods() -> None:
     assert all(getattr(BaseCommunicator, n) is f for n, f in PLAIN.items())
-    assert BaseCommunicator._observing is False
+    assert BaseCommunicator._kit_observing is False
     with distcomm.add_hook(before=lambda e: None):
-        assert BaseCommunicator._observing is True
+        assert BaseCommunicator._kit_observing is True
         assert BaseCommunicator.all_reduce is not PLAIN["all_reduce"]
     assert all(getattr(BaseCommunicator, n) is f for n, f in PLAIN.items())
-    assert BaseCommunicator._observing is False
+    assert BaseCommunicator._kit_observing is False
 
 
 def test_every_public_collective_is_seen_once_with_its_metadata() -> None:
@@ -174,4 +174,4 @@ def test_remove_is_idempotent() -> None:
     handle = distcomm.add_hook(after=lambda e: None)
     handle.remove()
     handle.remove()
-    assert BaseCommunicator._observing is False
+    assert BaseCommunicator._kit_observing is False

@@ -46,13 +46,13 @@ def test_at_debug_level_every_frame_is_shown() -> None:
 
 def test_other_exceptions_keep_every_frame() -> None:
     """A bug of distcomm's own (not a distcomm error) shows where it is."""
-    from distcomm.backend._pipeline.divergence import timeline
+    from distcomm._divergence import timeline
 
     try:
         timeline({})
     except KeyError as exc:
         text = _uncaught.format_exception(exc)
-    assert "/distcomm/backend/_pipeline/divergence.py" in text, text
+    assert "/distcomm/_divergence.py" in text, text
 
 
 def test_a_report_is_one_write_with_every_line_prefixed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,7 +128,7 @@ def test_helpers_on_gloo_processes() -> None:
 
 MPI_RANK = """
 import json, sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # test_ding, and jobs.py it imports
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/../support"]  # test_ding, and jobs.py it imports
 import distcomm, test_ding
 
 comm = distcomm.init()

@@ -1,5 +1,5 @@
 """distcomm.compat.speechbrain: speechbrain.utils.distributed, at world 1 and on 4 ranks of every
-backend (fakelink threads, gloo processes, mpirun; scenarios in tests/multirank.py)."""
+backend (fakelink threads, gloo processes, mpirun; scenarios in tests/support/multirank.py)."""
 
 from __future__ import annotations
 

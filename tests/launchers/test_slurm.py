@@ -30,7 +30,7 @@ from jobs import job_environment
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm.sh"
 RANK = Path(__file__).resolve().parent / "rank_report.py"
-CLIENTS = Path(__file__).resolve().parents[1] / "interop_clients.py"
+CLIENTS = Path(__file__).resolve().parents[1] / "support" / "interop_clients.py"
 TASKS = 4
 
 
@@ -93,7 +93,7 @@ def slurm_job(
     timeout: float = 180,
     cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """tests/jobs.py's ``run_job`` (a user's clean environment, no stdin, output captured, a
+    """tests/support/jobs.py's ``run_job`` (a user's clean environment, no stdin, output captured, a
     timeout) on the private cluster: with its ``SLURM_CONF``, which sbatch's jobs inherit."""
     return subprocess.run(
         command,
@@ -204,7 +204,7 @@ def test_example_batch_script(slurm: str, tmp_path: Path, srun_mpi: str, backend
     ]
 
 
-DYING = Path(__file__).resolve().parents[1] / "dying_rank.py"
+DYING = Path(__file__).resolve().parents[1] / "support" / "dying_rank.py"
 
 
 @pytest.mark.timeout(300)

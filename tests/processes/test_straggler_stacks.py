@@ -1,5 +1,5 @@
 """A rank that is late: the others' DistTimeoutError shows where it is, with the name of the
-function it sleeps in, on every backend (tests/straggler.py is each rank's body): gloo under
+function it sleeps in, on every backend (tests/support/straggler.py is each rank's body): gloo under
 ``distcomm run``, mpi under ``mpirun`` (where a blocked call ends the job with that diagnostic),
 and fakelink thread-ranks. The stacks are asked for out of band (torch's store, MPI's side
 channel, the fabric) while the late ranks sleep; the mpi suite (``mpirun pytest --with-mpi``)
@@ -18,7 +18,7 @@ from jobs import run_job
 import distcomm
 from distcomm.testing import run_threads
 
-STRAGGLER = str(Path(__file__).resolve().parent.parent / "straggler.py")
+STRAGGLER = str(Path(__file__).resolve().parent.parent / "support" / "straggler.py")
 #: Below every limit of the run: the timed-out ranks ask, the late ones answer, all within it.
 TIMEOUT = {"DISTCOMM_TIMEOUT": "2"}
 

@@ -22,6 +22,18 @@ def test_collectives_before_init_are_identities_in_a_world_of_one() -> None:
     assert not distcomm.is_initialized()
 
 
+def test_a_number_follows_the_same_rules_in_a_world_of_one() -> None:
+    """A world of 1 answers locally, with the rules of every world size (not the value back)."""
+    from distcomm.errors import InvalidArgumentError
+
+    assert distcomm.all_reduce(3, op="avg") == 3.0
+    assert distcomm.all_reduce(True, op="band") is True
+    with pytest.raises(InvalidArgumentError, match=r"AVG needs numbers, got bools"):
+        distcomm.all_reduce(True, op="avg")
+    with pytest.raises(InvalidArgumentError, match=r"BXOR needs ints or bools, got \[2\.5\]"):
+        distcomm.all_reduce(2.5, op="bxor")
+
+
 def test_collectives_before_init_refuse_a_larger_launched_world(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

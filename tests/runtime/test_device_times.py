@@ -3,7 +3,7 @@ device's work, not to the host's return.
 
 CI has no GPU: tensors are CPU tensors that the arrays layer reports on ``cuda:0``, and
 ``torch.cuda.synchronize`` is a fake GPU that needs 1 s (on a fake clock) to finish what is
-queued (tests/fake_gpu.py).
+queued (tests/support/fake_gpu.py).
 """
 
 from __future__ import annotations

@@ -80,13 +80,13 @@ class LinklinkCommunicator(BaseCommunicator):
         """Through one all-gather (linklink has no point-to-point): rank r keeps chunk r of
         every rank's input."""
         adapter = adapter_for(input)
-        numel, size = adapter.numel(input), self._world_size
+        numel, size = adapter.numel(input), self.world_size
         chunk = numel // size
         everything = adapter.empty(input, numel * size)
         self._all_gather_into(everything, input, False)
         full, out = adapter.flat(everything), adapter.flat(output)
         for r in range(size):
-            start = r * numel + self._rank * chunk
+            start = r * numel + self.rank * chunk
             adapter.copy_(out[r * chunk : (r + 1) * chunk], full[start : start + chunk])
         return None
 

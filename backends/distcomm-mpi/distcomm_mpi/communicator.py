@@ -145,7 +145,7 @@ class MpiWork(BaseWork):
     @property
     def source(self) -> int | None:
         """For an irecv: the sender's rank in the communicator, once complete."""
-        return None if self._status is None or not self._done else int(self._status.Get_source())
+        return None if self._status is None or not self.done else int(self._status.Get_source())
 
     def _test(self) -> bool:
         return bool(self._request.Test(self._status))
@@ -290,14 +290,14 @@ class MpiCommunicator(BaseCommunicator):
         return self._run(self._comm.Bcast, self._comm.Ibcast, async_op, buf(tensor), src)
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
-        send = MPI.IN_PLACE if self._rank == dst else buf(tensor)
-        recv = buf(tensor) if self._rank == dst else None
+        send = MPI.IN_PLACE if self.rank == dst else buf(tensor)
+        recv = buf(tensor) if self.rank == dst else None
         c = self._comm
         return self._run(c.Reduce, c.Ireduce, async_op, send, recv, _OPS[op], dst)
 
     def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         recv = buf(output)
-        send = in_place(buf(tensor), recv, self._rank)
+        send = in_place(buf(tensor), recv, self.rank)
         return self._run(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
 
     def _all_gather_v(
@@ -327,7 +327,7 @@ class MpiCommunicator(BaseCommunicator):
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         recv = buf(output) if output is not None else None
-        send = buf(tensor) if recv is None else in_place(buf(tensor), recv, self._rank)
+        send = buf(tensor) if recv is None else in_place(buf(tensor), recv, self.rank)
         return self._run(self._comm.Gather, self._comm.Igather, async_op, send, recv, dst)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
@@ -367,7 +367,7 @@ class MpiCommunicator(BaseCommunicator):
 
     def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
         color = MPI.UNDEFINED if index is None else index
-        key = 0 if index is None else groups[index].index(self._rank)
+        key = 0 if index is None else groups[index].index(self.rank)
         new = self._comm.Split(color, key)
         if index is None:
             return NON_MEMBER

@@ -148,7 +148,7 @@ class TorchWork(BaseWork):
     @property
     def source(self) -> int | None:
         """For an irecv: the sender's rank in the communicator, once complete."""
-        if not self._done:
+        if not self.done:
             return None
         try:
             group_rank = int(self._work._source_rank())  # a rank of torch's group
@@ -165,21 +165,16 @@ class TorchWork(BaseWork):
         raises, a timeout as the communicator's DistTimeoutError."""
         if not self._work.is_completed():
             return False
-        if not self._block(None):
-            comm = self._torch_comm
-            raise comm.timed_out(self.op, self.seq, comm.timeout)
+        self._work.wait()
         return True
 
     def _block(self, timeout: float | None) -> bool:
-        try:  # torch's own timeout is the communicator's: it raises a timeout error then
-            if timeout is None:
-                self._work.wait()
-            else:
-                self._work.wait(torch_timeout(timeout))
-        except RuntimeError as exc:  # torch.distributed.DistBackendError (NCCL's) is one too
-            if is_timeout(str(exc)):
-                return False
-            raise
+        # torch's own timeout is the communicator's: it raises a timeout error then, which
+        # TorchCommunicator._timeout_of tells from its other errors
+        if timeout is None:
+            self._work.wait()
+        else:
+            self._work.wait(torch_timeout(timeout))
         return True
 
 
@@ -283,18 +278,22 @@ class TorchCommunicator(BaseCommunicator):
             self._progress.troubled(now)  # its peers will ask where it is: answer at once
         if seq != self._published and self._progress is not None:
             self._progress.active(now)
-            self._progress.publish(self._progress_key, self._rank, seq)
+            self._progress.publish(self._progress_key, self.rank, seq)
             self._published = seq
+
+    def _timeout_of(self, exc: BaseException) -> str | None:
+        """Gloo's and NCCL's timeouts are RuntimeErrors (DistBackendError) told by their text."""
+        return "" if isinstance(exc, RuntimeError) and is_timeout(str(exc)) else None
 
     def _peer_progress(self) -> dict[int, int] | None:
         if self._progress is None:
             return None
-        return self._progress.read(self._progress_key, self._world_size)
+        return self._progress.read(self._progress_key, self.world_size)
 
     def _peer_stacks(self, ranks: list[int]) -> dict[int, str] | None:
         if self._progress is None:
             return None
-        return self._progress.where({rank: self._global_ranks[rank] for rank in ranks})
+        return self._progress.where({rank: self.global_ranks[rank] for rank in ranks})
 
     def _control_ready(self) -> bool:
         """Only through the store (:mod:`distcomm_torch.mailbox`): Gloo's own messages complete
@@ -341,12 +340,12 @@ class TorchCommunicator(BaseCommunicator):
 
     def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         t = as_torch(tensor)
-        args = (t, self._global_ranks[src], self._group, True)
+        args = (t, self.global_ranks[src], self._group, True)
         return self._issue(dist.broadcast, args, tensor, t)
 
     def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         t = as_torch(tensor)
-        args = (t, self._global_ranks[dst], _OPS[op], self._group, True)
+        args = (t, self.global_ranks[dst], _OPS[op], self._group, True)
         return self._issue(dist.reduce, args, tensor, t)
 
     def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
@@ -360,13 +359,13 @@ class TorchCommunicator(BaseCommunicator):
         return self._issue(_reduce_scatter_single, args, output, input)
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
-        parts = None if output is None else list(flat(output).chunk(self._world_size))
-        args = (flat(tensor), parts, self._global_ranks[dst], self._group, True)
+        parts = None if output is None else list(flat(output).chunk(self.world_size))
+        args = (flat(tensor), parts, self.global_ranks[dst], self._group, True)
         return self._issue(dist.gather, args, output, tensor)
 
     def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
-        parts = None if full is None else list(flat(full).chunk(self._world_size))
-        args = (flat(output), parts, self._global_ranks[src], self._group, True)
+        parts = None if full is None else list(flat(full).chunk(self.world_size))
+        args = (flat(output), parts, self.global_ranks[src], self._group, True)
         return self._issue(dist.scatter, args, output, full)
 
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
@@ -378,24 +377,24 @@ class TorchCommunicator(BaseCommunicator):
 
     def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
         t = as_torch(tensor)
-        args = (t, self._global_ranks[dst], self._group, tag)
+        args = (t, self.global_ranks[dst], self._group, tag)
         return self._started(dist.isend, args, f"send to rank {dst} (tag {tag})", None, (tensor,))
 
     def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
-        peer = None if src is None else self._global_ranks[src]
+        peer = None if src is None else self.global_ranks[src]
         t = as_torch(tensor)
         sender = "any rank" if src is None else f"rank {src}"
         op = f"recv from {sender} (tag {tag})"
         return self._started(dist.irecv, (t, peer, self._group, tag), op, None, (tensor,))
 
     def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
-        world = [tuple(self._global_ranks[r] for r in group) for group in groups]
+        world = [tuple(self.global_ranks[r] for r in group) for group in groups]
         if not _KEEPS_ORDER and any(list(ranks) != sorted(ranks) for ranks in world):
             raise InvalidArgumentError(
                 f"torch {torch.__version__} orders group members by rank, so split(key=...) "
                 "cannot reorder them. HINT: upgrade torch, or split without a reordering key."
             )
-        if self._group is None or self._global_ranks == tuple(range(dist.get_world_size())):
+        if self._group is None or self.global_ranks == tuple(range(dist.get_world_size())):
             # torch wants every process of the default group to create every group, in order.
             made = [self._new_groups(ranks, local=False) for ranks in world]
             mine = None if index is None else made[index]
@@ -405,7 +404,7 @@ class TorchCommunicator(BaseCommunicator):
             return NON_MEMBER
         pg, side_pg = mine
         members: dict[str, Any] = {
-            "rank": groups[index].index(self._rank),
+            "rank": groups[index].index(self.rank),
             "world_size": len(groups[index]),
             "launch": self.launch,
             "global_ranks": world[index],

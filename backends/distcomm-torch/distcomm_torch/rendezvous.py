@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, DistTimeoutError, LaunchInfo
 from distcomm.backend import aborts, claims, free_port
+from distcomm.backend.engine_messages import engine_said
 from distcomm.errors import DistcommError
 from distcomm_torch.communicator import torch_timeout
 
@@ -293,14 +294,11 @@ def _not_arrived(store: Any, size: int) -> list[int] | None:
 def _nccl_failed(name: str, launch: LaunchInfo, exc: RuntimeError) -> BackendUnavailableError:
     """NCCL failed to start inside ``init_process_group`` (the default group bound to the GPU
     starts it there): the rendezvous itself went well, and NCCL's reason follows torch's first
-    line ("Last error: ..."), so every line is kept (up to 12)."""
-    text = str(exc).split("Exception raised from ")[0]  # no C++ stack trace
-    said = [line.strip() for line in text.splitlines() if line.strip()][:13]
-    first = said[0] if said else type(exc).__name__
-    more = "".join(f"\n  {line}" for line in said[1:])
-    said_more = f"\nThe engine said:{more}" if more else ""
+    line ("Last error: ..."): the error shows those lines too (``engine_said``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
     return BackendUnavailableError(
-        f"{name}: NCCL failed to start on rank {launch.rank}: {first}{said_more}\nHINT: run "
+        f"{name}: NCCL failed to start on rank {launch.rank}: {first}{engine_said(exc)}\nHINT: run "
         "again with "
         "NCCL_DEBUG=WARN for NCCL's own account; check the GPUs (nvidia-smi) and that each rank "
         "has its own.",

@@ -26,7 +26,7 @@ from distcomm.backend import free_port
 from distcomm.testing import spawn
 
 TIMEOUT = 3
-DYING = Path(__file__).resolve().parents[3] / "tests" / "dying_rank.py"
+DYING = Path(__file__).resolve().parents[3] / "tests" / "support" / "dying_rank.py"
 
 
 @pytest.mark.timeout(120)

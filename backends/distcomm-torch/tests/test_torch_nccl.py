@@ -164,7 +164,7 @@ def test_finalize_keeps_a_group_whose_nccl_work_has_not_completed(
     mocked (an NCCL one, pending: FakeTorchWork(nccl=True)); the communicator is gloo's."""
     fake = FakeTorchWork(engine_error(TIMEOUTS["nccl-watchdog"]), nccl=True)
     work = TorchWork(fake, gloo, op="all_reduce", seq=1)
-    gloo._pending.add(work)
+    gloo._kit_pending.add(work)
     gloo.unusable = "all_reduce (operation #1) failed: a peer went away"
     with pytest.warns(DistcommWarning, match="1 operation"):
         gloo.finalize()

@@ -16,7 +16,7 @@ running values, so that nothing slips through:
   (:mod:`~distcomm.backend._pipeline.failures`).
 
 Where the values differ, the ranks' histories say which operation came first where they parted
-(:mod:`~distcomm.backend._pipeline.divergence`), and
+(:mod:`~distcomm._divergence`), and
 :class:`~distcomm.errors.CollectiveMismatchError` names it with each rank's call there. Found
 before any rank ran it, the operation is not run and the communicator stays usable; otherwise
 the error says which operations ran with mismatched calls, and the communicator is retired.
@@ -33,10 +33,11 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _divergence as divergence
 from distcomm import _object_codec as objects
 from distcomm import _settings
-from distcomm.backend._pipeline import confirmation, divergence
-from distcomm.backend._pipeline.history import call_site
+from distcomm._call_sites import call_site
+from distcomm.backend._pipeline import confirmation
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
@@ -106,14 +107,14 @@ def check(comm: Steps, x: Any = None) -> None:
     Raises:
         CollectiveMismatchError: the ranks' calls differ (every rank raises it).
     """
-    h = comm._history
+    h = comm._kit_history
     if h is None:
         return
     seq = comm.seq
     channel = comm._object_channel()
     h.voting = seq
     if channel is not comm:  # its failure is this collective's (its timeout, its diagnosis)
-        channel._checking_for = comm
+        channel._kit_checking_for = comm
     try:
         if agree(channel, h.value(seq)):
             h.agree(seq)
@@ -123,12 +124,12 @@ def check(comm: Steps, x: Any = None) -> None:
     finally:
         h.voting = 0
         if channel is not comm:
-            channel._checking_for = None
+            channel._kit_checking_for = None
     found = divergence.find(dumps)
     if found is None:  # older than every history kept
         found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
     error = divergence.mismatch_error(comm.describe(), found, dumps)
-    comm._after_mismatch(error)
+    comm._kit_after_mismatch(error)
     raise error
 
 
@@ -154,13 +155,17 @@ def record(
         return
     novel = h.start_run(seq, fp)
     if op == "all_reduce" and reduce_op is ReduceOp.SUM and dtype is not None:
-        comm._plain_cls, comm._plain_dtype, comm._plain_nbytes = x.__class__, x.dtype, x.nbytes
+        comm._kit_plain_cls, comm._kit_plain_dtype, comm._kit_plain_nbytes = (
+            x.__class__,
+            x.dtype,
+            x.nbytes,
+        )
     else:
-        comm._forget_plain()
+        comm._kit_forget_plain()
     if novel:
         shape = None if x is None else shape_of(x)
         h.describe(fp, signature, call_site(), shape)
-        if seq < comm._next_check and op != "barrier" and comm._can_confirm():
+        if seq < comm._kit_next_check and op != "barrier" and comm._kit_can_confirm():
             confirmation.vote(comm, confirmation.CALL, shape)
 
 
@@ -168,14 +173,14 @@ def agree(channel: BaseCommunicator, fingerprint: int) -> bool:
     """Whether every rank has ``fingerprint``: one 16-byte int64 MIN all-reduce of [f, -f]
     where the engine has it, else an object all-gather. The 16 bytes are the channel's own,
     made once (``_vote``) and written through a memoryview, so that a check allocates nothing."""
-    vote = channel._vote
+    vote = channel._kit_vote
     if vote is None:
-        vote = channel._vote = _vote_buffer(channel)
+        vote = channel._kit_vote = _vote_buffer(channel)
     if vote is False:
         return len(set(objects.all_gather_object(channel, fingerprint))) == 1
     buffer, pair = vote
     pair[0], pair[1] = fingerprint, -fingerprint
-    channel._call(channel._all_reduce, False, buffer, ReduceOp.MIN)
+    channel._kit_call(channel._all_reduce, False, buffer, ReduceOp.MIN)
     return bool(pair[0] == -pair[1])
 
 
@@ -183,7 +188,7 @@ def _vote_buffer(channel: BaseCommunicator) -> tuple[Any, Any] | bool:
     """A CPU int64 array of 2 of the array library the program uses, and a view to set and
     read it as Python ints; False where the engine has no int64 MIN or no array library is
     loaded."""
-    if "int64" not in channel._native_dtypes or ReduceOp.MIN not in channel._native_ops:
+    if "int64" not in channel._kit_native_dtypes or ReduceOp.MIN not in channel._kit_native_ops:
         return False
     numpy = sys.modules.get("numpy")
     if numpy is not None:

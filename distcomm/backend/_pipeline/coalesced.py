@@ -18,22 +18,20 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from distcomm._operations import DEFAULT_BUCKET_BYTES
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "Coalesced"]
-
-#: The default size of a bucket: 25 MiB, as torch's DDP.
-DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+__all__ = ["Coalesced"]
 
 
 class Coalesced(Steps):
     """all_reduce_coalesced (module docstring)."""
 
     #: The flattening buffers, by (library, dtype, device); made at the first use.
-    _scratches: dict[Any, Any] | None = None
+    _kit_scratches: dict[Any, Any] | None = None
 
     def all_reduce_coalesced(
         self,
@@ -53,7 +51,7 @@ class Coalesced(Steps):
             InvalidArgumentError: ``tensors`` is not a list or tuple of tensors, or
                 ``bucket_bytes`` is not a positive int.
         """
-        self._check_usable()
+        self._kit_check_usable()
         if not isinstance(tensors, (list, tuple)):
             raise InvalidArgumentError(
                 "all_reduce_coalesced: tensors must be a list or tuple of tensors, got "
@@ -70,19 +68,19 @@ class Coalesced(Steps):
                 if len(bucket) == 1:
                     self.all_reduce(bucket[0], op)  # type: ignore[attr-defined]
                     continue
-                flat = _flatten(bucket, self._scratch(key, bucket[0], sum(numels)))
+                flat = _flatten(bucket, self._kit_scratch(key, bucket[0], sum(numels)))
                 self.all_reduce(flat, op)  # type: ignore[attr-defined]
                 _unflatten(flat, bucket, numels)
 
-    def _scratch(self, key: Any, like: Any, numel: int) -> Any:
+    def _kit_scratch(self, key: Any, like: Any, numel: int) -> Any:
         """A 1-D buffer of ``numel`` elements like ``like``'s, kept per (library, dtype,
         device) between calls: fresh memory costs page faults on every call (about 0.6 ms per
         MiB here)."""
-        if self._scratches is None:
-            self._scratches = {}
-        kept = self._scratches.get(key)
+        if self._kit_scratches is None:
+            self._kit_scratches = {}
+        kept = self._kit_scratches.get(key)
         if kept is None or len(kept) < numel:
-            kept = self._scratches[key] = _empty_like(like, numel)
+            kept = self._kit_scratches[key] = _empty_like(like, numel)
         return kept[:numel]
 
 

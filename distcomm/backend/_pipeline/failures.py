@@ -17,9 +17,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from distcomm import _divergence as divergence
+from distcomm._call_sites import call_site
 from distcomm.backend import aborts, stacks
-from distcomm.backend._pipeline import divergence
-from distcomm.backend._pipeline.history import call_site, minimal_dump, same_communicator
+from distcomm.backend._pipeline.history import minimal_dump, same_communicator
+from distcomm.backend.engine_messages import engine_said, lost_peer
 from distcomm.backend.stacks import split
 from distcomm.errors import CollectiveMismatchError, DistTimeoutError, EngineError
 
@@ -31,44 +33,9 @@ __all__ = [
     "Failures",
     "compare",
     "current_dump",
-    "lost_peer",
     "missing_ranks",
     "seconds",
 ]
-
-#: Engine messages that mean a peer process went away (gloo, MPI, sockets).
-_LOST_PEER = (
-    "connection closed",
-    "connection reset",
-    "connection refused",
-    "broken pipe",
-    "closed by peer",
-    "socket closed",
-    "end of file",
-)
-
-
-def lost_peer(message: str) -> bool:
-    """Whether an engine's error message means that a peer process went away."""
-    text = message.lower()
-    return any(phrase in text for phrase in _LOST_PEER)
-
-
-#: The most lines of an engine's message that an EngineError repeats after its first.
-ENGINE_LINES = 12
-
-
-def engine_said(exc: BaseException) -> str:
-    """The lines of the engine's message after its first (NCCL's reason comes there: "Last
-    error: Duplicate GPU detected ..."), indented, at most :data:`ENGINE_LINES`, without a
-    C++ stack trace (torch's "Exception raised from ..."); "" if none."""
-    text = str(exc).strip().split("Exception raised from ", 1)[0]
-    rest = [line.strip() for line in text.splitlines()[1:] if line.strip()]
-    if not rest:
-        return ""
-    more = len(rest) - ENGINE_LINES
-    shown = rest[:ENGINE_LINES] + ([f"... ({more} more lines)"] if more > 0 else [])
-    return "\nThe engine said:\n" + "\n".join(f"  {line}" for line in shown)
 
 
 def missing_ranks(progress: Mapping[int, int], size: int, seq: int) -> list[int]:
@@ -84,13 +51,14 @@ def _label(op: str, seq: int | None) -> str:
 class Failures:
     """Mixin of BaseCommunicator: timeouts and engine failures (see the module docstring)."""
 
-    _rank: int
-    _world_size: int
+    _kit_rank: int
+    _kit_world_size: int
     unusable: str | None
-    _history: CallHistory | None
+    timeout: float
+    _kit_history: CallHistory | None
     #: The communicator whose collective this one (its object channel: NCCL's Gloo side
     #: group) checks now: a failure here is that collective's, told and diagnosed there.
-    _checking_for: Any = None
+    _kit_checking_for: Any = None
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -114,7 +82,7 @@ class Failures:
             stalled: why the operation can never complete, when the engine knows it before
                 the timeout (an in-process world where every rank waits).
         """
-        behalf = self._checking_for
+        behalf = self._kit_checking_for
         if behalf is not None:
             self.unusable = f"the check of {behalf.op} #{behalf.seq} on {behalf.describe()} failed"
             told: DistTimeoutError | CollectiveMismatchError = behalf.timed_out(
@@ -123,7 +91,9 @@ class Failures:
             return told
         error, message = self.timeout_error(op, seq, limit, waiting_for, stalled)
         if aborts.on_timeout() == "abort":
-            self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
+            self._abort_job(
+                f"distcomm: rank {self._kit_rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)"
+            )
         return error
 
     def timeout_error(
@@ -180,16 +150,28 @@ class Failures:
         return error, message
 
     def engine_failed(
-        self, op: str, seq: int | None, exc: BaseException
-    ) -> EngineError | CollectiveMismatchError:
+        self,
+        op: str,
+        seq: int | None,
+        exc: BaseException,
+        limit: float | None = None,
+        waiting_for: str = "",
+    ) -> EngineError | CollectiveMismatchError | DistTimeoutError:
         """Retire this communicator after the engine raised ``exc`` in ``op``; return the
         distcomm error to raise from it (``raise comm.engine_failed(...) from exc``): the
         :class:`~distcomm.errors.CollectiveMismatchError` when the ranks' calls (asked out of
-        band) differ, else an EngineError."""
-        behalf = self._checking_for
+        band) differ, else an EngineError; or, where the backend's :meth:`_timeout_of` says
+        that ``exc`` is the engine's timeout, what :meth:`timed_out` returns (``limit``: the
+        seconds waited, default the communicator's timeout; ``waiting_for`` as there).
+        """
+        stalled = self._timeout_of(exc)
+        if stalled is not None:
+            waited = self.timeout if limit is None else limit
+            return self.timed_out(op, seq, waited, waiting_for, stalled)
+        behalf = self._kit_checking_for
         if behalf is not None:
             self.unusable = f"the check of {behalf.op} #{behalf.seq} on {behalf.describe()} failed"
-            failed: EngineError | CollectiveMismatchError = behalf.engine_failed(
+            failed: EngineError | CollectiveMismatchError | DistTimeoutError = behalf.engine_failed(
                 behalf.op, behalf.seq, exc
             )
             return failed
@@ -222,10 +204,10 @@ class Failures:
         ranks that had not arrived, where they are (unless ``show_stacks`` is False), and the
         collective mismatch their calls show, if any. For a backend's own diagnostic (MPI's
         watchdog)."""
-        missing, detail = self._arrivals(seq) if seq else (None, waiting_for)
-        members = [r for r in range(self._world_size) if r != self._rank]
-        answers, failed = self._ask_where(members if seq else [])
-        mismatch = self._mismatch(answers)
+        missing, detail = self._kit_arrivals(seq) if seq else (None, waiting_for)
+        members = [r for r in range(self._kit_world_size) if r != self._kit_rank]
+        answers, failed = self._kit_ask_where(members if seq else [])
+        mismatch = self._kit_mismatch(answers)
         if mismatch is not None:
             self.unusable = f"collective mismatch at operation #{mismatch.seq}"
             return Diagnosis(missing, detail, {}, " ", mismatch)
@@ -238,6 +220,16 @@ class Failures:
             return Diagnosis(missing, detail, {}, " ")
         where = {rank: split(answers[rank])[0] for rank in missing if rank in answers}
         return Diagnosis(missing, detail, where, f"\n{stacks.describe(where, missing)}\n")
+
+    def _timeout_of(self, exc: BaseException) -> str | None:
+        """Whether the engine's exception ``exc`` says that the operation ran out of time (the
+        one place a backend translates its engine's timeouts): None, it does not (an engine
+        failure); ``""``, the engine's own timeout ran out; or why the operation can never
+        complete, where the engine sees that before the timeout (fakelink: every rank waits).
+        The kit then raises the communicator's DistTimeoutError, naming the ranks that had not
+        arrived (or the mismatch that kept them apart), instead of an EngineError.
+        """
+        return None
 
     def _peer_progress(self) -> Mapping[int, int] | None:
         """Each member's sequence number (the latest collective it entered), found out of band;
@@ -264,7 +256,7 @@ class Failures:
         aborts.abort_job(message)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _ask_where(self, ranks: list[int]) -> tuple[Mapping[int, str] | None, str]:
+    def _kit_ask_where(self, ranks: list[int]) -> tuple[Mapping[int, str] | None, str]:
         """``_peer_stacks(ranks)``, and why it failed ("" if it did not)."""
         if not ranks:
             return {}, ""
@@ -273,12 +265,12 @@ class Failures:
         except Exception as exc:  # the side channel failed too: say so, never guess
             return None, str(exc)
 
-    def _mismatch(self, answers: Mapping[int, str] | None) -> CollectiveMismatchError | None:
+    def _kit_mismatch(self, answers: Mapping[int, str] | None) -> CollectiveMismatchError | None:
         """The collective mismatch the histories in peers' ``answers`` show against this
         rank's, if any."""
         return compare(self, current_dump(self), answers)[0] if answers else None
 
-    def _arrivals(self, seq: int) -> tuple[list[int] | None, str]:
+    def _kit_arrivals(self, seq: int) -> tuple[list[int] | None, str]:
         """The ranks that had not reached operation ``seq``, and a sentence saying so."""
         try:
             progress = self._peer_progress()
@@ -286,7 +278,7 @@ class Failures:
             return None, f"the ranks that had not arrived are unknown ({exc})"
         if progress is None:
             return None, "the ranks that had not arrived are unknown (this backend cannot tell)"
-        missing = missing_ranks({**progress, self._rank: seq}, self._world_size, seq)
+        missing = missing_ranks({**progress, self._kit_rank: seq}, self._kit_world_size, seq)
         if not missing:
             ahead = sorted(r for r, s in progress.items() if s > seq)
             if ahead:
@@ -336,7 +328,7 @@ def compare(
             theirs[rank] = found
     if not theirs:
         return None, theirs
-    dumps = {comm._rank: mine, **theirs}
+    dumps = {comm._kit_rank: mine, **theirs}
     found_at = divergence.find(dumps)
     if found_at is None:
         return None, theirs
@@ -345,7 +337,7 @@ def compare(
 
 def current_dump(comm: Any) -> dict[str, Any]:
     """This rank's dump of ``comm``'s history; without one (policy off), its current call."""
-    history = comm._history
+    history = comm._kit_history
     if history is not None:
         return dict(history.dump(site=call_site()))
     return minimal_dump(comm)

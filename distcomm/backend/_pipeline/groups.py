@@ -26,22 +26,22 @@ class Groups(Steps):
         Members are numbered in ascending order of their rank here; other ranks get
         :data:`~distcomm.NON_MEMBER`. Every rank must pass the same ranks.
         """
-        self._check_usable()
-        members = self._check_members(ranks)
-        channel = self._objects("new_group")
+        self._kit_check_usable()
+        members = self._kit_check_members(ranks)
+        channel = self._kit_objects("new_group")
         seen = [members] if channel is None else objects.all_gather_object(channel, members)
         for r, other in enumerate(seen):
             if other != members:
                 raise InvalidArgumentError(
-                    f"new_group: rank {self._rank} passed ranks {list(members)} but rank {r} "
+                    f"new_group: rank {self._kit_rank} passed ranks {list(members)} but rank {r} "
                     f"passed {list(other)}. HINT: every rank calls new_group with the same ranks."
                 )
-        index = 0 if self._rank in members else None
-        return self._inherit(self._split([members], index), index)
+        index = 0 if self._kit_rank in members else None
+        return self._kit_inherit(self._split([members], index), index)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | NonMember:
         """Split into sub-communicators by ``color`` (None: not a member), ordered by ``key``."""
-        self._check_usable()
+        self._kit_check_usable()
         if color is not None and (
             not isinstance(color, int) or isinstance(color, bool) or color < 0
         ):
@@ -51,8 +51,8 @@ class Groups(Steps):
             )
         if key is not None and (not isinstance(key, int) or isinstance(key, bool)):
             raise InvalidArgumentError(f"split: key {key!r} must be an int or None (None: by rank)")
-        mine = (color, self._rank if key is None else key)
-        channel = self._objects("split")
+        mine = (color, self._kit_rank if key is None else key)
+        channel = self._kit_objects("split")
         entries = [mine] if channel is None else objects.all_gather_object(channel, mine)
         colors = sorted({c for c, _ in entries if c is not None})
         groups = [
@@ -65,7 +65,7 @@ class Groups(Steps):
             for col in colors
         ]
         index = None if color is None else colors.index(color)
-        return self._inherit(self._split(groups, index), index)
+        return self._kit_inherit(self._split(groups, index), index)
 
     def _group_arguments(self, members: Sequence[int]) -> dict[str, Any]:
         """What :class:`~distcomm.backend.BaseCommunicator` takes for this rank's communicator over
@@ -73,26 +73,26 @@ class Groups(Steps):
         ``rank``, ``world_size``, ``launch``, ``global_ranks``, ``timeout`` and ``name``. For a
         backend's ``_split``: ``MyCommunicator(engine_group, **self._group_arguments(members))``.
         """
-        world = [self._global_ranks[r] for r in members]
+        world = [self._kit_global_ranks[r] for r in members]
         return {
-            "rank": list(members).index(self._rank),
+            "rank": list(members).index(self._kit_rank),
             "world_size": len(members),
-            "launch": self._launch,
+            "launch": self._kit_launch,
             "global_ranks": world,
             "timeout": self.timeout,
             "name": f"group {world}",
         }
 
-    def _inherit(
+    def _kit_inherit(
         self, group: Communicator | NonMember, index: int | None
     ) -> Communicator | NonMember:
         """A new group takes this communicator's settings (the check policy) and its lineage:
         the n-th group made from this communicator, ``index``-th of them (``new_group`` and
         ``split`` are collective here, so every member counts alike), so that two groups of
         the same members are told apart when the ranks compare their calls."""
-        self._children += 1
+        self._kit_children += 1
         if isinstance(group, Steps):
-            group._lineage = f"{self._lineage}/{self._children}.{index}"
+            group._kit_lineage = f"{self._kit_lineage}/{self._kit_children}.{index}"
             group.debug = self.debug
         return group
 
@@ -106,5 +106,5 @@ class Groups(Steps):
         Raises:
             NotSupportedError: this backend cannot wrap engine groups.
         """
-        self._check_usable()
+        self._kit_check_usable()
         return self._adopt(native)

@@ -12,7 +12,7 @@ costs nothing to record.
 The ranks compare running values at check points (:mod:`~distcomm.backend._pipeline.agreement`,
 :mod:`~distcomm.backend._pipeline.confirmation`). The runs since the last agreement (a ring of
 at most :data:`RING`) and the signature of each fingerprint with the call site where it was
-first seen are what a rank shows when they differ: :mod:`~distcomm.backend._pipeline.divergence`
+first seen are what a rank shows when they differ: :mod:`~distcomm._divergence`
 finds the first operation where ranks parted from them, and a peer asked out of band (the answer
 of :func:`distcomm.backend.stacks.where`) sends its :meth:`CallHistory.dump`.
 """
@@ -20,8 +20,6 @@ of :func:`distcomm.backend.stacks.where`) sends its :meth:`CallHistory.dump`.
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
 import weakref
 from typing import Any
 
@@ -29,7 +27,6 @@ __all__ = [
     "NEUTRAL",
     "RING",
     "CallHistory",
-    "call_site",
     "fingerprint",
     "histories",
     "minimal_dump",
@@ -43,7 +40,6 @@ _REMEMBERED = 4096
 _BITS = (1 << 62) - 1
 _MULTIPLIER = 0x9E3779B97F4A7C15 & _BITS | 1
 _NO_RUN = -1
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 #: Every live history of this process, for a peer's question (weak: a finalized one goes).
 _LIVE: weakref.WeakSet[CallHistory] = weakref.WeakSet()
 
@@ -61,20 +57,6 @@ NEUTRAL = fingerprint(("not run: the ranks disagreed",))
 
 def _mix(value: int, fp: int, length: int) -> int:
     return ((value ^ fp) * _MULTIPLIER + length) & _BITS
-
-
-def call_site(skip: tuple[str, ...] = ()) -> str:
-    """``file:line`` of the innermost frame outside distcomm (and the files ``skip``): the
-    user's call."""
-    frame = sys._getframe(1)
-    while frame is not None and (
-        os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE)
-        or frame.f_code.co_filename in skip
-    ):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 class CallHistory:
@@ -190,7 +172,7 @@ class CallHistory:
         return {
             "ranks": [] if comm is None else list(comm.global_ranks),
             "name": "" if comm is None else comm.name,
-            "lineage": "" if comm is None else getattr(comm, "_lineage", ""),
+            "lineage": "" if comm is None else getattr(comm, "_kit_lineage", ""),
             "seq": seq,
             "op": op,
             "agreed": self.agreed_seq,
@@ -217,7 +199,7 @@ def minimal_dump(comm: Any) -> dict[str, Any]:
     return {
         "ranks": list(comm.global_ranks),
         "name": comm.name,
-        "lineage": getattr(comm, "_lineage", ""),
+        "lineage": getattr(comm, "_kit_lineage", ""),
         "seq": seq,
         "op": op,
         "agreed": max(0, seq - 1),

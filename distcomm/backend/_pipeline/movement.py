@@ -17,65 +17,67 @@ class Movement(Steps):
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
-        adapter, dtype = self._begin(tensor, "tensor")
-        self._check_rank(src, "src")
-        self._count("broadcast", tensor, adapter, src)
-        if self._solo:
+        adapter, dtype = self._kit_begin(tensor, "tensor")
+        self._kit_check_rank(src, "src")
+        self._kit_count("broadcast", tensor, adapter, src)
+        if self._kit_solo:
             return DONE if async_op else None
         plain = adapter.is_plain(tensor, self.devices, self.bound_device)
-        if dtype in self._native_dtypes and plain:
-            work = self._call(self._broadcast, async_op, tensor, src)
-            return self._complete(work, async_op, tensor)
-        staged = self._stage(adapter, tensor, dtype)
-        work = self._call(self._broadcast, async_op, staged.engine, src)
-        return self._finish(work, async_op, staged)
+        if dtype in self._kit_native_dtypes and plain:
+            work = self._kit_call(self._broadcast, async_op, tensor, src)
+            return self._kit_complete(work, async_op, tensor)
+        staged = self._kit_stage(adapter, tensor, dtype)
+        work = self._kit_call(self._broadcast, async_op, staged.engine, src)
+        return self._kit_finish(work, async_op, staged)
 
     def all_gather(
         self, tensor_list: list[Any], tensor: Any, async_op: bool = False
     ) -> Work | None:
         """Gather every rank's ``tensor`` into ``tensor_list`` (one per rank) on every rank."""
-        adapter, dtype = self._begin(tensor, "tensor")
-        self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
-        self._count("all_gather", tensor, adapter)
-        if self._solo:
+        adapter, dtype = self._kit_begin(tensor, "tensor")
+        self._kit_check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
+        self._kit_count("all_gather", tensor, adapter)
+        if self._kit_solo:
             adapter.copy_(tensor_list[0], tensor)
             return DONE if async_op else None
-        staged = self._stage(adapter, tensor, dtype)
-        out = adapter.empty(staged.engine, adapter.numel(tensor) * self._world_size)
-        work = self._call(self._all_gather_into, async_op, out, staged.engine)
-        return self._finish_split(work, async_op, staged, out, tensor_list)
+        staged = self._kit_stage(adapter, tensor, dtype)
+        out = adapter.empty(staged.engine, adapter.numel(tensor) * self._kit_world_size)
+        work = self._kit_call(self._all_gather_into, async_op, out, staged.engine)
+        return self._kit_finish_split(work, async_op, staged, out, tensor_list)
 
     def all_gather_into_tensor(
         self, output_tensor: Any, input_tensor: Any, async_op: bool = False
     ) -> Work | None:
         """Gather every rank's ``input_tensor`` into ``output_tensor`` (world_size times larger)."""
-        adapter, dtype = self._begin(input_tensor, "input_tensor")
-        expected = adapter.numel(input_tensor) * self._world_size
-        self._check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
-        self._count("all_gather_into_tensor", input_tensor, adapter)
-        if self._solo:
+        adapter, dtype = self._kit_begin(input_tensor, "input_tensor")
+        expected = adapter.numel(input_tensor) * self._kit_world_size
+        self._kit_check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
+        self._kit_count("all_gather_into_tensor", input_tensor, adapter)
+        if self._kit_solo:
             adapter.copy_(output_tensor, input_tensor)
             return DONE if async_op else None
-        staged_in = self._stage(adapter, input_tensor, dtype, "input_tensor")
-        staged_out = self._stage(adapter, output_tensor, dtype, "output_tensor")
-        work = self._call(self._all_gather_into, async_op, staged_out.engine, staged_in.engine)
-        return self._finish(work, async_op, staged_out, None, staged_in)
+        staged_in = self._kit_stage(adapter, input_tensor, dtype, "input_tensor")
+        staged_out = self._kit_stage(adapter, output_tensor, dtype, "output_tensor")
+        work = self._kit_call(self._all_gather_into, async_op, staged_out.engine, staged_in.engine)
+        return self._kit_finish(work, async_op, staged_out, None, staged_in)
 
     def all_to_all_single(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
         """Split ``input`` into world_size chunks; chunk r goes to rank r's ``output`` slot."""
-        adapter, dtype = self._begin(input, "input")
+        adapter, dtype = self._kit_begin(input, "input")
         numel = adapter.numel(input)
-        if numel % self._world_size:
-            raise self._size_error("input", numel, "a multiple of world_size", self._world_size)
-        self._check_pair(output, "output", adapter, dtype, numel)
-        self._count("all_to_all_single", input, adapter)
-        if self._solo:
+        if numel % self._kit_world_size:
+            raise self._kit_size_error(
+                "input", numel, "a multiple of world_size", self._kit_world_size
+            )
+        self._kit_check_pair(output, "output", adapter, dtype, numel)
+        self._kit_count("all_to_all_single", input, adapter)
+        if self._kit_solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in = self._stage(adapter, input, dtype, "input")
-        staged_out = self._stage(adapter, output, dtype, "output")
-        work = self._call(self._all_to_all, async_op, staged_out.engine, staged_in.engine)
-        return self._finish(work, async_op, staged_out, None, staged_in)
+        staged_in = self._kit_stage(adapter, input, dtype, "input")
+        staged_out = self._kit_stage(adapter, output, dtype, "output")
+        work = self._kit_call(self._all_to_all, async_op, staged_out.engine, staged_in.engine)
+        return self._kit_finish(work, async_op, staged_out, None, staged_in)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank has reached the barrier.
@@ -85,12 +87,12 @@ class Movement(Steps):
         (:mod:`~distcomm.backend._pipeline.confirmation`), and also the engine's barrier where
         the vote travels on a side channel (a GPU engine, whose streams the barrier orders).
         """
-        self._check_usable()
-        self._count("barrier")
-        if self._solo:
+        self._kit_check_usable()
+        self._kit_count("barrier")
+        if self._kit_solo:
             return DONE if async_op else None
-        if not async_op and self._history is not None and self._can_confirm():
+        if not async_op and self._kit_history is not None and self._kit_can_confirm():
             confirmation.vote(self, confirmation.BARRIER)
             if self._object_channel() is self:
                 return None
-        return self._complete(self._call(self._barrier, async_op), async_op)
+        return self._kit_complete(self._kit_call(self._barrier, async_op), async_op)

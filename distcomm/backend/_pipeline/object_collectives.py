@@ -21,31 +21,31 @@ class ObjectCollectives(Steps):
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
-        self._check_usable()
-        self._check_rank(src, "src")
-        channel = self._objects("broadcast_object", src)
+        self._kit_check_usable()
+        self._kit_check_rank(src, "src")
+        channel = self._kit_objects("broadcast_object", src)
         return obj if channel is None else objects.broadcast_object(channel, obj, src)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
-        self._check_usable()
-        channel = self._objects("all_gather_object")
+        self._kit_check_usable()
+        channel = self._kit_objects("all_gather_object")
         return [obj] if channel is None else objects.all_gather_object(channel, obj)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
-        self._check_usable()
-        self._check_rank(dst, "dst")
-        channel = self._objects("gather_object", dst)
+        self._kit_check_usable()
+        self._kit_check_rank(dst, "dst")
+        channel = self._kit_objects("gather_object", dst)
         return [obj] if channel is None else objects.gather_object(channel, obj, dst)
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
-        self._check_usable()
-        self._check_rank(src, "src")
-        if self._rank == src:
-            objects.check_scatter_list(objs, self._world_size)
-        channel = self._objects("scatter_object", src)
+        self._kit_check_usable()
+        self._kit_check_rank(src, "src")
+        if self._kit_rank == src:
+            objects.check_scatter_list(objs, self._kit_world_size)
+        channel = self._kit_objects("scatter_object", src)
         if channel is None:
             assert objs is not None
             return objs[0]

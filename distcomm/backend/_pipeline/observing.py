@@ -64,9 +64,9 @@ def wrap(on: bool) -> None:
             steps = getattr(BaseCommunicator, _STEPS.get(name, name))
             wrapper = _observed(steps, _async_index(public))
             setattr(BaseCommunicator, name, functools.wraps(public)(wrapper))
-        BaseCommunicator._observing = True
+        BaseCommunicator._kit_observing = True
     elif not on and _plain:
-        BaseCommunicator._observing = False
+        BaseCommunicator._kit_observing = False
         for name, plain in _plain.items():
             if plain is None:
                 delattr(BaseCommunicator, name)
@@ -75,7 +75,7 @@ def wrap(on: bool) -> None:
         _plain.clear()
 
 
-_STEPS = {"all_reduce": "_all_reduce_steps"}
+_STEPS = {"all_reduce": "_kit_all_reduce_steps"}
 #: Whether the call this thread is numbering blocks (``async_op`` false): set by the wrapper,
 #: read by :func:`before`, which ``_count`` calls without the call's arguments.
 _calling = threading.local()
@@ -91,22 +91,22 @@ def _observed(method: Callable[..., Any], async_at: int | None) -> Callable[...,
     """``method`` calling the hooks: the event is made by :func:`before` (at numbering)."""
 
     def observed(self: Steps, *args: Any, **kwargs: Any) -> Any:
-        if self._event is not None:  # a public call inside another: seen as part of it
+        if self._kit_event is not None:  # a public call inside another: seen as part of it
             return method(self, *args, **kwargs)
         if async_at is None:
             blocking = True
         else:
             blocking = not (args[async_at] if len(args) > async_at else kwargs.get("async_op"))
         _calling.blocking = blocking
-        self._event = PENDING
+        self._kit_event = PENDING
         try:
             result = method(self, *args, **kwargs)
         except BaseException as exc:
-            event, self._event = self._event, None
+            event, self._kit_event = self._kit_event, None
             if event is not PENDING:
                 _after(event, None, exc, False)
             raise
-        event, self._event = self._event, None
+        event, self._kit_event = self._kit_event, None
         if event is not PENDING:
             _after(event, result, None, blocking)
         return result
@@ -123,7 +123,7 @@ def before(
     reduce_op: ReduceOp | None,
 ) -> None:
     """Make the event of the call being numbered on ``comm`` and call the ``before`` hooks."""
-    event = CollectiveEvent(op, comm.seq, comm, comm._rank, comm._world_size)  # type: ignore[arg-type]
+    event = CollectiveEvent(op, comm.seq, comm, comm._kit_rank, comm._kit_world_size)  # type: ignore[arg-type]
     if x is not None and adapter is not None:
         event.shape = agreement.shape_of(x)
         event.numel, event.dtype, event.device = (
@@ -133,7 +133,7 @@ def before(
         )
     event.root = root
     event.reduce_op = None if reduce_op is None else reduce_op.name
-    comm._event = event
+    comm._kit_event = event
     blocking = getattr(_calling, "blocking", True)
     event.started = device_clock.now(event.device if blocking else None)
     try:

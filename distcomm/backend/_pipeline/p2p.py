@@ -33,34 +33,34 @@ class PointToPoint(Steps):
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to ``dst``; don't modify it before the Work completes."""
-        adapter, dtype = self._begin(tensor, "tensor")
-        self._check_rank(dst, "dst")
+        adapter, dtype = self._kit_begin(tensor, "tensor")
+        self._kit_check_rank(dst, "dst")
         self._check_tag(tag)
-        self._check_p2p("isend")
-        self._check_tag_matched("isend", tag)
-        staged = self._stage(adapter, tensor, dtype)
-        work = self._start(self._isend, "isend", staged.engine, dst, tag)
-        return self._handed(work, (tensor, staged.engine), None)
+        self._kit_check_p2p("isend")
+        self._kit_check_tag_matched("isend", tag)
+        staged = self._kit_stage(adapter, tensor, dtype)
+        work = self._kit_start(self._isend, "isend", staged.engine, dst, tag)
+        return self._kit_handed(work, (tensor, staged.engine), None)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's ``source`` is the sender once complete."""
-        adapter, dtype = self._begin(tensor, "tensor")
+        adapter, dtype = self._kit_begin(tensor, "tensor")
         if src is not None:
-            self._check_rank(src, "src")
+            self._kit_check_rank(src, "src")
         elif not self.capabilities.any_source:
             raise InvalidArgumentError(
                 f"backend {self.backend_name!r} cannot receive from any source (src=None). "
                 "HINT: pass the sender's rank as src."
             )
         self._check_tag(tag)
-        self._check_p2p("irecv")
-        self._check_tag_matched("irecv", tag)
-        staged = self._stage(adapter, tensor, dtype)
-        work = self._start(self._irecv, "irecv", staged.engine, src, tag)
+        self._kit_check_p2p("irecv")
+        self._kit_check_tag_matched("irecv", tag)
+        staged = self._kit_stage(adapter, tensor, dtype)
+        work = self._kit_start(self._irecv, "irecv", staged.engine, src, tag)
         after = staged.write_back if staged.copied else None
-        return self._handed(work, (tensor, staged.engine), after)
+        return self._kit_handed(work, (tensor, staged.engine), after)
 
-    def _start(self, primitive: Any, op: str, *args: Any) -> Work:
+    def _kit_start(self, primitive: Any, op: str, *args: Any) -> Work:
         """Start a message; an engine exception becomes EngineError."""
         try:
             work: Work = primitive(*args)
@@ -70,14 +70,14 @@ class PointToPoint(Steps):
             raise self.engine_failed(op, None, exc) from exc
         return work
 
-    def _check_p2p(self, op: str) -> None:
+    def _kit_check_p2p(self, op: str) -> None:
         if not self.capabilities.p2p:
             raise NotSupportedError(
                 f"{op}: backend {self.backend_name!r} has no point-to-point messages. HINT: use "
                 "collectives (broadcast, all_gather, ...), or a backend with them (gloo, mpi)."
             )
 
-    def _check_tag_matched(self, op: str, tag: int) -> None:
+    def _kit_check_tag_matched(self, op: str, tag: int) -> None:
         if tag and not self.capabilities.p2p_tags:
             raise InvalidArgumentError(
                 f"{op}: tag={tag!r}, but backend {self.backend_name!r} does not match messages "

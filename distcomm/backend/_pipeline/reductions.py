@@ -44,13 +44,13 @@ class Reductions(Steps):
             seq = self.seq + 1
             if (
                 plain is not None
-                and seq < self._next_check
+                and seq < self._kit_next_check
                 and (
-                    self._history is None  # nothing to record, or a call like the run's:
+                    self._kit_history is None  # nothing to record, or a call like the run's:
                     or (
-                        tensor.__class__ is self._plain_cls
-                        and tensor.dtype is self._plain_dtype
-                        and tensor.nbytes == self._plain_nbytes
+                        tensor.__class__ is self._kit_plain_cls
+                        and tensor.dtype is self._kit_plain_dtype
+                        and tensor.nbytes == self._kit_plain_nbytes
                     )
                 )
             ):
@@ -67,121 +67,121 @@ class Reductions(Steps):
                 if done:
                     return None
                 self.seq -= 1  # nothing was sent: the general pipeline counts it
-        return self._all_reduce_steps(tensor, op, async_op)
+        return self._kit_all_reduce_steps(tensor, op, async_op)
 
-    def _all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
+    def _kit_all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
         """all_reduce past the shortcut (what hooks wrap: every call is numbered in _count)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter = cached_adapter(tensor)
         if adapter is None and isinstance(tensor, (int, float)):
-            return self._all_reduce_number(tensor, op)
-        adapter, dtype = self._begin(tensor, "tensor", adapter)
+            return self._kit_all_reduce_number(tensor, op)
+        adapter, dtype = self._kit_begin(tensor, "tensor", adapter)
         if op in _TYPED_OPS:
             check_op_dtype(op, dtype)
-        self._count("all_reduce", tensor, adapter, None, op)
-        if self._solo:
+        self._kit_count("all_reduce", tensor, adapter, None, op)
+        if self._kit_solo:
             return DONE if async_op else None
         if (
-            dtype in self._direct_dtypes
+            dtype in self._kit_direct_dtypes
             and adapter.is_plain(tensor, self.devices, self.bound_device)
-            and op in self._native_ops
+            and op in self._kit_native_ops
         ):
-            work = self._call(self._all_reduce, async_op, tensor, op)
-            return self._complete(work, async_op, tensor)
-        staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
-        if engine_op in self._native_ops:
-            work = self._call(self._all_reduce, async_op, staged.engine, engine_op)
+            work = self._kit_call(self._all_reduce, async_op, tensor, op)
+            return self._kit_complete(work, async_op, tensor)
+        staged, engine_op, divide = self._kit_stage_reduction(adapter, tensor, dtype, op)
+        if engine_op in self._kit_native_ops:
+            work = self._kit_call(self._all_reduce, async_op, staged.engine, engine_op)
         else:
-            self._reduce_by_gathering(staged.engine, engine_op)
+            self._kit_reduce_by_gathering(staged.engine, engine_op)
             work = None
-        return self._finish(work, async_op, staged, divide)
+        return self._kit_finish(work, async_op, staged, divide)
 
     def reduce(
         self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
-        adapter, dtype = self._begin(tensor, "tensor")
+        adapter, dtype = self._kit_begin(tensor, "tensor")
         check_op_dtype(op, dtype)
-        self._check_rank(dst, "dst")
-        self._count("reduce", tensor, adapter, dst, op)
-        if self._solo:
+        self._kit_check_rank(dst, "dst")
+        self._kit_count("reduce", tensor, adapter, dst, op)
+        if self._kit_solo:
             return DONE if async_op else None
-        staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
-        if engine_op in self._native_ops:
-            work = self._call(self._reduce, async_op, staged.engine, dst, engine_op)
+        staged, engine_op, divide = self._kit_stage_reduction(adapter, tensor, dtype, op)
+        if engine_op in self._kit_native_ops:
+            work = self._kit_call(self._reduce, async_op, staged.engine, dst, engine_op)
         else:
-            self._reduce_by_gathering(staged.engine, engine_op)
+            self._kit_reduce_by_gathering(staged.engine, engine_op)
             work = None
-        if self._rank != dst:
+        if self._kit_rank != dst:
             staged.copied, divide = False, None
-        return self._finish(work, async_op, staged, divide)
+        return self._kit_finish(work, async_op, staged, divide)
 
     def reduce_scatter_tensor(
         self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``input`` (world_size chunks) across ranks; rank r gets chunk r in ``output``."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
-        adapter, dtype = self._begin(input, "input")
+        adapter, dtype = self._kit_begin(input, "input")
         check_op_dtype(op, dtype)
-        self._check_pair(output, "output", adapter, dtype, None)
-        if adapter.numel(input) != adapter.numel(output) * self._world_size:
-            raise self._size_error(
+        self._kit_check_pair(output, "output", adapter, dtype, None)
+        if adapter.numel(input) != adapter.numel(output) * self._kit_world_size:
+            raise self._kit_size_error(
                 "input",
                 adapter.numel(input),
                 "world_size x output's",
-                adapter.numel(output) * self._world_size,
+                adapter.numel(output) * self._kit_world_size,
             )
-        self._count("reduce_scatter_tensor", input, adapter, None, op)
-        if self._solo:
+        self._kit_count("reduce_scatter_tensor", input, adapter, None, op)
+        if self._kit_solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)
-        staged_out = self._stage(adapter, output, dtype, "output")
-        divide = self._world_size if op is ReduceOp.AVG and not self._native_avg else None
-        if engine_op in self._native_ops:
-            work = self._call(
+        staged_in, engine_op, _ = self._kit_stage_reduction(adapter, input, dtype, op)
+        staged_out = self._kit_stage(adapter, output, dtype, "output")
+        divide = self._kit_world_size if op is ReduceOp.AVG and not self._kit_native_avg else None
+        if engine_op in self._kit_native_ops:
+            work = self._kit_call(
                 self._reduce_scatter, async_op, staged_out.engine, staged_in.engine, engine_op
             )
         else:
             scratch = adapter.clone(staged_in.engine)
-            self._reduce_by_gathering(scratch, engine_op)
+            self._kit_reduce_by_gathering(scratch, engine_op)
             numel = adapter.numel(output)
-            chunk = adapter.flat(scratch)[self._rank * numel : (self._rank + 1) * numel]
+            chunk = adapter.flat(scratch)[self._kit_rank * numel : (self._kit_rank + 1) * numel]
             adapter.copy_(staged_out.engine, chunk)
             work = None
-        return self._finish(work, async_op, staged_out, divide, staged_in)
+        return self._kit_finish(work, async_op, staged_out, divide, staged_in)
 
     # -- the emulations --------------------------------------------------------------------------
-    def _stage_reduction(
+    def _kit_stage_reduction(
         self, adapter: Adapter, x: Any, dtype: str, op: ReduceOp
     ) -> tuple[Staged, ReduceOp, int | None]:
         """Stage ``x``; return it with the op the engine runs and the divisor of an emulated
         AVG (None when the engine averages itself)."""
-        staged = self._stage(adapter, x, dtype)
+        staged = self._kit_stage(adapter, x, dtype)
         if dtype == "bool":
             op = normalise_bool_op(op)
         divide = None
-        if op is ReduceOp.AVG and not self._native_avg:
-            op, divide = ReduceOp.SUM, self._world_size
+        if op is ReduceOp.AVG and not self._kit_native_avg:
+            op, divide = ReduceOp.SUM, self._kit_world_size
         return staged, op, divide
 
-    def _reduce_by_gathering(self, engine: Any, op: ReduceOp) -> None:
+    def _kit_reduce_by_gathering(self, engine: Any, op: ReduceOp) -> None:
         """Reduce with an op the engine lacks: all-gather every rank's data, combine locally."""
         adapter = adapter_for(engine)
         numel = adapter.numel(engine)
-        gathered = adapter.empty(engine, numel * self._world_size)
-        self._call(self._all_gather_into, False, gathered, engine)
+        gathered = adapter.empty(engine, numel * self._kit_world_size)
+        self._kit_call(self._all_gather_into, False, gathered, engine)
         flat = adapter.flat(gathered)
         result = adapter.clone(flat[0:numel])
-        for r in range(1, self._world_size):
+        for r in range(1, self._kit_world_size):
             adapter.combine_(result, flat[r * numel : (r + 1) * numel], op)
         adapter.copy_(engine, result)
 
-    def _all_reduce_number(self, value: int | float, op: ReduceOp) -> int | float:
+    def _kit_all_reduce_number(self, value: int | float, op: ReduceOp) -> int | float:
         """Reduce a Python number exactly: gathered as an object, combined locally."""
-        self._check_usable()
-        channel = self._objects("all_reduce")
-        if channel is None:
-            return value / 1 if op is ReduceOp.AVG else value
+        self._kit_check_usable()
+        channel = self._kit_objects("all_reduce")
+        if channel is None:  # a world of 1: the same rules (bools, bitwise ops of floats)
+            return objects.reduce_numbers([value], op)
         return objects.reduce_numbers(objects.all_gather_object(channel, value), op)

@@ -2,15 +2,16 @@
 
 Each public operation runs validate -> normalise -> world of 1 -> stage -> primitive -> finish:
 
-- :meth:`Steps._begin` checks the communicator is usable and finds the array adapter (validate,
-  normalise); :meth:`Steps._count` numbers the operation once it passed validation (``seq``);
+- :meth:`Steps._kit_begin` checks the communicator is usable and finds the array adapter (validate,
+  normalise); :meth:`Steps._kit_count` numbers the operation once it passed validation (``seq``);
 - a world of 1 answers locally, with no engine call;
-- :meth:`Steps._stage` gives the engine contiguous memory of a native dtype on a native device;
-- :meth:`Steps._call` runs the primitive: blocking under this rank's "blocked in" mark (set and
+- :meth:`Steps._kit_stage` gives the engine contiguous memory of a native dtype on a native device;
+- :meth:`Steps._kit_call` runs the primitive: blocking under this rank's "blocked in" mark (set and
   cleared here, in a ``try/finally``), or started with ``async_op``; an engine's own exception
   becomes :class:`~distcomm.errors.EngineError`;
-- :meth:`Steps._finish` (and :meth:`Steps._complete`, :meth:`Steps._finish_split`) copies results
-  back where the engine worked on a copy, or hands the caller a Work that owns every buffer.
+- :meth:`Steps._kit_finish` (and :meth:`Steps._kit_complete`,
+  :meth:`Steps._kit_finish_split`) copies results back where the engine worked on a copy, or
+  hands the caller a Work that owns every buffer.
 """
 
 from __future__ import annotations
@@ -60,25 +61,25 @@ class Steps(ArgumentChecks, Failures, Primitives):
     #: Why the engine moves no GPU memory, for the one staging warning (e.g. what MPI said).
     cpu_only_reason: str = ""
     #: The next ``seq`` the mismatch check runs at (from the ``debug`` policy).
-    _next_check: int
+    _kit_next_check: int
     #: Whether hooks are registered (:mod:`~distcomm.backend._pipeline.observing` sets it).
-    _observing: ClassVar[bool] = False
+    _kit_observing: ClassVar[bool] = False
     #: The event of the public call in progress while hooks are registered, else None.
-    _event: Any = None
+    _kit_event: Any = None
     #: The mismatch check's 16-byte buffer on this channel (made at the first check).
-    _vote: Any = None
+    _kit_vote: Any = None
     #: What this rank called (None: the policy is off, or a world of 1).
-    _history: CallHistory | None = None
+    _kit_history: CallHistory | None = None
     #: The class, dtype and byte size of the tensors of the current run when it is a blocking
     #: SUM all_reduce: a call like them takes the backend's shortcut without a record.
-    _plain_cls: Any = None
-    _plain_dtype: Any = None
-    _plain_nbytes: int = -1
+    _kit_plain_cls: Any = None
+    _kit_plain_dtype: Any = None
+    _kit_plain_nbytes: int = -1
     #: Which communicator this is among those of the same members: "" for a world, then
     #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
-    _lineage: str = ""
+    _kit_lineage: str = ""
     #: How many groups were made from this communicator (new_group, split).
-    _children: int = 0
+    _kit_children: int = 0
 
     def __init__(
         self,
@@ -90,11 +91,11 @@ class Steps(ArgumentChecks, Failures, Primitives):
         timeout: float = 1800.0,
         name: str = "world",
     ) -> None:
-        self._rank = rank
-        self._world_size = world_size
-        self._solo = world_size == 1  # collectives return at once, the engine untouched
-        self._launch = launch
-        self._global_ranks = (
+        self._kit_rank = rank
+        self._kit_world_size = world_size
+        self._kit_solo = world_size == 1  # collectives return at once, the engine untouched
+        self._kit_launch = launch
+        self._kit_global_ranks = (
             tuple(global_ranks) if global_ranks is not None else tuple(range(world_size))
         )
         self.timeout = float(timeout)
@@ -109,15 +110,17 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self.p2p_marks = itertools.count(1)
         #: The thread that made this communicator: the one that uses it (one thread per rank),
         #: whose stack :func:`distcomm.backend.stacks.where` shows a peer.
-        self._thread = threading.get_ident()
+        self._kit_thread = threading.get_ident()
         self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
-        self._pending = PendingWorks()
-        self._warned_staging = False
-        self._native_dtypes = self.capabilities.dtypes
-        self._native_ops = tuple(op for op in ReduceOp if op.name in self.capabilities.reduce_ops)
-        self._native_avg = ReduceOp.AVG in self._native_ops
-        self._direct_dtypes = self._native_dtypes - {"bool"}
+        self._kit_pending = PendingWorks()
+        self._kit_warned_staging = False
+        self._kit_native_dtypes = self.capabilities.dtypes
+        self._kit_native_ops = tuple(
+            op for op in ReduceOp if op.name in self.capabilities.reduce_ops
+        )
+        self._kit_native_avg = ReduceOp.AVG in self._kit_native_ops
+        self._kit_direct_dtypes = self._kit_native_dtypes - {"bool"}
 
     @property
     def world_of_one_shortcut(self) -> bool:
@@ -125,33 +128,33 @@ class Steps(ArgumentChecks, Failures, Primitives):
         (True, the default: nothing to exchange). Set it to False to make such a world call
         the engine like any other, e.g. to test a GPU engine on a machine with one GPU
         (``scripts/gpu-check.sh``)."""
-        return self._solo or self._world_size > 1
+        return self._kit_solo or self._kit_world_size > 1
 
     @world_of_one_shortcut.setter
     def world_of_one_shortcut(self, value: bool) -> None:
-        self._solo = bool(value) and self._world_size == 1
+        self._kit_solo = bool(value) and self._kit_world_size == 1
 
     def describe(self) -> str:
         """A short label for messages: backend, name and size."""
-        ranks = "rank" if self._world_size == 1 else "ranks"
-        return f"{self.backend_name} {self.name!r} ({self._world_size} {ranks})"
+        ranks = "rank" if self._kit_world_size == 1 else "ranks"
+        return f"{self.backend_name} {self.name!r} ({self._kit_world_size} {ranks})"
 
     # -- validate, normalise -------------------------------------------------------------------
-    def _check_usable(self) -> None:
+    def _kit_check_usable(self) -> None:
         if self.unusable is not None:
             raise DistcommError(
                 f"communicator {self.describe()} can no longer be used: {self.unusable}. "
                 "HINT: create a new one with distcomm.init() after distcomm.finalize()."
             )
 
-    def _begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
+    def _kit_begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
         if self.unusable is not None:
-            self._check_usable()
+            self._kit_check_usable()
         if adapter is None:
             adapter = adapter_for(x, what)
         return adapter, adapter.dtype(x)
 
-    def _count(
+    def _kit_count(
         self,
         op: str,
         x: Any = None,
@@ -167,14 +170,14 @@ class Steps(ArgumentChecks, Failures, Primitives):
         (:mod:`~distcomm.backend._pipeline.observing`)."""
         seq = self.seq = self.seq + 1
         self.op = op
-        if self._observing and self._event is observing.PENDING:
+        if self._kit_observing and self._kit_event is observing.PENDING:
             observing.before(self, op, x, adapter, root, reduce_op)
-        h = self._history
+        h = self._kit_history
         if h is not None:
             agreement.record(self, h, seq, op, x, adapter, root, reduce_op)
-        if seq >= self._next_check:
-            self._next_check = agreement.next_checked(seq + 1, *self._limits)
-            if self._world_size > 1:
+        if seq >= self._kit_next_check:
+            self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
+            if self._kit_world_size > 1:
                 agreement.check(self, x)
 
     @property
@@ -182,76 +185,76 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """The mismatch check policy of this communicator: ``"sample"`` (the default),
         ``"check"`` (every collective) or ``"off"``; settable (``DISTCOMM_DEBUG``,
         ``init(debug=...)``). Groups made from it inherit it."""
-        return self._debug
+        return self._kit_debug
 
     @debug.setter
     def debug(self, value: str) -> None:
-        self._debug = agreement.policy(value)
-        self._limits = agreement.limits(self._debug)
-        self._next_check = agreement.next_checked(self.seq + 1, *self._limits)
-        if self._debug == "off" or self._world_size == 1:
-            self._history = None
-        elif self._history is None:
-            self._history = CallHistory(self)
-            self._history.agreed_seq = self.seq
-        self._forget_plain()
+        self._kit_debug = agreement.policy(value)
+        self._kit_limits = agreement.limits(self._kit_debug)
+        self._kit_next_check = agreement.next_checked(self.seq + 1, *self._kit_limits)
+        if self._kit_debug == "off" or self._kit_world_size == 1:
+            self._kit_history = None
+        elif self._kit_history is None:
+            self._kit_history = CallHistory(self)
+            self._kit_history.agreed_seq = self.seq
+        self._kit_forget_plain()
 
     @contextlib.contextmanager
-    def _setting_up(self) -> Iterator[None]:
+    def _kit_setting_up(self) -> Iterator[None]:
         """distcomm's own calls on this communicator while ``init`` sets it up (the rendezvous
         of torch's group beside it): not the program's operations. Hooks do not see them, the
         mismatch check does not record them, and afterwards ``seq`` is what it was, so that the
         program's first collective is #1. Every rank makes the same calls here."""
-        saved = (self.seq, self.op, self._next_check, self._history)
-        self._history = None
-        self._observing = False  # type: ignore[misc]
+        saved = (self.seq, self.op, self._kit_next_check, self._kit_history)
+        self._kit_history = None
+        self._kit_observing = False  # type: ignore[misc]
         try:
             yield
         finally:
-            del self._observing
-            self.seq, self.op, self._next_check, self._history = saved
+            del self._kit_observing
+            self.seq, self.op, self._kit_next_check, self._kit_history = saved
 
-    def _after_mismatch(self, error: CollectiveMismatchError) -> None:
+    def _kit_after_mismatch(self, error: CollectiveMismatchError) -> None:
         """The ranks found the collective mismatch ``error``. Where no rank ran the operation
         (this rank's latest), it counts as not made on every rank: the histories agree again,
         all_reduce's shortcut is closed (it described the call refused) and the communicator
         stays usable. Otherwise it is retired."""
-        h = self._history
+        h = self._kit_history
         if error.ran is not None:
             self.unusable = f"collective mismatch at operation #{error.seq}"
         elif h is not None and not h.ended and self.seq == error.seq:
             h.neutralise(self.seq)
             h.agree(self.seq)
-            self._forget_plain()
+            self._kit_forget_plain()
 
-    def _forget_plain(self) -> None:
+    def _kit_forget_plain(self) -> None:
         """The current run is no blocking SUM all_reduce: ``all_reduce``'s shortcut is closed
         until one starts (its three attributes describe that run's tensors)."""
-        self._plain_cls = self._plain_dtype = None
-        self._plain_nbytes = -1
+        self._kit_plain_cls = self._kit_plain_dtype = None
+        self._kit_plain_nbytes = -1
 
-    def _can_confirm(self) -> bool:
+    def _kit_can_confirm(self) -> bool:
         """Whether this communicator's calls can be confirmed by a vote of point-to-point
         messages (:mod:`~distcomm.backend._pipeline.confirmation`)."""
-        return self._world_size > 1 and self._object_channel()._control_ready()
+        return self._kit_world_size > 1 and self._object_channel()._control_ready()
 
     # -- stage ---------------------------------------------------------------------------------
-    def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
+    def _kit_stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
         return stage(
             adapter,
             x,
             dtype,
-            native_dtypes=self._native_dtypes,
+            native_dtypes=self._kit_native_dtypes,
             devices=self.devices,
             backend=self.backend_name,
-            warn_staging=self._warn_staging,
+            warn_staging=self._kit_warn_staging,
             what=what,
             bound=self.bound_device,
         )
 
-    def _warn_staging(self, device: str) -> None:
-        if not self._warned_staging:
-            self._warned_staging = True
+    def _kit_warn_staging(self, device: str) -> None:
+        if not self._kit_warned_staging:
+            self._kit_warned_staging = True
             why = f" ({self.cpu_only_reason})" if self.cpu_only_reason else ""
             warnings.warn(
                 f"backend {self.backend_name!r} moves CPU memory only{why}: {device} tensors are "
@@ -261,7 +264,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
             )
 
     # -- primitive -----------------------------------------------------------------------------
-    def _call(self, primitive: Callable[..., Work | None], async_op: bool, *args: Any) -> Any:
+    def _kit_call(self, primitive: Callable[..., Work | None], async_op: bool, *args: Any) -> Any:
         """Run ``primitive(*args, async_op)``: blocking (and waited for) under this rank's
         "blocked in" mark, or started, returning its Work. An engine exception (one of
         ``engine_errors``) becomes EngineError naming the operation."""
@@ -286,13 +289,13 @@ class Steps(ArgumentChecks, Failures, Primitives):
         return None
 
     # -- finish --------------------------------------------------------------------------------
-    def _complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
+    def _kit_complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
         """A primitive's outcome for the caller: done, or (async) a Work owning ``keep``."""
         if not async_op:
             return None
-        return self._handed(work, keep, None)
+        return self._kit_handed(work, keep, None)
 
-    def _finish(
+    def _kit_finish(
         self,
         work: Work | None,
         async_op: bool,
@@ -313,12 +316,12 @@ class Steps(ArgumentChecks, Failures, Primitives):
         elif staged.copied:
             after = staged.write_back
         if async_op:
-            return self._handed(work, (staged.user, staged.engine, *keep), after)
+            return self._kit_handed(work, (staged.user, staged.engine, *keep), after)
         if after is not None:
             after()
         return None
 
-    def _finish_split(
+    def _kit_finish_split(
         self, work: Work | None, async_op: bool, staged: Staged, out: Any, parts: list[Any]
     ) -> Work | None:
         """As :meth:`_complete`, then copy the chunks of ``out`` into ``parts``."""
@@ -331,11 +334,11 @@ class Steps(ArgumentChecks, Failures, Primitives):
                 adapter.copy_(part, flat[r * numel : (r + 1) * numel])
 
         if async_op:
-            return self._handed(work, (staged.user, staged.engine, out, *parts), after)
+            return self._kit_handed(work, (staged.user, staged.engine, out, *parts), after)
         after()
         return None
 
-    def _handed(
+    def _kit_handed(
         self, work: Work | None, keep: tuple[Any, ...], after: Callable[[], None] | None
     ) -> BaseWork:
         """The Work the caller gets: it owns ``keep``, runs ``after`` once complete, and is
@@ -343,7 +346,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         handed = self._then(work, after, *keep)
         if handed is None:
             return DONE
-        self._pending.add(handed)
+        self._kit_pending.add(handed)
         return handed
 
     # -- the channel of internal traffic -------------------------------------------------------
@@ -351,15 +354,15 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """The communicator object bytes travel on (a GPU engine returns a CPU side channel)."""
         return self  # type: ignore[return-value]
 
-    def _objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
+    def _kit_objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` here (and on the object channel); return the channel
         its bytes travel on, or None in a world of 1."""
-        self._count(op, root=root)
-        if self._solo:
+        self._kit_count(op, root=root)
+        if self._kit_solo:
             return None
         channel = self._object_channel()
         if channel is not self:
-            channel._check_usable()
+            channel._kit_check_usable()
             channel.seq += 1  # counted, not checked again: the check ran on this communicator
             channel.op = op
         return channel

@@ -73,7 +73,7 @@ class _FutureWork(BaseWork):
 
     def __init__(self, comm: ZmqCommunicator, done: threading.Event, box: list[Any]) -> None:
         super().__init__(comm)
-        self._event, self._box = done, box
+        self._event, self._box, self._limit = done, box, comm.timeout
 
     def _test(self) -> bool:
         if not self._event.is_set():
@@ -83,8 +83,7 @@ class _FutureWork(BaseWork):
         return True
 
     def _block(self, timeout: float | None) -> bool:
-        assert self._comm is not None
-        self._event.wait(self._comm.timeout + 5 if timeout is None else timeout)
+        self._event.wait(self._limit + 5 if timeout is None else timeout)
         return self._test()
 
 
@@ -109,7 +108,7 @@ class _RecvWork(BaseWork):
 
     @property
     def source(self) -> int | None:
-        return self._src if self._done else None
+        return self._src if self.done else None
 
     def _test(self) -> bool:
         return self._take(time.monotonic())

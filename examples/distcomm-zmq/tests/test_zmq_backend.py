@@ -135,7 +135,7 @@ def test_a_timeout_shows_where_the_late_ranks_are(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Asked over the transport ("where are you?"), answered by the late ranks' receiver
-    threads while their program sleeps (tests/straggler.py)."""
+    threads while their program sleeps (tests/support/straggler.py)."""
     from straggler import late_ranks
 
     monkeypatch.setenv("DISTCOMM_TIMEOUT", "2")

@@ -1,4 +1,4 @@
-"""What every rank of tests/interop_clients.py must have seen, under any launcher."""
+"""What every rank of tests/support/interop_clients.py must have seen, under any launcher."""
 
 from __future__ import annotations
 
