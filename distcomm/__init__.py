@@ -28,15 +28,11 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         broadcast_object,
         gather,
         gather_object,
-        irecv,
-        isend,
         new_group,
-        recv,
         reduce,
         reduce_scatter_tensor,
         scatter,
         scatter_object,
-        send,
     )
     from distcomm._runtime.detection import detect_environment
     from distcomm._runtime.doors import (
@@ -63,6 +59,15 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
     from distcomm._runtime.lifecycle import (
         finalize,
         init,
+    )
+    from distcomm._runtime.messages import (
+        batch_isend_irecv,
+        irecv,
+        isend,
+        recv,
+        recv_object,
+        send,
+        send_object,
     )
     from distcomm._runtime.profiling import profile
     from distcomm.backend.events import (
@@ -97,6 +102,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
     from distcomm.protocol import (
         NON_MEMBER,
         Communicator,
+        P2POp,
         ReduceOp,
         Work,
     )
@@ -109,6 +115,7 @@ _EXPORTS = {
     "all_reduce": "distcomm._runtime.collectives",
     "all_reduce_coalesced": "distcomm._runtime.collectives",
     "all_to_all_single": "distcomm._runtime.collectives",
+    "batch_isend_irecv": "distcomm._runtime.messages",
     "assert_same": "distcomm._runtime.collectives",
     "profile": "distcomm._runtime.profiling",
     "dump_trace": "distcomm._runtime.flight_recorder",
@@ -117,15 +124,17 @@ _EXPORTS = {
     "broadcast_object": "distcomm._runtime.collectives",
     "gather": "distcomm._runtime.collectives",
     "gather_object": "distcomm._runtime.collectives",
-    "irecv": "distcomm._runtime.collectives",
-    "isend": "distcomm._runtime.collectives",
+    "irecv": "distcomm._runtime.messages",
+    "isend": "distcomm._runtime.messages",
     "new_group": "distcomm._runtime.collectives",
-    "recv": "distcomm._runtime.collectives",
+    "recv": "distcomm._runtime.messages",
     "reduce": "distcomm._runtime.collectives",
     "reduce_scatter_tensor": "distcomm._runtime.collectives",
     "scatter": "distcomm._runtime.collectives",
     "scatter_object": "distcomm._runtime.collectives",
-    "send": "distcomm._runtime.collectives",
+    "send": "distcomm._runtime.messages",
+    "send_object": "distcomm._runtime.messages",
+    "recv_object": "distcomm._runtime.messages",
     "detect_environment": "distcomm._runtime.detection",
     "DistContext": "distcomm._runtime.doors",
     "dist_finalize": "distcomm._runtime.doors",
@@ -170,6 +179,7 @@ _EXPORTS = {
     "zero_first": "distcomm.helpers",
     "NON_MEMBER": "distcomm.protocol",
     "Communicator": "distcomm.protocol",
+    "P2POp": "distcomm.protocol",
     "ReduceOp": "distcomm.protocol",
     "Work": "distcomm.protocol",
 }
@@ -202,6 +212,10 @@ _MOVED_TO_BACKEND = frozenset(
 )
 
 __all__ = [
+    "P2POp",
+    "batch_isend_irecv",
+    "send_object",
+    "recv_object",
     "NON_MEMBER",
     "AlreadyInitializedError",
     "BackendNotFoundError",

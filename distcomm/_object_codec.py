@@ -41,8 +41,10 @@ __all__ = [
     "check_scatter_list",
     "gather_object",
     "pack",
+    "recv_object",
     "reduce_numbers",
     "scatter_object",
+    "send_object",
     "unpack",
 ]
 
@@ -230,6 +232,27 @@ def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int)
     mine = bytearray(_SIZE.unpack(size)[0])
     comm._kit_call(comm._scatter, False, mine, full, src)
     return unpack(memoryview(mine))
+
+
+def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:
+    """``obj`` to ``dst`` as two messages on ``tag``: its size (8 bytes), then its payload."""
+    payload = pack(obj)
+    size = bytearray(_SIZE.pack(memoryview(payload).nbytes))
+    works = [comm._kit_start(comm._isend, "send_object", b, dst, tag) for b in (size, payload)]
+    for work in works:
+        work.wait()
+
+
+def recv_object(comm: BaseCommunicator, src: int | None, tag: int) -> Any:
+    """The object :func:`send_object` sent from ``src`` (None: whichever sender comes first;
+    its payload is then taken from that same sender)."""
+    size = bytearray(_SIZE.size)
+    first = comm._kit_start(comm._irecv, "recv_object", size, src, tag)
+    first.wait()
+    sender = src if src is not None else getattr(first, "source", None)
+    payload = _empty(_SIZE.unpack(size)[0])
+    comm._kit_start(comm._irecv, "recv_object", payload, sender, tag).wait()
+    return unpack(memoryview(payload))
 
 
 def slot_bytes(world_size: int) -> int:

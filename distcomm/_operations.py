@@ -78,6 +78,9 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("recv", "recv"),
     Operation("isend", "send"),
     Operation("irecv", "recv"),
+    Operation("batch_isend_irecv", "send"),
+    Operation("send_object", "send"),
+    Operation("recv_object", "recv"),
     Operation(
         "all_gather_object", "objects", observed=True, shared=True, bench="all_gather_object"
     ),

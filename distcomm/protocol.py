@@ -9,6 +9,7 @@ A communicator is used by one thread per rank.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from distcomm.backend.specs import Capabilities
     from distcomm.environment import LaunchInfo
 
-__all__ = ["NON_MEMBER", "Communicator", "NonMember", "ReduceOp", "Work"]
+__all__ = ["NON_MEMBER", "Communicator", "NonMember", "P2POp", "ReduceOp", "Work"]
 
 
 class ReduceOp(enum.Enum):
@@ -116,6 +117,49 @@ class NonMember:
 
 
 NON_MEMBER = NonMember()
+
+#: The kinds of message a :class:`P2POp` may be, by the name of its ``op``.
+P2P_KINDS = ("isend", "irecv")
+
+
+@dataclasses.dataclass(frozen=True)
+class P2POp:
+    """One message of :func:`distcomm.batch_isend_irecv`, as torch's ``P2POp``.
+
+    Attributes:
+        op: ``distcomm.isend`` or ``distcomm.irecv``, their names as strings, or torch's
+            ``torch.distributed.isend`` / ``irecv`` (a drop-in for code written for torch).
+        tensor: the message (isend) or the buffer (irecv).
+        peer: the rank sent to or received from, a rank of ``group``.
+        group: the communicator; None: the default one (every op of a batch on one
+            communicator).
+        tag: an int in ``[0, 2**30)``, the same on both sides.
+    """
+
+    op: Any
+    tensor: Any
+    peer: int
+    group: Any = None
+    tag: int = 0
+
+    @property
+    def kind(self) -> str:
+        """``"isend"`` or ``"irecv"``.
+
+        Raises:
+            InvalidArgumentError: ``op`` is neither.
+        """
+        name = self.op if isinstance(self.op, str) else getattr(self.op, "__name__", None)
+        if name not in P2P_KINDS:
+            raise InvalidArgumentError(
+                f"P2POp(op={self.op!r}) is not a kind of message: valid: distcomm.isend, "
+                "distcomm.irecv (or torch.distributed's, or the strings 'isend', 'irecv'). "
+                "HINT: P2POp(distcomm.isend, tensor, peer) sends, P2POp(distcomm.irecv, "
+                "buffer, peer) receives."
+            )
+        return str(name)
+
+
 """What ``new_group`` and ``split`` return on ranks outside the new group. It is falsy, so
 ``if group:`` tells whether this rank is a member; passing it as ``group=`` raises
 InvalidArgumentError instead of silently using the whole world."""
@@ -245,6 +289,9 @@ class Communicator(Protocol):
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int: ...
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work: ...
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work: ...
+    def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Work]: ...
+    def send_object(self, obj: Any, dst: int, tag: int = 0) -> None: ...
+    def recv_object(self, src: int | None = None, tag: int = 0) -> Any: ...
     def barrier(self, async_op: bool = False) -> Work | None: ...
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...

@@ -146,6 +146,18 @@ def test_rank_zero_example_alone_and_under_mpirun(request: pytest.FixtureRequest
     assert len(done.stdout) == sum(len(line) + 1 for line in expected)
 
 
+def test_pipeline_exchange_under_distcomm_run_and_mpirun(request: pytest.FixtureRequest) -> None:
+    """Neighbours exchange in batches (docs/reference/distcomm.md shows the gloo line)."""
+    assert distcomm_run("-n", "4", "examples/pipeline_exchange.py").splitlines() == [
+        "[rank 0] 4 stages on gloo, 8 steps: 0 exchanges with a wrong value"
+    ]
+    mpirun = request.getfixturevalue("mpirun")
+    command = [mpirun, "-n", "3", sys.executable, "examples/pipeline_exchange.py"]
+    done = run_job(command, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3 stages on mpi, 8 steps: 0 exchanges with a wrong value\n"
+
+
 #: (launcher, backend): the timeouts example under each; gloo under mpirun has its rendezvous
 #: over MPI.
 TIMEOUT_LAUNCHES = [("distcomm run", "gloo"), ("mpirun", "mpi"), ("mpirun", "gloo")]

@@ -8,7 +8,7 @@ import distcomm
 from distcomm import _operations
 from distcomm._bench.operations import OPERATIONS as BENCHED
 from distcomm._measures import busbw_factor
-from distcomm._runtime import collectives
+from distcomm._runtime import collectives, messages
 from distcomm.backend import BaseCommunicator, Capabilities
 from distcomm.backend._pipeline.observing import OBSERVED
 from distcomm.backend.specs import ALL_OPS
@@ -23,11 +23,13 @@ def test_every_operation_is_a_method_of_the_protocol_and_of_the_kit() -> None:
 
 def test_every_module_function_is_distcomms_and_nothing_else_is() -> None:
     functions = set(_operations.named(module_function=True))
-    assert set(collectives.__all__) == functions
+    assert set(collectives.__all__) | set(messages.__all__) == functions
+    assert not set(collectives.__all__) & set(messages.__all__)
     assert functions <= set(distcomm.__all__), functions - set(distcomm.__all__)
     for name in functions:
-        assert distcomm._EXPORTS[name] == "distcomm._runtime.collectives", name
-        assert getattr(distcomm, name) is getattr(collectives, name)
+        home = collectives if name in collectives.__all__ else messages
+        assert distcomm._EXPORTS[name] == home.__name__, name
+        assert getattr(distcomm, name) is getattr(home, name)
     assert "split" not in distcomm.__all__, "split is a method only"
 
 

@@ -30,15 +30,11 @@ __all__ = [
     "broadcast_object",
     "gather",
     "gather_object",
-    "irecv",
-    "isend",
     "new_group",
-    "recv",
     "reduce",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object",
-    "send",
 ]
 
 _solo: Communicator | None = None
@@ -248,65 +244,6 @@ def all_to_all_single(
         async_op: return a Work at once instead of waiting for the result.
     """
     return resolve_group(group).all_to_all_single(output, input, async_op)
-
-
-def send(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> None:
-    """Send ``tensor`` to ``dst``. When it returns, ``tensor`` may be reused.
-
-    Args:
-        tensor: the message.
-        dst: the receiving rank, a rank of the communicator in use.
-        group: the communicator (one from ``new_group`` or ``split``); None: the default one.
-        tag: an int in ``[0, 2**30)``; the receive must name the same tag.
-    """
-    resolve_group(group).send(tensor, dst, tag)
-
-
-def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) -> int:
-    """Receive into ``tensor`` from ``src`` (None: any); return the sender's rank.
-
-    Args:
-        tensor: the buffer: as many elements as the message (the dtype of the sent tensor).
-        src: the sending rank, a rank of the communicator in use; None: any rank (where the
-            backend's ``capabilities.any_source`` allows it).
-        group: the communicator (one from ``new_group`` or ``split``); None: the default one.
-        tag: an int in ``[0, 2**30)``, the sender's.
-
-    Returns:
-        The sender's rank.
-    """
-    return resolve_group(group).recv(tensor, src, tag)
-
-
-def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> Work:
-    """Start sending ``tensor`` to ``dst``; do not modify ``tensor`` until the Work completes.
-
-    Args:
-        tensor: the message.
-        dst: the receiving rank, a rank of the communicator in use.
-        group: the communicator (one from ``new_group`` or ``split``); None: the default one.
-        tag: an int in ``[0, 2**30)``; the receive must name the same tag.
-
-    Returns:
-        A Work; it owns ``tensor`` until the send completes.
-    """
-    return resolve_group(group).isend(tensor, dst, tag)
-
-
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) -> Work:
-    """Start receiving into ``tensor``; the Work's ``source`` names the sender.
-
-    Args:
-        tensor: the buffer: as many elements as the message.
-        src: the sending rank, a rank of the communicator in use; None: any rank (where the
-            backend's ``capabilities.any_source`` allows it).
-        group: the communicator (one from ``new_group`` or ``split``); None: the default one.
-        tag: an int in ``[0, 2**30)``, the sender's.
-
-    Returns:
-        A Work; once it completes, its ``source`` attribute holds the sender's rank.
-    """
-    return resolve_group(group).irecv(tensor, src, tag)
 
 
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:

@@ -148,6 +148,7 @@ class _Start:
 def _start(request: InitRequest, export: bool) -> Communicator:
     """The phases of ``init``: parse the settings, detect the launch, select the backend,
     create the communicator (and torch's group beside it), attach it to the process."""
+    _uncaught.install(None)  # an error before the launch is known ends at the user's line too
     timeout, debug, beside = _parse(request)
     launch = _detect(request)
     trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]

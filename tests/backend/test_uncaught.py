@@ -88,3 +88,22 @@ def test_an_uncaught_distcomm_error_prints_prefixed_and_trimmed() -> None:
     assert lines and all(line.startswith("[rank 2] ") for line in lines), done.stderr
     assert lines[-1].startswith("[rank 2] distcomm.errors.InvalidArgumentError: unknown reduce")
     assert not any("/distcomm/" in line for line in lines), done.stderr
+
+
+def test_a_bad_setting_read_by_init_ends_at_the_users_call() -> None:
+    """A malformed DISTCOMM_* variable fails init before the launch is known: the traceback
+    still ends at the program's line, with no frame of distcomm's."""
+    env = {**os.environ, "DISTCOMM_DEBUG": "loud"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import distcomm\ndistcomm.init()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines[-1].startswith("distcomm.errors.InvalidArgumentError: DISTCOMM_DEBUG='loud'")
+    assert '  File "<string>", line 2, in <module>' in lines, done.stderr
+    assert not any("/distcomm/" in line for line in lines), done.stderr

@@ -1,18 +1,23 @@
-"""The point-to-point pipeline: send, recv, isend and irecv.
+"""The point-to-point pipeline: send, recv, isend, irecv, batch_isend_irecv, and the objects'
+send_object and recv_object.
 
 Messages carry no sequence number (only collectives are numbered); a blocking send or recv is
 the non-blocking one waited for, under a "blocked in" mark of its own (the Work sets it). On a
 backend that does not match messages by tag (``capabilities.p2p_tags`` False) a non-zero tag is
-refused before anything is sent.
+refused before anything is sent. A batch checks every one of its messages before it starts
+any, then posts the receives before the sends (so that neighbours sending to each other never
+wait on one another). An object travels as two messages on its tag: its size, then its bytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
-from distcomm.protocol import Work
+from distcomm.protocol import P2POp, Work
 
 __all__ = ["PointToPoint"]
 
@@ -59,6 +64,72 @@ class PointToPoint(Steps):
         work = self._kit_start(self._irecv, "irecv", staged.engine, src, tag)
         after = staged.write_back if staged.copied else None
         return self._kit_handed(work, (tensor, staged.engine), after)
+
+    def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Work]:
+        """Start every message of ``ops`` at once, receives first; their Works, in order.
+
+        Every op is checked (its kind, tensor, peer, tag and group) before any message starts,
+        so that a bad one leaves nothing half sent.
+        """
+        if isinstance(ops, P2POp) or not isinstance(ops, Sequence):
+            raise InvalidArgumentError(
+                f"batch_isend_irecv takes a list of P2POp, got {type(ops).__name__}. HINT: "
+                "batch_isend_irecv([P2POp(distcomm.isend, x, peer), ...])."
+            )
+        kinds = [self._kit_check_message(op, i) for i, op in enumerate(ops)]
+        if kinds:  # every op's arguments first, then what the backend can do
+            self._kit_check_p2p("batch_isend_irecv")
+        works: list[Work | None] = [None] * len(ops)
+        for wanted in ("irecv", "isend"):
+            for i, (op, kind) in enumerate(zip(ops, kinds, strict=True)):
+                if kind == wanted:
+                    start = self.irecv if kind == "irecv" else self.isend
+                    works[i] = start(op.tensor, op.peer, op.tag)
+        return [w for w in works if w is not None]
+
+    def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
+        """Send a picklable ``obj`` to ``dst``; it returns once the bytes are handed over."""
+        self._kit_check_usable()
+        self._kit_check_rank(dst, "dst")
+        self._kit_check_message_tag("send_object", tag)
+        objects.send_object(self._object_channel(), obj, dst, tag)
+
+    def recv_object(self, src: int | None = None, tag: int = 0) -> Any:
+        """Receive the object that ``src`` (None: any rank) sent with :meth:`send_object`."""
+        self._kit_check_usable()
+        if src is not None:
+            self._kit_check_rank(src, "src")
+        elif not self.capabilities.any_source:
+            raise InvalidArgumentError(
+                f"backend {self.backend_name!r} cannot receive from any source (src=None). "
+                "HINT: pass the sender's rank as src."
+            )
+        self._kit_check_message_tag("recv_object", tag)
+        return objects.recv_object(self._object_channel(), src, tag)
+
+    def _kit_check_message(self, op: Any, index: int) -> str:
+        """Check the ``index``-th op of a batch; its kind."""
+        if not isinstance(op, P2POp):
+            raise InvalidArgumentError(
+                f"batch_isend_irecv: op {index} is a {type(op).__name__}, not a P2POp. HINT: "
+                "P2POp(distcomm.isend, tensor, peer) or P2POp(distcomm.irecv, buffer, peer)."
+            )
+        kind = op.kind
+        if op.group is not None and op.group is not self:
+            raise InvalidArgumentError(
+                f"batch_isend_irecv: op {index} is on {op.group!r}, not on {self.describe()}: "
+                "one batch is on one communicator. HINT: one batch_isend_irecv per group."
+            )
+        self._kit_begin(op.tensor, f"op {index}'s tensor")
+        self._kit_check_rank(op.peer, f"op {index}'s peer")
+        self._check_tag(op.tag)
+        self._kit_check_tag_matched(f"op {index} ({kind})", op.tag)
+        return kind
+
+    def _kit_check_message_tag(self, op: str, tag: int) -> None:
+        self._check_tag(tag)
+        self._kit_check_p2p(op)
+        self._kit_check_tag_matched(op, tag)
 
     def _kit_start(self, primitive: Any, op: str, *args: Any) -> Work:
         """Start a message; an engine exception becomes EngineError."""

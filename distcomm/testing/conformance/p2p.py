@@ -1,4 +1,5 @@
-"""Checks of point-to-point messages: send/recv, isend/irecv, tags and any-source receives.
+"""Checks of point-to-point messages: send/recv, isend/irecv, tags, any-source receives,
+batches (batch_isend_irecv) and objects (send_object/recv_object).
 
 Messages go around a ring (rank r sends to r + 1), so every world of 2 or more ranks exercises
 them; a world of 1 has no one to talk to (``invalid_ranks`` checks the arguments there). Sends are
@@ -17,7 +18,7 @@ from distcomm.errors import (
     InvalidArgumentError,
     NotSupportedError,
 )
-from distcomm.protocol import NonMember, Work
+from distcomm.protocol import NonMember, P2POp, Work
 from distcomm.testing.conformance.registry import check
 from distcomm.testing.conformance.support import (
     cases,
@@ -25,6 +26,7 @@ from distcomm.testing.conformance.support import (
     empty,
     expect,
     expect_values,
+    has_numpy,
     make,
     p2p_tag,
     pattern,
@@ -190,6 +192,97 @@ def recv_any_source() -> None:
             f"irecv(src=None).source is {getattr(work, 'source', None)!r}",
         )
         send.wait()
+
+
+@check
+def batch_exchange_with_both_neighbours() -> None:
+    """batch_isend_irecv of a pipeline schedule's step: each rank sends to both neighbours and
+    receives from both in one batch (receives first: nobody waits on anybody); one Work per op,
+    in order; an empty batch is no Work."""
+    rank, world, nxt, prev = _ring()
+    expect(distcomm.batch_isend_irecv([]) == [], "an empty batch returns no Work")
+    if world == 1 or _no_p2p():
+        return
+    for lib, dtype in cases(lambda d: d in ("int64", "float32")):
+        forward, backward = make(lib, dtype, [rank, 1]), make(lib, dtype, [rank, 2])
+        got_forward, got_backward = empty(lib, dtype, (2,)), empty(lib, dtype, (2,))
+        ops = [
+            P2POp(distcomm.isend, forward, nxt, tag=p2p_tag(71)),
+            P2POp(distcomm.isend, backward, prev, tag=p2p_tag(72)),
+            P2POp(distcomm.irecv, got_forward, prev, tag=p2p_tag(71)),
+            P2POp("irecv", got_backward, nxt, tag=p2p_tag(72)),
+        ]
+        works = distcomm.batch_isend_irecv(ops)
+        expect(len(works) == 4 and all(isinstance(w, Work) for w in works), f"{works!r}")
+        for work in works:
+            work.wait()
+        expect_values(got_forward, [prev, 1], f"batch: from the previous rank, {lib} {dtype}")
+        expect_values(got_backward, [nxt, 2], f"batch: from the next rank, {lib} {dtype}")
+
+
+@check
+def batch_checks_every_op_before_starting_any() -> None:
+    """A bad op anywhere in a batch (not a P2POp, neither isend nor irecv, a peer that is not a
+    rank) is refused before any message starts: the valid receive ahead of it was not posted,
+    so the next message on its tag reaches the next receive."""
+    rank, world, nxt, prev = _ring()
+    lib, dtype = next(iter(cases(lambda d: d == "int64")))
+    buf = empty(lib, dtype, (1,))
+    ahead = P2POp(distcomm.irecv, buf, prev, tag=p2p_tag(81))
+    bad_ops = [
+        ("a tuple", (distcomm.isend, buf, nxt)),
+        ("a broadcast", P2POp(distcomm.broadcast, buf, nxt)),
+        ("peer world_size", P2POp(distcomm.isend, buf, world)),
+    ]
+    for what, bad in bad_ops:
+        exc = raises(InvalidArgumentError, distcomm.batch_isend_irecv, [ahead, bad])
+        expect("op 1" in str(exc) or "P2POp" in str(exc), f"{what}: names no op: {exc}")
+    if world == 1 or _no_p2p():
+        return
+    fresh = empty(lib, dtype, (1,))
+    send = distcomm.isend(make(lib, dtype, [rank + 10]), nxt, tag=p2p_tag(81))
+    distcomm.recv(fresh, prev, tag=p2p_tag(81))
+    send.wait()
+    expect_values(fresh, [prev + 10], "the message after a refused batch")
+    expect_values(buf, [0], "the refused batch's receive ran")
+
+
+@check
+def objects_around_the_ring() -> None:
+    """send_object/recv_object around the ring: a small object, and one with a large numpy
+    array (sent beside the pickle stream); recv_object(src=None) where the backend can."""
+    rank, world, nxt, prev = _ring()
+    if world == 1:
+        return
+    if not comm().capabilities.p2p:
+        raises(NotSupportedError, distcomm.send_object, {"x": 1}, nxt)
+        return
+    payloads = [("small", rank), ("text", "x" * (100 * rank))]
+    if has_numpy():
+        import numpy as np
+
+        payloads.append(("array", np.arange(100_000, dtype=np.int64) + rank))
+    for tag, (what, mine) in enumerate(payloads):
+        if rank % 2 == 0:
+            distcomm.send_object({"what": what, "value": mine}, nxt, tag=p2p_tag(90 + tag))
+            got = distcomm.recv_object(prev, tag=p2p_tag(90 + tag))
+        else:
+            got = distcomm.recv_object(prev, tag=p2p_tag(90 + tag))
+            distcomm.send_object({"what": what, "value": mine}, nxt, tag=p2p_tag(90 + tag))
+        value = got["value"]
+        expected = {"small": prev, "text": "x" * (100 * prev)}.get(what)
+        if what == "array":
+            expect(int(value[0]) == prev and len(value) == 100_000, f"array from {prev}")
+        else:
+            expect(value == expected, f"recv_object {what}: {value!r}, expected {expected!r}")
+    if comm().capabilities.any_source:
+        if rank % 2 == 0:
+            distcomm.send_object(("any", rank), nxt, tag=p2p_tag(99))
+            got = distcomm.recv_object(None, tag=p2p_tag(99))
+        else:
+            got = distcomm.recv_object(None, tag=p2p_tag(99))
+            distcomm.send_object(("any", rank), nxt, tag=p2p_tag(99))
+        expect(got == ("any", prev), f"recv_object(src=None): {got!r}")
 
 
 @check
