@@ -28,11 +28,14 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         broadcast_object,
         gather,
         gather_object,
+        mesh,
         new_group,
+        new_subgroups,
         reduce,
         reduce_scatter_tensor,
         scatter,
         scatter_object,
+        split_group,
     )
     from distcomm._runtime.detection import detect_environment
     from distcomm._runtime.doors import (
@@ -75,6 +78,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         HookHandle,
         add_hook,
     )
+    from distcomm.backend.meshes import Mesh
     from distcomm.environment import LaunchInfo
     from distcomm.errors import (
         AlreadyInitializedError,
@@ -127,6 +131,10 @@ _EXPORTS = {
     "irecv": "distcomm._runtime.messages",
     "isend": "distcomm._runtime.messages",
     "new_group": "distcomm._runtime.collectives",
+    "new_subgroups": "distcomm._runtime.collectives",
+    "split_group": "distcomm._runtime.collectives",
+    "mesh": "distcomm._runtime.collectives",
+    "Mesh": "distcomm.backend.meshes",
     "recv": "distcomm._runtime.messages",
     "reduce": "distcomm._runtime.collectives",
     "reduce_scatter_tensor": "distcomm._runtime.collectives",
@@ -212,6 +220,10 @@ _MOVED_TO_BACKEND = frozenset(
 )
 
 __all__ = [
+    "Mesh",
+    "mesh",
+    "new_subgroups",
+    "split_group",
     "P2POp",
     "batch_isend_irecv",
     "send_object",

@@ -90,6 +90,9 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("assert_same", "", observed=True),
     Operation("new_group", "new_group"),
     Operation("split", "split", module_function=False),
+    Operation("split_group", "split"),
+    Operation("new_subgroups", "split"),
+    Operation("mesh", "split"),
 )
 
 #: Each operation by its name.

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    from distcomm.backend.meshes import Mesh
     from distcomm.backend.specs import Capabilities
     from distcomm.environment import LaunchInfo
 
@@ -316,5 +317,9 @@ class Communicator(Protocol):
             None.
         """
         ...
+
+    def split_group(self, split_ranks: Sequence[Sequence[int]]) -> Communicator | NonMember: ...
+    def new_subgroups(self, group_size: int) -> Communicator: ...
+    def mesh(self, shape: Sequence[int], names: Sequence[str]) -> Mesh: ...
 
     def finalize(self) -> None: ...

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distcomm._operations import DEFAULT_BUCKET_BYTES
 from distcomm._runtime import state
 from distcomm._runtime.detection import detect_environment
 from distcomm.errors import InvalidArgumentError, NotInitializedError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
+
+if TYPE_CHECKING:
+    from distcomm.backend.meshes import Mesh
 
 __all__ = [
     "all_gather",
@@ -30,11 +33,14 @@ __all__ = [
     "broadcast_object",
     "gather",
     "gather_object",
+    "mesh",
     "new_group",
+    "new_subgroups",
     "reduce",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object",
+    "split_group",
 ]
 
 _solo: Communicator | None = None
@@ -380,3 +386,54 @@ def new_group(ranks: Sequence[int], group: Any = None) -> Communicator | NonMemb
         InvalidArgumentError: ``ranks`` empty, repeated, out of range, or not the same on all.
     """
     return resolve_group(group).new_group(ranks)
+
+
+def split_group(
+    split_ranks: Sequence[Sequence[int]], group: Any = None
+) -> Communicator | NonMember:
+    """Make one group per list of ``split_ranks`` in one call; return this rank's.
+
+    Collective over ``group``: every rank passes the same lists (disjoint ranks of ``group``).
+    Each rank gets the group it is in, NON_MEMBER where it is in none.
+
+    Args:
+        split_ranks: lists of ranks, e.g. ``[[0, 1], [2, 3]]``.
+        group: the communicator split; None: the default one.
+
+    Raises:
+        InvalidArgumentError: a rank in two lists, a rank that is not one, an empty list, or
+            ranks that passed different lists.
+    """
+    return resolve_group(group).split_group(split_ranks)
+
+
+def new_subgroups(group_size: int, group: Any = None) -> Communicator:
+    """Split into groups of ``group_size`` consecutive ranks; return this rank's.
+
+    Collective over ``group``. Rank ``r`` is in group ``r // group_size``, as torch's
+    ``new_subgroups``.
+
+    Args:
+        group_size: a positive int that divides the world size.
+        group: the communicator split; None: the default one.
+    """
+    return resolve_group(group).new_subgroups(group_size)
+
+
+def mesh(shape: Sequence[int], names: Sequence[str], group: Any = None) -> Mesh:
+    """Lay the ranks out on a grid; a group along each named dimension (``mesh["dp"]``).
+
+    Collective over ``group``; one call per dimension makes every group of that dimension.
+    Row-major, as torch's ``init_device_mesh``: on 4 ranks, ``mesh((2, 2), ("dp", "tp"))``
+    gives ranks 0 and 1 (and 2 and 3) one ``tp`` group, ranks 0 and 2 (and 1 and 3) one ``dp``
+    group. ``mesh.torch()`` is torch's ``DeviceMesh`` of the same layout.
+
+    Args:
+        shape: positive ints whose product is the world size.
+        names: a distinct name per dimension.
+        group: the communicator laid out; None: the default one.
+
+    Returns:
+        A :class:`~distcomm.Mesh`.
+    """
+    return resolve_group(group).mesh(shape, names)

@@ -1,16 +1,20 @@
-"""The groups pipeline: new_group and split make sub-communicators; adopt wraps an engine's own.
+"""The groups pipeline: new_group, split, split_group and new_subgroups make sub-communicators,
+mesh a grid of them; adopt wraps an engine's own.
 
 The members agree on the groups through an all-gather of small objects, then the backend's
-``_split`` primitive makes one engine communicator per group.
+``_split`` primitive makes every group of one layout in one call: one engine communicator per
+group, each rank getting its own (a mesh: one call per dimension).
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any
 
 from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.steps import Steps
+from distcomm.backend.meshes import Mesh, layout
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator, NonMember
 
@@ -67,6 +71,79 @@ class Groups(Steps):
         index = None if color is None else colors.index(color)
         return self._kit_inherit(self._split(groups, index), index)
 
+    def split_group(self, split_ranks: Sequence[Sequence[int]]) -> Communicator | NonMember:
+        """One group per list of ``split_ranks`` (disjoint ranks here), all made in one call;
+        this rank's group, or NON_MEMBER where it is in none. Every rank passes the same lists.
+        """
+        self._kit_check_usable()
+        groups = self._kit_check_partition(split_ranks)
+        return self._kit_make_groups("split_group", groups)
+
+    def new_subgroups(self, group_size: int) -> Communicator:
+        """Split into groups of ``group_size`` consecutive ranks (0..size-1, size..2size-1, ...);
+        this rank's group. ``group_size`` must divide the world size."""
+        self._kit_check_usable()
+        world = self._kit_world_size
+        if not _is_count(group_size) or world % group_size:
+            raise InvalidArgumentError(
+                f"new_subgroups: group_size={group_size!r} must be a positive int that divides "
+                f"the world size {world}. HINT: pass one of "
+                f"{[n for n in range(1, world + 1) if world % n == 0]}."
+            )
+        groups = [tuple(range(s, s + group_size)) for s in range(0, world, group_size)]
+        made = self._kit_make_groups("new_subgroups", groups)
+        assert not isinstance(made, NonMember), "every rank is in one of the groups"
+        return made
+
+    def mesh(self, shape: Sequence[int], names: Sequence[str]) -> Mesh:
+        """A grid of ``shape`` over the ranks (row-major: the last dimension varies fastest)
+        with a group along each named dimension (``mesh["tp"]``), one call per dimension."""
+        self._kit_check_usable()
+        dims = layout(shape, names, self._kit_world_size)
+        groups = {}
+        for name, along in dims.items():
+            made = self._kit_make_groups("mesh", along)
+            assert not isinstance(made, NonMember), "every rank is on every dimension"
+            groups[name] = made
+        return Mesh(tuple(shape), tuple(names), groups, self)  # type: ignore[arg-type]
+
+    def _kit_make_groups(
+        self, op: str, groups: Sequence[tuple[int, ...]]
+    ) -> Communicator | NonMember:
+        """Agree with the other ranks on ``groups`` (they must pass the same), then make them."""
+        channel = self._kit_objects(op)
+        key = [list(g) for g in groups]
+        seen = [key] if channel is None else objects.all_gather_object(channel, key)
+        for r, other in enumerate(seen):
+            if other != key:
+                raise InvalidArgumentError(
+                    f"{op}: rank {self._kit_rank} made the groups {key} but rank {r} made "
+                    f"{other}. HINT: every rank calls {op} with the same arguments."
+                )
+        index = next((i for i, g in enumerate(groups) if self._kit_rank in g), None)
+        return self._kit_inherit(self._split(list(groups), index), index)
+
+    def _kit_check_partition(self, split_ranks: Any) -> list[tuple[int, ...]]:
+        world = self._kit_world_size
+        try:
+            groups = [tuple(sorted(ranks)) for ranks in split_ranks]
+        except TypeError:
+            groups = [()]
+        if not groups or not all(g and all(_is_rank(r, world) for r in g) for g in groups):
+            raise InvalidArgumentError(
+                f"split_group: split_ranks {split_ranks!r} must be lists of ranks of "
+                f"{self.describe()} (0..{world - 1}), none empty. HINT: split_group([[0, 1], "
+                "[2, 3]])."
+            )
+        counts = collections.Counter(r for g in groups for r in g)
+        twice = sorted(r for r, n in counts.items() if n > 1)
+        if twice:
+            raise InvalidArgumentError(
+                f"split_group: rank(s) {twice} appear twice in {split_ranks!r}: each rank is in "
+                "one group at most. HINT: pass disjoint lists."
+            )
+        return groups
+
     def _group_arguments(self, members: Sequence[int]) -> dict[str, Any]:
         """What :class:`~distcomm.backend.BaseCommunicator` takes for this rank's communicator over
         ``members`` (ranks of this communicator, in member order; this rank among them): its
@@ -108,3 +185,12 @@ class Groups(Steps):
         """
         self._kit_check_usable()
         return self._adopt(native)
+
+
+def _is_count(value: Any) -> bool:
+    """A positive int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _is_rank(value: Any, world: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < world

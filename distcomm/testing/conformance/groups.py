@@ -1,4 +1,5 @@
-"""Checks of sub-communicators: ``new_group``, ``split``, nesting, and non-members.
+"""Checks of sub-communicators: ``new_group``, ``split``, ``split_group``, ``new_subgroups``,
+``mesh``, nesting, and non-members.
 
 Inside a group every rank (``src``, ``dst``, ``recv``'s result) is a rank of the group, and
 ``global_ranks`` maps them to the world. Ranks outside get ``distcomm.NON_MEMBER``, which is falsy
@@ -152,6 +153,41 @@ def split_with_color_none() -> None:
 
 
 @check
+def split_group_and_new_subgroups() -> None:
+    """split_group gives each rank the group of its list in one call (NON_MEMBER outside every
+    list); new_subgroups(size) groups consecutive ranks."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    halves = [list(range(0, world, 2)), list(range(1, world - 1, 2))]
+    lists = [h for h in halves if h]
+    group = distcomm.split_group(lists)
+    mine = next((h for h in lists if rank in h), None)
+    if mine is None:
+        _refused(group)
+    else:
+        _exercise(group, mine)
+    size = 2 if world % 2 == 0 else 1
+    sub = distcomm.new_subgroups(size)
+    _exercise(sub, list(range(rank - rank % size, rank - rank % size + size)))
+    _world_still_works()
+
+
+@check
+def mesh_groups_along_each_dimension() -> None:
+    """mesh((a, b), ("dp", "tp")): row-major coordinates; mesh["tp"] holds the ranks of this
+    rank's row, mesh["dp"] those of its column; each is a working communicator."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    rows = 2 if world % 2 == 0 else 1
+    cols = world // rows
+    grid: Any = distcomm.mesh((rows, cols), ("dp", "tp"))
+    row, col = divmod(rank, cols)
+    expect(grid.coordinate == (row, col), f"mesh.coordinate {grid.coordinate} != {(row, col)}")
+    _exercise(grid["tp"], [row * cols + c for c in range(cols)])
+    _exercise(grid["dp"], [r * cols + col for r in range(rows)])
+    raises(InvalidArgumentError, grid.__getitem__, "pp")
+    _world_still_works()
+
+
+@check
 def nested_groups() -> None:
     """A group made from a group (new_group with group=, and split) maps to world ranks."""
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
@@ -197,3 +233,10 @@ def new_group_errors() -> None:
         raises(InvalidArgumentError, distcomm.new_group, ranks)
     raises(InvalidArgumentError, comm().split, -1)
     raises(InvalidArgumentError, comm().split, "a")
+    bad_lists: list[Any] = [[[0, world]], [[0], [0]], [[]], [], 5]
+    for lists in bad_lists:
+        raises(InvalidArgumentError, distcomm.split_group, lists)
+    for size in (0, world + 1, "2", True):
+        raises(InvalidArgumentError, distcomm.new_subgroups, size)
+    for shape, names in (((world + 1,), ("dp",)), ((world,), ("dp", "tp")), ((world,), ("",))):
+        raises(InvalidArgumentError, distcomm.mesh, shape, names)
