@@ -28,14 +28,10 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         broadcast_object,
         gather,
         gather_object,
-        mesh,
-        new_group,
-        new_subgroups,
         reduce,
         reduce_scatter_tensor,
         scatter,
         scatter_object,
-        split_group,
     )
     from distcomm._runtime.detection import detect_environment
     from distcomm._runtime.doors import (
@@ -58,6 +54,12 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         is_local_main_process,
         is_main_process,
         restart_count,
+    )
+    from distcomm._runtime.grouping import (
+        mesh,
+        new_group,
+        new_subgroups,
+        split_group,
     )
     from distcomm._runtime.lifecycle import (
         finalize,
@@ -130,10 +132,10 @@ _EXPORTS = {
     "gather_object": "distcomm._runtime.collectives",
     "irecv": "distcomm._runtime.messages",
     "isend": "distcomm._runtime.messages",
-    "new_group": "distcomm._runtime.collectives",
-    "new_subgroups": "distcomm._runtime.collectives",
-    "split_group": "distcomm._runtime.collectives",
-    "mesh": "distcomm._runtime.collectives",
+    "new_group": "distcomm._runtime.grouping",
+    "new_subgroups": "distcomm._runtime.grouping",
+    "split_group": "distcomm._runtime.grouping",
+    "mesh": "distcomm._runtime.grouping",
     "Mesh": "distcomm.backend.meshes",
     "recv": "distcomm._runtime.messages",
     "reduce": "distcomm._runtime.collectives",

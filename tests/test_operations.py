@@ -8,7 +8,7 @@ import distcomm
 from distcomm import _operations
 from distcomm._bench.operations import OPERATIONS as BENCHED
 from distcomm._measures import busbw_factor
-from distcomm._runtime import collectives, messages
+from distcomm._runtime import collectives, grouping, messages
 from distcomm.backend import BaseCommunicator, Capabilities
 from distcomm.backend._pipeline.observing import OBSERVED
 from distcomm.backend.specs import ALL_OPS
@@ -23,11 +23,12 @@ def test_every_operation_is_a_method_of_the_protocol_and_of_the_kit() -> None:
 
 def test_every_module_function_is_distcomms_and_nothing_else_is() -> None:
     functions = set(_operations.named(module_function=True))
-    assert set(collectives.__all__) | set(messages.__all__) == functions
-    assert not set(collectives.__all__) & set(messages.__all__)
+    homes = (collectives, messages, grouping)
+    assert set().union(*(home.__all__ for home in homes)) == functions
+    assert sum(len(home.__all__) for home in homes) == len(functions), "a name in two homes"
     assert functions <= set(distcomm.__all__), functions - set(distcomm.__all__)
     for name in functions:
-        home = collectives if name in collectives.__all__ else messages
+        home = next(home for home in homes if name in home.__all__)
         assert distcomm._EXPORTS[name] == home.__name__, name
         assert getattr(distcomm, name) is getattr(home, name)
     assert "split" not in distcomm.__all__, "split is a method only"

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distcomm._operations import DEFAULT_BUCKET_BYTES
 from distcomm._runtime import state
 from distcomm._runtime.detection import detect_environment
 from distcomm.errors import InvalidArgumentError, NotInitializedError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
-
-if TYPE_CHECKING:
-    from distcomm.backend.meshes import Mesh
 
 __all__ = [
     "all_gather",
@@ -33,14 +30,10 @@ __all__ = [
     "broadcast_object",
     "gather",
     "gather_object",
-    "mesh",
-    "new_group",
-    "new_subgroups",
     "reduce",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object",
-    "split_group",
 ]
 
 _solo: Communicator | None = None
@@ -236,20 +229,40 @@ def scatter(
 
 
 def all_to_all_single(
-    output: Any, input: Any, group: Any = None, async_op: bool = False
+    output: Any,
+    input: Any,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
 ) -> Work | None:
-    """Chunk r of every rank's ``input`` goes to rank r's ``output``.
+    """Chunk r of every rank's ``input`` goes to rank r's ``output`` (torch's signature).
 
-    ``input`` is split into world_size equal chunks, and chunk r goes to rank r; ``output``
-    receives one chunk from each rank, in rank order. Only equal splits are supported.
+    Without split sizes, ``input`` is split into world_size equal chunks, and ``output``
+    receives one chunk from each rank, in rank order. With them, the chunks are rows of the
+    first dimension and may differ, as mixture-of-experts routing needs: ``input_split_sizes[r]``
+    rows go to rank r, ``output_split_sizes[s]`` rows come from rank s (None: equal rows). What
+    rank r sends s must be what s expects from r; the mismatch check compares the ranks' tables
+    at its check points. All ranks use the same form (with split sizes, or without).
 
     Args:
-        output: as many elements as ``input``.
-        input: world_size equal chunks.
+        output: as many elements as ``input`` (with split sizes: ``sum(output_split_sizes)``
+            rows of ``input``'s row shape).
+        input: world_size equal chunks (with split sizes: ``sum(input_split_sizes)`` rows).
+        output_split_sizes: rows received from each rank; None: equal.
+        input_split_sizes: rows sent to each rank; None: equal.
         group: the communicator (one from ``new_group`` or ``split``); None: the default one.
         async_op: return a Work at once instead of waiting for the result.
+
+    Raises:
+        InvalidArgumentError: split sizes that are not one non-negative int per rank summing
+            to the tensor's rows, or rows of different shapes.
+        CollectiveMismatchError: the ranks' split tables disagree (at a check point; nothing
+            was sent).
     """
-    return resolve_group(group).all_to_all_single(output, input, async_op)
+    return resolve_group(group).all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, async_op=async_op
+    )
 
 
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:
@@ -367,73 +380,3 @@ def assert_same(x: Any, group: Any = None, what: str = "") -> None:
         NotSameError: the ranks hold different values; its ``ranks`` and ``keys`` say which.
     """
     resolve_group(group).assert_same(x, what)
-
-
-def new_group(ranks: Sequence[int], group: Any = None) -> Communicator | NonMember:
-    """A sub-communicator of ``ranks`` (of ``group``, default the world); collective over it.
-
-    Every rank of the parent calls it, members and non-members alike, with the same
-    ``ranks``. Members are numbered in ascending order of their parent rank, as in torch.
-
-    Args:
-        ranks: distinct, valid ranks of the parent; at least one.
-        group: the parent communicator; None: the default one.
-
-    Returns:
-        The new communicator on its members; ``NON_MEMBER`` (falsy) on the other ranks.
-
-    Raises:
-        InvalidArgumentError: ``ranks`` empty, repeated, out of range, or not the same on all.
-    """
-    return resolve_group(group).new_group(ranks)
-
-
-def split_group(
-    split_ranks: Sequence[Sequence[int]], group: Any = None
-) -> Communicator | NonMember:
-    """Make one group per list of ``split_ranks`` in one call; return this rank's.
-
-    Collective over ``group``: every rank passes the same lists (disjoint ranks of ``group``).
-    Each rank gets the group it is in, NON_MEMBER where it is in none.
-
-    Args:
-        split_ranks: lists of ranks, e.g. ``[[0, 1], [2, 3]]``.
-        group: the communicator split; None: the default one.
-
-    Raises:
-        InvalidArgumentError: a rank in two lists, a rank that is not one, an empty list, or
-            ranks that passed different lists.
-    """
-    return resolve_group(group).split_group(split_ranks)
-
-
-def new_subgroups(group_size: int, group: Any = None) -> Communicator:
-    """Split into groups of ``group_size`` consecutive ranks; return this rank's.
-
-    Collective over ``group``. Rank ``r`` is in group ``r // group_size``, as torch's
-    ``new_subgroups``.
-
-    Args:
-        group_size: a positive int that divides the world size.
-        group: the communicator split; None: the default one.
-    """
-    return resolve_group(group).new_subgroups(group_size)
-
-
-def mesh(shape: Sequence[int], names: Sequence[str], group: Any = None) -> Mesh:
-    """Lay the ranks out on a grid; a group along each named dimension (``mesh["dp"]``).
-
-    Collective over ``group``; one call per dimension makes every group of that dimension.
-    Row-major, as torch's ``init_device_mesh``: on 4 ranks, ``mesh((2, 2), ("dp", "tp"))``
-    gives ranks 0 and 1 (and 2 and 3) one ``tp`` group, ranks 0 and 2 (and 1 and 3) one ``dp``
-    group. ``mesh.torch()`` is torch's ``DeviceMesh`` of the same layout.
-
-    Args:
-        shape: positive ints whose product is the world size.
-        names: a distinct name per dimension.
-        group: the communicator laid out; None: the default one.
-
-    Returns:
-        A :class:`~distcomm.Mesh`.
-    """
-    return resolve_group(group).mesh(shape, names)

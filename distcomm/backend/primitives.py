@@ -164,6 +164,77 @@ class Primitives:
         adapter.copy_(out_flat[me], src_flat[me])
         return AllOf(self, works, input, output)  # type: ignore[arg-type]
 
+    def _all_to_all_v(
+        self,
+        output: Any,
+        output_splits: list[int],
+        input: Any,
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        """The uneven all-to-all of flat arrays: ``input`` holds ``input_splits[r]`` elements
+        for each rank r, one after the other; ``output`` receives ``output_splits[s]`` elements
+        from each rank s, one after the other (the ranks agree: what r sends s is what s
+        expects from r). Default: point-to-point messages with INTERNAL_TAG where the engine has
+        them, else the even ``_all_to_all`` of chunks padded to the largest split of any rank
+        (one all-gather of 8 bytes a rank finds it)."""
+        if not self.capabilities.p2p:
+            return self._all_to_all_padded(output, output_splits, input, input_splits, async_op)
+        adapter = adapter_for(input)
+        src, dst = adapter.flat(input), adapter.flat(output)
+        at_in, at_out = _offsets(input_splits), _offsets(output_splits)
+        me = self._kit_rank
+        adapter.copy_(
+            dst[at_out[me] : at_out[me] + output_splits[me]],
+            src[at_in[me] : at_in[me] + input_splits[me]],
+        )
+        peers = [r for r in range(self._kit_world_size) if r != me]
+        works = [
+            self._irecv(dst[at_out[r] : at_out[r] + output_splits[r]], r, INTERNAL_TAG)
+            for r in peers
+            if output_splits[r]
+        ]
+        works += [
+            self._isend(src[at_in[r] : at_in[r] + input_splits[r]], r, INTERNAL_TAG)
+            for r in peers
+            if input_splits[r]
+        ]
+        return AllOf(self, works, input, output)  # type: ignore[arg-type]
+
+    def _all_to_all_padded(
+        self,
+        output: Any,
+        output_splits: list[int],
+        input: Any,
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        """The uneven all-to-all over the even one (see ``_all_to_all_v``)."""
+        adapter = adapter_for(input)
+        size = self._kit_world_size
+        mine = max(max(input_splits), max(output_splits)).to_bytes(8, "little")
+        every = bytearray(8 * size)
+        gathered = self._all_gather_into(every, bytearray(mine), False)
+        if gathered is not None:
+            gathered.wait()
+        width = max(1, *(int.from_bytes(every[8 * r : 8 * r + 8], "little") for r in range(size)))
+        padded_in = adapter.empty(input, width * size)
+        padded_out = adapter.empty(input, width * size)
+        src, dst = adapter.flat(input), adapter.flat(output)
+        at_in, at_out = _offsets(input_splits), _offsets(output_splits)
+        for r in range(size):
+            n = input_splits[r]
+            adapter.copy_(padded_in[r * width : r * width + n], src[at_in[r] : at_in[r] + n])
+
+        def unpad() -> None:
+            for r in range(size):
+                n = output_splits[r]
+                adapter.copy_(dst[at_out[r] : at_out[r] + n], padded_out[r * width : r * width + n])
+
+        return self._then(
+            self._all_to_all(padded_out, padded_in, async_op), unpad, padded_in, padded_out
+        )
+
     def _all_gather_v(
         self, output: Any, sizes: list[int], tensor: Any, async_op: bool
     ) -> Work | None:
@@ -227,3 +298,12 @@ class Primitives:
         if finish is not None:
             owner.then(finish)
         return owner
+
+
+def _offsets(splits: list[int]) -> list[int]:
+    """Where each of ``splits`` starts, in a buffer that holds them one after the other."""
+    at, starts = 0, []
+    for n in splits:
+        starts.append(at)
+        at += n
+    return starts

@@ -124,6 +124,15 @@ def in_place(send: Any, recv: Any, slot: int) -> Any:
     return send
 
 
+def _starts(counts: list[int]) -> list[int]:
+    """MPI's displacements: where each of ``counts`` starts, one after the other."""
+    starts, at = [], 0
+    for n in counts:
+        starts.append(at)
+        at += n
+    return starts
+
+
 class MpiWork(BaseWork):
     """An MPI request that owns its buffers; ``wait()`` blocks under the watchdog (which ends
     the job past the timeout: MPI cannot cancel), ``wait(timeout)`` polls and raises."""
@@ -338,6 +347,19 @@ class MpiCommunicator(BaseCommunicator):
     def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         c = self._comm
         return self._run(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
+
+    def _all_to_all_v(
+        self,
+        output: Any,
+        output_splits: list[int],
+        input: Any,
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        c = self._comm
+        send = [buf(input), (input_splits, _starts(input_splits))]
+        recv = [buf(output), (output_splits, _starts(output_splits))]
+        return self._run(c.Alltoallv, c.Ialltoallv, async_op, send, recv)
 
     def _native_call(self, op: str, args: tuple[Any, ...]) -> Any:
         return native_call(self._comm, op, args)

@@ -372,6 +372,17 @@ class TorchCommunicator(BaseCommunicator):
         args = (flat(output), flat(input), None, None, self._group, True)
         return self._issue(dist.all_to_all_single, args, output, input)
 
+    def _all_to_all_v(
+        self,
+        output: Any,
+        output_splits: list[int],
+        input: Any,
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        args = (flat(output), flat(input), output_splits, input_splits, self._group, True)
+        return self._issue(dist.all_to_all_single, args, output, input)
+
     def _barrier(self, async_op: bool) -> Work | None:
         return self._issue(dist.barrier, (self._group, True))
 

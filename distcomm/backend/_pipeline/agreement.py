@@ -142,13 +142,16 @@ def record(
     adapter: Adapter | None,
     root: int | None,
     reduce_op: ReduceOp | None,
+    varies: bool = False,
 ) -> None:
     """Fold collective ``seq`` into ``comm``'s history ``h``. A call unlike the one before it
     starts a run; one whose signature the ranks have never agreed on is confirmed with them
-    before it is issued (unless ``seq`` is a check point, where it is checked anyway)."""
+    before it is issued (unless ``seq`` is a check point, where it is checked anyway).
+    ``varies``: the element count may differ from rank to rank (an uneven all-to-all), so it
+    is left out of the signature."""
     dtype = numel = None
     if x is not None and adapter is not None:
-        dtype, numel = adapter.dtype(x), adapter.numel(x)
+        dtype, numel = adapter.dtype(x), None if varies else adapter.numel(x)
     signature = (op, dtype, numel, root, None if reduce_op is None else reduce_op.name)
     fp = h.fingerprint(signature)
     if fp == h.run_fp:

@@ -3,10 +3,12 @@ and barrier: every rank ends with data (or, for the barrier, the knowledge) of t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import confirmation
+from distcomm.backend._pipeline import confirmation, splits
 from distcomm.backend._pipeline.steps import DONE, Steps
+from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
 
 __all__ = ["Movement"]
@@ -61,8 +63,23 @@ class Movement(Steps):
         work = self._kit_call(self._all_gather_into, async_op, staged_out.engine, staged_in.engine)
         return self._kit_finish(work, async_op, staged_out, None, staged_in)
 
-    def all_to_all_single(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
-        """Split ``input`` into world_size chunks; chunk r goes to rank r's ``output`` slot."""
+    def all_to_all_single(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Split ``input`` into world_size chunks; chunk r goes to rank r's ``output`` slot.
+
+        With split sizes (rows of the first dimension, as torch's), the chunks may differ:
+        ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
+        """
+        if output_split_sizes is not None or input_split_sizes is not None:
+            return self._kit_all_to_all_v(
+                output, input, output_split_sizes, input_split_sizes, async_op
+            )
         adapter, dtype = self._kit_begin(input, "input")
         numel = adapter.numel(input)
         if numel % self._kit_world_size:
@@ -77,6 +94,46 @@ class Movement(Steps):
         staged_in = self._kit_stage(adapter, input, dtype, "input")
         staged_out = self._kit_stage(adapter, output, dtype, "output")
         work = self._kit_call(self._all_to_all, async_op, staged_out.engine, staged_in.engine)
+        return self._kit_finish(work, async_op, staged_out, None, staged_in)
+
+    def _kit_all_to_all_v(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None,
+        input_split_sizes: Sequence[int] | None,
+        async_op: bool,
+    ) -> Work | None:
+        """The uneven all-to-all (:mod:`~distcomm.backend._pipeline.splits`)."""
+        adapter, dtype = self._kit_begin(input, "input")
+        self._kit_check_pair(output, "output", adapter, dtype, None)
+        world = self._kit_world_size
+        rows_in, row = splits.rows_of(tuple(input.shape), "input")
+        rows_out, row_out = splits.rows_of(tuple(output.shape), "output")
+        if row_out != row:
+            raise InvalidArgumentError(
+                f"output's rows hold {row_out} elements but input's hold {row} (shapes "
+                f"{tuple(output.shape)} and {tuple(input.shape)}). HINT: only the first "
+                "dimension may differ."
+            )
+        sent = splits.sizes(input_split_sizes, "input_split_sizes", rows_in, world)
+        expected = splits.sizes(output_split_sizes, "output_split_sizes", rows_out, world)
+        checked = self.seq + 1 >= self._kit_next_check and self._kit_history is not None
+        self._kit_count("all_to_all_single", input, adapter, varies=True)
+        if checked and world > 1:
+            splits.agree(self, sent, expected)
+        elif world == 1 and sent != expected:
+            raise InvalidArgumentError(
+                f"all_to_all_single: in a world of 1 the only rank sends itself {sent[0]} rows "
+                f"but expects {expected[0]}. HINT: input_split_sizes == output_split_sizes."
+            )
+        if self._kit_solo:
+            adapter.copy_(output, input)
+            return DONE if async_op else None
+        staged_in = self._kit_stage(adapter, input, dtype, "input")
+        staged_out = self._kit_stage(adapter, output, dtype, "output")
+        args = ([n * row for n in expected], staged_in.engine, [n * row for n in sent])
+        work = self._kit_call(self._all_to_all_v, async_op, staged_out.engine, *args)
         return self._kit_finish(work, async_op, staged_out, None, staged_in)
 
     def barrier(self, async_op: bool = False) -> Work | None:

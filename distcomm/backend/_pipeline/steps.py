@@ -161,6 +161,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         adapter: Adapter | None = None,
         root: int | None = None,
         reduce_op: ReduceOp | None = None,
+        varies: bool = False,
     ) -> None:
         """Count collective ``op``, which passed validation (see BaseCommunicator), fold it into
         the running fingerprint and, where the check policy says so, agree with the other
@@ -174,7 +175,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
             observing.before(self, op, x, adapter, root, reduce_op)
         h = self._kit_history
         if h is not None:
-            agreement.record(self, h, seq, op, x, adapter, root, reduce_op)
+            agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies)
         if seq >= self._kit_next_check:
             self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
             if self._kit_world_size > 1:

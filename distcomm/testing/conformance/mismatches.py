@@ -106,6 +106,25 @@ def mismatched_roots_raise_everywhere() -> None:
 
 
 @check
+def mismatched_split_tables_raise_everywhere() -> None:
+    """Rank 0 sends rank 1 a row more than rank 1 expects (an uneven all_to_all_single): every
+    rank raises with both ranks' split sizes, before anything is sent."""
+    if _skip():
+        return
+    lib, _ = next(cases(lambda d: d == "float32"))
+    world = comm().world_size
+
+    def call(rank: int) -> None:
+        sent = [1] * world
+        if rank == 0:
+            sent[1] = 2
+        out = make(lib, "float32", [0.0] * world)
+        distcomm.all_to_all_single(out, make(lib, "float32", [1.0] * sum(sent)), [1] * world, sent)
+
+    _mismatch("split tables", call)
+
+
+@check
 def nothing_is_checked_when_off() -> None:
     """Under ``off`` a checked-looking call makes no extra engine call: seq moves by one per
     collective and matching calls work as ever."""

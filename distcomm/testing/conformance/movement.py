@@ -108,6 +108,23 @@ def all_to_all_single() -> None:
 
 
 @check
+def all_to_all_single_uneven() -> None:
+    """all_to_all_single with split sizes (rows, as torch's): rank r sends (r + s) % 3 rows to
+    rank s, zero-row chunks and a chunk to itself among them; a Work with async_op."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    sent = [(rank + s) % 3 for s in range(world)]
+    expected_rows = [(s + rank) % 3 for s in range(world)]
+    for lib, dtype in cases(lambda d: d in ("int64", "float32", "bfloat16")):
+        values = [v for s in range(world) for _ in range(sent[s]) for v in (rank, s)]
+        inp = make(lib, dtype, values, (sum(sent), 2))
+        out = empty(lib, dtype, (sum(expected_rows), 2))
+        work = distcomm.all_to_all_single(out, inp, expected_rows, sent, async_op=True)
+        expect(work is not None and work.wait() is True, "an async uneven all_to_all's Work")
+        got = [v for s in range(world) for _ in range(expected_rows[s]) for v in (s, rank)]
+        expect_values(out, got, f"uneven all_to_all_single {lib} {dtype}")
+
+
+@check
 def barrier() -> None:
     """barrier returns None, or a completed Work with async_op=True; collectives around it agree."""
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
