@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         all_gather_object,
         all_reduce,
         all_reduce_coalesced,
+        all_to_all,
         all_to_all_single,
         assert_same,
         barrier,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         gather,
         gather_object,
         reduce,
+        reduce_scatter,
         reduce_scatter_tensor,
         scatter,
         scatter_object,
@@ -121,6 +123,8 @@ _EXPORTS = {
     "all_reduce": "distcomm._runtime.collectives",
     "all_reduce_coalesced": "distcomm._runtime.collectives",
     "all_to_all_single": "distcomm._runtime.collectives",
+    "all_to_all": "distcomm._runtime.collectives",
+    "reduce_scatter": "distcomm._runtime.collectives",
     "batch_isend_irecv": "distcomm._runtime.messages",
     "assert_same": "distcomm._runtime.collectives",
     "profile": "distcomm._runtime.profiling",
@@ -222,6 +226,8 @@ _MOVED_TO_BACKEND = frozenset(
 )
 
 __all__ = [
+    "all_to_all",
+    "reduce_scatter",
     "Mesh",
     "mesh",
     "new_subgroups",

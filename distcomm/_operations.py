@@ -71,6 +71,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "all_to_all_single", "all_to_all_single", observed=True, shared=True, bench="all_to_all"
     ),
+    Operation("all_to_all", "all_to_all_single", shared=True),
+    Operation("reduce_scatter", "reduce_scatter_tensor", shared=True),
     Operation("gather", "gather", observed=True, shared=True),
     Operation("scatter", "scatter", observed=True, shared=True),
     Operation("barrier", "barrier", observed=True),

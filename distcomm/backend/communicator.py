@@ -24,6 +24,7 @@ from distcomm.backend import _reserved
 from distcomm.backend._pipeline import confirmation
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
+from distcomm.backend._pipeline.lists import ListForms
 from distcomm.backend._pipeline.movement import Movement
 from distcomm.backend._pipeline.object_collectives import ObjectCollectives
 from distcomm.backend._pipeline.p2p import PointToPoint
@@ -46,7 +47,15 @@ _LISTED = _reserved.COMMUNICATOR | {"the primitives of distcomm.backend.primitiv
 
 
 class BaseCommunicator(
-    Reductions, Coalesced, Movement, Rooted, PointToPoint, ObjectCollectives, Sameness, Groups
+    Reductions,
+    Coalesced,
+    ListForms,
+    Movement,
+    Rooted,
+    PointToPoint,
+    ObjectCollectives,
+    Sameness,
+    Groups,
 ):
     """Template for backends; see the module docstring.
 

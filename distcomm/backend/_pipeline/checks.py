@@ -76,7 +76,7 @@ class ArgumentChecks:
             raise self._kit_size_error(what, adapter.numel(x), "", numel)
 
     def _kit_check_list(
-        self, parts: Any, what: str, adapter: Adapter, dtype: str, numel: int
+        self, parts: Any, what: str, adapter: Adapter, dtype: str, numel: int | None
     ) -> None:
         if not isinstance(parts, (list, tuple)) or len(parts) != self._kit_world_size:
             got = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__

@@ -51,6 +51,14 @@ def sizes(given: Any, name: str, rows: int, world: int) -> list[int]:
                 f"into {world} ranks. HINT: pass {name} (rows per rank)."
             )
         return [rows // world] * world
+    if (  # the common call: a list of ints (counts.tolist()), checked without conversions
+        type(given) is list
+        and len(given) == world
+        and all(type(n) is int for n in given)
+        and sum(given) == rows
+        and min(given) >= 0
+    ):
+        return given
     try:
         split = list(given)
     except TypeError:

@@ -108,6 +108,26 @@ def all_to_all_single() -> None:
 
 
 @check
+def list_forms() -> None:
+    """torch's list forms: all_to_all(output_list, input_list) with entries of different sizes
+    (rank r sends rank s r + s + 1 elements), async; reduce_scatter(output, input_list)."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d in ("int64", "float32")):
+        inputs = [make(lib, dtype, [100 * rank + s] * (rank + s + 1)) for s in range(world)]
+        outputs = [empty(lib, dtype, (s + rank + 1,)) for s in range(world)]
+        work = distcomm.all_to_all(outputs, inputs, async_op=True)
+        expect(work is not None and work.wait() is True, "an async all_to_all's Work")
+        for s in range(world):
+            want = [100 * s + rank] * (s + rank + 1)
+            expect_values(outputs[s], want, f"all_to_all from rank {s}, {lib} {dtype}")
+        out = empty(lib, dtype, (2,))
+        parts = [make(lib, dtype, [rank + s, 1]) for s in range(world)]
+        distcomm.reduce_scatter(out, parts)
+        total = sum(r + rank for r in range(world))
+        expect_values(out, [total, world], f"reduce_scatter of a list, {lib} {dtype}")
+
+
+@check
 def all_to_all_single_uneven() -> None:
     """all_to_all_single with split sizes (rows, as torch's): rank r sends (r + s) % 3 rows to
     rank s, zero-row chunks and a chunk to itself among them; a Work with async_op."""
