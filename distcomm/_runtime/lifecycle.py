@@ -49,78 +49,39 @@ def init(
 ) -> Communicator:
     """Initialise distcomm and return the default communicator.
 
-    ``init`` finds out how the process was launched, picks a backend, creates the default
-    communicator and returns it. It records why it chose what it chose: ``distcomm info
-    --explain`` prints the same reasoning (docs/cli.md).
+    It finds out how the process was launched, picks a backend and creates the default
+    communicator; ``distcomm info --explain`` prints why (docs/cli.md). Called again while
+    initialised, it returns the running communicator; any argument given that differs from the
+    running one raises AlreadyInitializedError (the reference's "Starting and stopping").
 
     Args:
-        backend: a backend name, case-insensitive; default ``DISTCOMM_BACKEND``, else chosen
-            automatically (docs/backends.md).
-        method: a launch method (``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's);
+        backend: a backend name; default ``DISTCOMM_BACKEND``, else chosen (docs/backends.md).
+        method: ``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's launch method;
             default ``DISTCOMM_INIT_METHOD``, else detected (docs/launch.md).
-        rank: an int. With no launcher (``single_node``) it sets this process's rank, given
-            together with ``world_size`` (the two also become the local rank and local world
-            size). Under a launcher it must equal what the launcher says: a different value
-            is an InvalidArgumentError naming the launcher's variable.
-        world_size: the number of ranks (an int), likewise.
-        master_addr: the rendezvous host (a str), instead of the detected one.
-        master_port: the rendezvous port (an int), instead of the detected one.
-        timeout: seconds (an int or a float) or a ``datetime.timedelta``: an operation that
-            blocks longer raises DistTimeoutError. Default ``DISTCOMM_TIMEOUT``, else 1800. It
-            must be positive and finite.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. It is validated,
-            then passed to the backend's factory: fakelink ignores it, gloo refuses anything
-            but ``"cpu"``, nccl defaults to the local rank's CUDA device modulo the number of
-            visible devices.
-        export_env: set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-            ``MASTER_ADDR`` and ``MASTER_PORT`` in ``os.environ`` where they are absent, so that
-            code that reads them agrees with distcomm. Existing values are never overwritten;
-            unknown values (such as a plain process's port) are not set. The master address
-            and port are those of torch's rendezvous wherever there is one: the launcher's,
-            the one gloo agreed over MPI under mpirun, or the one of the torch group made
-            beside mpi (``torch_group``). ``finalize()`` removes exactly what was set. Inside
-            ``run_threads`` nothing is exported.
-        debug: the mismatch check (docs/debugging.md): ``"sample"`` (check points at the first
-            64 collectives of each communicator, then every 1024th; between them a vote before
-            each new kind of call, at every blocking barrier and in ``finalize()``, so that no
-            mismatch passes), ``"check"`` (every one) or ``"off"``; default
-            ``DISTCOMM_DEBUG``, else ``"sample"``.
-        torch_group: beside a backend that makes no torch default process group (mpi,
-            linklink, plugins), make one so that torch-native code (DDP, FSDP, Accelerate)
-            works: ``"auto"`` (when the program has imported torch), True or False; default
-            ``DISTCOMM_TORCH_GROUP``, else ``"auto"``. It is ``comm.torch_group``, and
-            ``finalize()`` destroys it (docs/interop.md).
-        **options: passed to the backend's factory as keyword arguments. fakelink takes none:
-            any option raises InvalidArgumentError ("takes no options").
-
-    The fields that ``rank``, ``world_size``, ``master_addr`` and ``master_port`` override show
-    ``"argument"`` as their source in the communicator's ``launch.sources``.
-
-    Calling ``init`` again while initialised returns the running communicator, so a library
-    can call ``distcomm.init()`` defensively without knowing how the program started: omitted
-    arguments are not resolved again. Each argument that is given (not None) is compared:
-    ``backend``, ``method``, ``rank``, ``world_size``, ``master_addr``, ``master_port`` and
-    ``timeout`` (in seconds) with the running communicator's values; ``device``, ``debug``,
-    ``torch_group`` and each backend option with what the first ``init`` was given, so one that
-    the first call omitted differs even when it names the default (``init(device="cpu")`` after
-    ``init()`` raises). Any difference raises AlreadyInitializedError, which lists them. After
-    ``finalize()``, ``init()`` starts afresh.
+        rank: this rank without a launcher; under one, it must equal the launcher's.
+        world_size: the number of ranks, likewise.
+        master_addr: the rendezvous host, instead of the detected one.
+        master_port: the rendezvous port, instead of the detected one.
+        timeout: seconds or a ``timedelta`` an operation may block; default
+            ``DISTCOMM_TIMEOUT``, else 1800.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``, for the backend.
+        export_env: set ``RANK``, ``WORLD_SIZE``, ... where missing; ``finalize()`` unsets.
+        debug: the mismatch check, ``"sample"``, ``"check"`` or ``"off"`` (docs/debugging.md);
+            default ``DISTCOMM_DEBUG``, else ``"sample"``.
+        torch_group: make torch's default group beside a non-torch backend (``"auto"``,
+            True, False; default ``DISTCOMM_TORCH_GROUP``, else ``"auto"``; docs/interop.md).
+        **options: the backend factory's keyword arguments.
 
     Returns:
         The default communicator (also ``get_communicator()``).
 
     Raises:
-        BackendNotFoundError: no backend of that name is registered, or none is available for
-            this launch.
-        BackendUnavailableError: the backend is known but cannot run here (the reason says
-            why).
-        EnvironmentDetectionError: a launcher variable is malformed, or ``method`` names a
-            launcher that did not start this process.
-        InvalidArgumentError: an argument or a ``DISTCOMM_*`` variable is malformed; a rank or
-            world size that disagrees with the launcher; an option the backend does not take.
-        AlreadyInitializedError: called again with arguments that differ (see above).
-        DistTimeoutError: the rendezvous (gloo, nccl) did not complete within the timeout:
-            a master that nobody serves or that is unreachable, a rank that never starts.
+        BackendNotFoundError: no backend of that name, or none available for this launch.
+        BackendUnavailableError: the backend cannot run here (the reason says why).
+        EnvironmentDetectionError: a malformed launcher variable, or a ``method`` not used.
+        InvalidArgumentError: a malformed argument or ``DISTCOMM_*`` variable.
+        AlreadyInitializedError: called again with arguments that differ.
+        DistTimeoutError: the rendezvous did not complete within the timeout.
     """
     arguments = dict(locals())  # init's arguments by name, as InitRequest.parse takes them
     export = arguments.pop("export_env")
