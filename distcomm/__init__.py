@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         all_gather_object,
         all_reduce,
         all_reduce_coalesced,
-        all_to_all,
         all_to_all_single,
         assert_same,
         barrier,
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         gather,
         gather_object,
         reduce,
-        reduce_scatter,
         reduce_scatter_tensor,
         scatter,
         scatter_object,
@@ -66,6 +64,11 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
     from distcomm._runtime.lifecycle import (
         finalize,
         init,
+    )
+    from distcomm._runtime.lists import (
+        all_gather_v,
+        all_to_all,
+        reduce_scatter,
     )
     from distcomm._runtime.messages import (
         batch_isend_irecv,
@@ -123,8 +126,9 @@ _EXPORTS = {
     "all_reduce": "distcomm._runtime.collectives",
     "all_reduce_coalesced": "distcomm._runtime.collectives",
     "all_to_all_single": "distcomm._runtime.collectives",
-    "all_to_all": "distcomm._runtime.collectives",
-    "reduce_scatter": "distcomm._runtime.collectives",
+    "all_to_all": "distcomm._runtime.lists",
+    "all_gather_v": "distcomm._runtime.lists",
+    "reduce_scatter": "distcomm._runtime.lists",
     "batch_isend_irecv": "distcomm._runtime.messages",
     "assert_same": "distcomm._runtime.collectives",
     "profile": "distcomm._runtime.profiling",
@@ -226,6 +230,7 @@ _MOVED_TO_BACKEND = frozenset(
 )
 
 __all__ = [
+    "all_gather_v",
     "all_to_all",
     "reduce_scatter",
     "Mesh",

@@ -8,7 +8,7 @@ import distcomm
 from distcomm import _operations
 from distcomm._bench.operations import OPERATIONS as BENCHED
 from distcomm._measures import busbw_factor
-from distcomm._runtime import collectives, grouping, messages
+from distcomm._runtime import collectives, grouping, lists, messages
 from distcomm.backend import BaseCommunicator, Capabilities
 from distcomm.backend._pipeline.observing import OBSERVED
 from distcomm.backend.specs import ALL_OPS
@@ -23,7 +23,7 @@ def test_every_operation_is_a_method_of_the_protocol_and_of_the_kit() -> None:
 
 def test_every_module_function_is_distcomms_and_nothing_else_is() -> None:
     functions = set(_operations.named(module_function=True))
-    homes = (collectives, messages, grouping)
+    homes = (collectives, messages, grouping, lists)
     assert set().union(*(home.__all__ for home in homes)) == functions
     assert sum(len(home.__all__) for home in homes) == len(functions), "a name in two homes"
     assert functions <= set(distcomm.__all__), functions - set(distcomm.__all__)

@@ -23,7 +23,6 @@ __all__ = [
     "all_gather_object",
     "all_reduce",
     "all_reduce_coalesced",
-    "all_to_all",
     "all_to_all_single",
     "assert_same",
     "barrier",
@@ -32,7 +31,6 @@ __all__ = [
     "gather",
     "gather_object",
     "reduce",
-    "reduce_scatter",
     "reduce_scatter_tensor",
     "scatter",
     "scatter_object",
@@ -382,41 +380,3 @@ def assert_same(x: Any, group: Any = None, what: str = "") -> None:
         NotSameError: the ranks hold different values; its ``ranks`` and ``keys`` say which.
     """
     resolve_group(group).assert_same(x, what)
-
-
-def all_to_all(
-    output_list: list[Any], input_list: list[Any], group: Any = None, async_op: bool = False
-) -> Work | None:
-    """``input_list[r]`` goes to rank r; ``output_list[s]`` receives what rank s sent this rank.
-
-    torch's list form. The tensors may differ in size (what rank r sends s must have as many
-    elements as s's ``output_list[r]``); they travel as one uneven all-to-all, copied into one
-    buffer and out of it.
-
-    Args:
-        output_list: world_size tensors, received into.
-        input_list: world_size tensors of one dtype, sent.
-        group: the communicator (one from ``new_group`` or ``split``); None: the default one.
-        async_op: return a Work at once; ``output_list`` is filled when it completes.
-    """
-    return resolve_group(group).all_to_all(output_list, input_list, async_op)
-
-
-def reduce_scatter(
-    output: Any,
-    input_list: list[Any],
-    op: Any = ReduceOp.SUM,
-    group: Any = None,
-    async_op: bool = False,
-) -> Work | None:
-    """Reduce ``input_list[r]`` across ranks into rank r's ``output`` (torch's list form of
-    ``reduce_scatter_tensor``).
-
-    Args:
-        output: this rank's result.
-        input_list: world_size tensors, each with ``output``'s element count and dtype.
-        op: a ReduceOp or any spelling it accepts; default SUM.
-        group: the communicator (one from ``new_group`` or ``split``); None: the default one.
-        async_op: return a Work at once instead of waiting for the result.
-    """
-    return resolve_group(group).reduce_scatter(output, input_list, op, async_op)

@@ -108,6 +108,22 @@ def all_to_all_single() -> None:
 
 
 @check
+def all_gather_v_of_different_sizes() -> None:
+    """all_gather_v: rank r's tensor has r + 1 rows (rank 0's none where the world is larger
+    than 1: an empty tensor), found by the call or given as sizes; each comes back unpadded."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    rows = [0 if (r == 0 and world > 1) else r + 1 for r in range(world)]
+    for lib, dtype in cases(lambda d: d in ("int64", "float32", "bfloat16")):
+        mine = make(lib, dtype, [rank, 1] * rows[rank], (rows[rank], 2))
+        for sizes in (None, rows):
+            got = distcomm.all_gather_v(mine, sizes)
+            expect(len(got) == world, f"all_gather_v returned {len(got)} tensors for {world}")
+            for r, part in enumerate(got):
+                expect(tuple(part.shape) == (rows[r], 2), f"rank {r}'s shape {tuple(part.shape)}")
+                expect_values(part, [r, 1] * rows[r], f"all_gather_v rank {r}, {lib} {dtype}")
+
+
+@check
 def list_forms() -> None:
     """torch's list forms: all_to_all(output_list, input_list) with entries of different sizes
     (rank r sends rank s r + s + 1 elements), async; reduce_scatter(output, input_list)."""
