@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from distcomm.backend.specs import Capabilities
     from distcomm.protocol import Communicator, NonMember
 
-__all__ = ["INTERNAL_TAG", "Primitives"]
+__all__ = ["INTERNAL_TAG", "Primitives", "offsets"]
 
 #: The tag the default ``_all_to_all`` uses; user tags stay below it.
 INTERNAL_TAG = 2**30
@@ -182,7 +182,7 @@ class Primitives:
             return self._all_to_all_padded(output, output_splits, input, input_splits, async_op)
         adapter = adapter_for(input)
         src, dst = adapter.flat(input), adapter.flat(output)
-        at_in, at_out = _offsets(input_splits), _offsets(output_splits)
+        at_in, at_out = offsets(input_splits), offsets(output_splits)
         me = self._kit_rank
         adapter.copy_(
             dst[at_out[me] : at_out[me] + output_splits[me]],
@@ -221,7 +221,7 @@ class Primitives:
         padded_in = adapter.empty(input, width * size)
         padded_out = adapter.empty(input, width * size)
         src, dst = adapter.flat(input), adapter.flat(output)
-        at_in, at_out = _offsets(input_splits), _offsets(output_splits)
+        at_in, at_out = offsets(input_splits), offsets(output_splits)
         for r in range(size):
             n = input_splits[r]
             adapter.copy_(padded_in[r * width : r * width + n], src[at_in[r] : at_in[r] + n])
@@ -300,8 +300,9 @@ class Primitives:
         return owner
 
 
-def _offsets(splits: list[int]) -> list[int]:
-    """Where each of ``splits`` starts, in a buffer that holds them one after the other."""
+def offsets(splits: list[int]) -> list[int]:
+    """Where each of ``splits`` starts, in a buffer that holds them one after the other (MPI's
+    displacements of a ``v`` collective)."""
     at, starts = 0, []
     for n in splits:
         starts.append(at)

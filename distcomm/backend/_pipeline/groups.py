@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm import _object_codec as objects
+from distcomm.backend._pipeline.checks import _is_int
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.meshes import Mesh, layout
 from distcomm.errors import InvalidArgumentError
@@ -84,7 +85,7 @@ class Groups(Steps):
         this rank's group. ``group_size`` must divide the world size."""
         self._kit_check_usable()
         world = self._kit_world_size
-        if not _is_count(group_size) or world % group_size:
+        if not _is_int(group_size) or group_size <= 0 or world % group_size:
             raise InvalidArgumentError(
                 f"new_subgroups: group_size={group_size!r} must be a positive int that divides "
                 f"the world size {world}. HINT: pass one of "
@@ -129,7 +130,9 @@ class Groups(Steps):
             groups = [tuple(sorted(ranks)) for ranks in split_ranks]
         except TypeError:
             groups = [()]
-        if not groups or not all(g and all(_is_rank(r, world) for r in g) for g in groups):
+        if not groups or not all(
+            g and all(_is_int(r) and 0 <= r < world for r in g) for g in groups
+        ):
             raise InvalidArgumentError(
                 f"split_group: split_ranks {split_ranks!r} must be lists of ranks of "
                 f"{self.describe()} (0..{world - 1}), none empty. HINT: split_group([[0, 1], "
@@ -185,12 +188,3 @@ class Groups(Steps):
         """
         self._kit_check_usable()
         return self._adopt(native)
-
-
-def _is_count(value: Any) -> bool:
-    """A positive int (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _is_rank(value: Any, world: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < world
