@@ -5,17 +5,22 @@ Run:  mpirun -n 2 python benchmarks/uneven_all_to_all.py        (mpi: mpi4py's A
 
 Each rank holds a float32 array of 64 KiB (and of 4 MiB): 8 experts spread over the ranks, each
 rank routing its rows to them with a skewed distribution (expert e gets a share proportional to
-e + 1, shifted by the rank), so every rank sends and receives different counts. Both sides move
-the same rows with the same split tables in one job, interleaved round by round after a
-warm-up; the engine side gets its counts and displacements prepared once. Rank 0 prints each
-side's median time per call (min-max over rounds) and the median (min-max) of the per-round
-ratio distcomm / engine. The goal, distcomm at 0.9 of the engine's speed or better at 64 KiB,
-is a ratio here of at most 1.11.
+e + 1, shifted by the rank and by the step), so every rank sends and receives different counts,
+and the counts change from call to call as they do in MoE training (8 routings in turn). Both
+sides move the same rows with the same split tables in one job, interleaved round by round
+after a warm-up. The engine's side is what a program calling the engine itself runs: for mpi4py,
+the counts and displacements of ``Alltoallv`` (in elements) made from the split lists of the
+step; torch's ``all_to_all_single`` takes the split lists as they are. On mpi a third side,
+"prepared", passes arguments made once per routing (the engine's floor; no program whose routing
+changes can do that). Rank 0 prints each side's median time per call (min-max over rounds) and
+the median (min-max) of the per-round ratio distcomm / engine. The goal, distcomm at 0.9 of the
+engine's speed or better at 64 KiB, is a ratio here of at most 1.11.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from typing import Any
 
 import numpy as np
@@ -27,12 +32,13 @@ EXPERTS = 8
 ROW = 64  # float32 elements per row (a token's 256 bytes)
 SIZES = {"64 KiB": 64 * 1024, "4 MiB": 4 * 1024 * 1024}  # bytes per rank
 CALLS = {"64 KiB": 2000, "4 MiB": 50}
+STEPS = 8  # routings taken in turn, one per call
 
 
-def routing(rank: int, world: int, rows: int) -> list[int]:
-    """Rows this rank sends to each rank: experts e get shares e + 1 (rotated by the rank), and
-    rank r hosts experts r, r + world, ..."""
-    weights = [((e + rank) % EXPERTS) + 1 for e in range(EXPERTS)]
+def routing(rank: int, world: int, rows: int, step: int) -> list[int]:
+    """Rows this rank sends to each rank at ``step``: experts e get shares e + 1 (rotated by the
+    rank and the step), and rank r hosts experts r, r + world, ..."""
+    weights = [((e + rank + step) % EXPERTS) + 1 for e in range(EXPERTS)]
     per_expert = [rows * w // sum(weights) for w in weights]
     per_expert[-1] += rows - sum(per_expert)
     return [sum(per_expert[e] for e in range(r, EXPERTS, world)) for r in range(world)]
@@ -45,45 +51,73 @@ def main() -> None:
     comm: Any = distcomm.init()
     rank, world = comm.rank, comm.world_size
     if rank == 0:
-        print(f"{world} ranks, {comm.backend}, {EXPERTS} experts, skewed routing")
-        print(f"{'size':<7} {'distcomm':>26} {'engine':>26} {'distcomm/engine':>22}")
+        print(f"{world} ranks, {comm.backend}, {EXPERTS} experts, skewed routing, {STEPS} routings")
+        print(f"{'size':<7} {'side':<10} {'time per call':>26} {'distcomm/side':>22}")
     for label, nbytes in SIZES.items():
         rows = nbytes // 4 // ROW
-        sent = routing(rank, world, rows)
-        counts = np.zeros(world, dtype=np.int64)
-        distcomm.all_to_all_single(counts, np.array(sent, dtype=np.int64))
-        received = counts.tolist()
+        sent = [routing(rank, world, rows, step) for step in range(STEPS)]
+        received = []
+        for split in sent:
+            counts = np.zeros(world, dtype=np.int64)
+            distcomm.all_to_all_single(counts, np.array(split, dtype=np.int64))
+            received.append(counts.tolist())
         x = np.ones((rows, ROW), dtype=np.float32)
-        out = np.empty((sum(received), ROW), dtype=np.float32)
-        sides = {
-            "distcomm": lambda x=x, out=out, r=received, s=sent: distcomm.all_to_all_single(
-                out, x, r, s
-            ),
-            "engine": engine_side(comm, x, out, received, sent),
-        }
+        full = np.empty((max(sum(r) for r in received), ROW), dtype=np.float32)
+        outs = [full[: sum(r)] for r in received]
+        steps = itertools.cycle(range(STEPS))
+
+        def ours(
+            x: Any = x, outs: Any = outs, r: Any = received, s: Any = sent, steps: Any = steps
+        ) -> None:
+            k = next(steps)
+            distcomm.all_to_all_single(outs[k], x, r[k], s[k])
+
+        sides = {"distcomm": ours, **engine_sides(comm, x, outs, received, sent, steps)}
         times = interleaved(sides, CALLS[label], args.rounds, sync=distcomm.barrier)
         if rank == 0:
-            cells = [cell(times["distcomm"], 1), cell(times["engine"], 1)]
-            shown = ratio(times["distcomm"], times["engine"])
-            print(f"{label:<7} {cells[0]:>26} {cells[1]:>26} {shown:>22}")
+            for name, values in times.items():
+                shown = "" if name == "distcomm" else ratio(times["distcomm"], values)
+                print(f"{label:<7} {name:<10} {cell(values, 1):>26} {shown:>22}")
     distcomm.finalize()
 
 
-def engine_side(comm: Any, x: Any, out: Any, received: list[int], sent: list[int]) -> Any:
-    """The engine's own uneven all-to-all on the same memory, its arguments prepared once."""
+def engine_sides(
+    comm: Any,
+    x: Any,
+    outs: list[Any],
+    received: list[list[int]],
+    sent: list[list[int]],
+    steps: Any,
+) -> dict[str, Any]:
+    """The engine's own uneven all-to-all on the same memory and split lists."""
     if comm.backend == "mpi":
+        alltoallv = comm.native.Alltoallv
 
-        def starts(counts: list[int]) -> list[int]:
-            return [sum(counts[:i]) * ROW for i in range(len(counts))]
+        def spec(buffer: Any, split: list[int]) -> list[Any]:
+            counts = [n * ROW for n in split]
+            return [buffer, (counts, [0, *itertools.accumulate(counts)][:-1])]
 
-        send = [x, ([n * ROW for n in sent], starts(sent))]
-        recv = [out, ([n * ROW for n in received], starts(received))]
-        return lambda: comm.native.Alltoallv(send, recv)
+        def engine() -> None:
+            k = next(steps)
+            alltoallv(spec(x, sent[k]), spec(outs[k], received[k]))
+
+        made = [(spec(x, s), spec(o, r)) for s, o, r in zip(sent, outs, received, strict=True)]
+
+        def prepared() -> None:
+            alltoallv(*made[next(steps)])
+
+        return {"engine": engine, "prepared": prepared}
     import torch
     import torch.distributed as dist
 
-    tx, tout = torch.from_numpy(x), torch.from_numpy(out)
-    return lambda: dist.all_to_all_single(tout, tx, received, sent, group=comm.native)
+    tx, touts = torch.from_numpy(x), [torch.from_numpy(o) for o in outs]
+    group = comm.native
+
+    def torch_side() -> None:
+        k = next(steps)
+        dist.all_to_all_single(touts[k], tx, received[k], sent[k], group=group)
+
+    return {"engine": torch_side}
 
 
 if __name__ == "__main__":

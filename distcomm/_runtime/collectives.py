@@ -243,7 +243,8 @@ def all_to_all_single(
     first dimension and may differ, as mixture-of-experts routing needs: ``input_split_sizes[r]``
     rows go to rank r, ``output_split_sizes[s]`` rows come from rank s (None: equal rows). What
     rank r sends s must be what s expects from r; the mismatch check compares the ranks' tables
-    at its check points. All ranks use the same form (with split sizes, or without).
+    at its check points, and those of the calls between them at the next barrier, check point
+    or ``finalize()``. All ranks use the same form (with split sizes, or without).
 
     Args:
         output: as many elements as ``input`` (with split sizes: ``sum(output_split_sizes)``
@@ -257,8 +258,10 @@ def all_to_all_single(
     Raises:
         InvalidArgumentError: split sizes that are not one non-negative int per rank summing
             to the tensor's rows, or rows of different shapes.
-        CollectiveMismatchError: the ranks' split tables disagree (at a check point; nothing
-            was sent).
+        CollectiveMismatchError: the ranks' split tables disagree: at a check point, before
+            anything is sent; of a call between check points, at the next barrier, check point
+            or ``finalize()`` (that call and the ones after it ran; the communicator is
+            retired).
     """
     return resolve_group(group).all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, async_op=async_op

@@ -40,12 +40,24 @@ def reduce_scatter(
     """Reduce ``input_list[r]`` across ranks into rank r's ``output`` (torch's list form of
     ``reduce_scatter_tensor``).
 
+    The entries may differ in size: this is also torchcomms' ``reduce_scatter_v``, rank r's
+    ``output`` having ``input_list[r]``'s size (every rank passes the same sizes, which the
+    mismatch check compares). Entries of one size are one ``reduce_scatter_tensor``; others
+    one uneven reduce-scatter (mpi: ``Reduce_scatter``; elsewhere of chunks padded to the
+    largest).
+
     Args:
-        output: this rank's result.
-        input_list: world_size tensors, each with ``output``'s element count and dtype.
+        output: this rank's result, with ``input_list[rank]``'s element count and dtype.
+        input_list: world_size tensors of ``output``'s dtype, entry r reduced into rank r's
+            ``output``.
         op: a ReduceOp or any spelling it accepts; default SUM.
         group: the communicator (one from ``new_group`` or ``split``); None: the default one.
         async_op: return a Work at once instead of waiting for the result.
+
+    Raises:
+        InvalidArgumentError: ``input_list`` is not world_size tensors of ``output``'s kind and
+            dtype, or ``output`` does not have this rank's entry's element count.
+        CollectiveMismatchError: ranks passed entries of different sizes (when the check runs).
     """
     return resolve_group(group).reduce_scatter(output, input_list, op, async_op)
 
@@ -55,8 +67,9 @@ def all_gather_v(tensor: Any, sizes: list[int] | None = None, group: Any = None)
 
     torchcomms' ``all_gather_v`` and Ignite's ``all_gather_tensors_with_shapes`` in one call:
     the rows of each rank's tensor are given (``sizes``) or found with one exchange of shapes;
-    the tensors travel as one all-gather of chunks padded to the largest and come back as
-    views of one buffer, each with its own rank's shape.
+    the tensors travel as one variable-size all-gather (mpi: ``Allgatherv``; elsewhere of
+    chunks padded to the largest) and come back as views of one buffer, each with its own
+    rank's shape. Every rank passes the same ``sizes``: the mismatch check compares them.
 
     Args:
         tensor: this rank's torch tensor or numpy array (at least one dimension); the
@@ -70,5 +83,6 @@ def all_gather_v(tensor: Any, sizes: list[int] | None = None, group: Any = None)
     Raises:
         InvalidArgumentError: ``sizes`` that are not one non-negative int per rank or do not
             match this rank's tensor, or tensors that differ beyond the first dimension.
+        CollectiveMismatchError: ranks passed different ``sizes`` (when the check runs).
     """
     return resolve_group(group).all_gather_v(tensor, sizes)

@@ -21,7 +21,7 @@ import warnings
 from typing import Any
 
 from distcomm.backend import _reserved
-from distcomm.backend._pipeline import confirmation
+from distcomm.backend._pipeline import confirmation, ledger
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
 from distcomm.backend._pipeline.lists import ListForms
@@ -124,7 +124,8 @@ class BaseCommunicator(
         """Release the engine's resources for this communicator. Idempotent.
 
         First, unless the mismatch check is off, the ranks confirm that they made the same
-        collectives (a vote of point-to-point messages: every member calls ``finalize``); if
+        collectives (a vote of point-to-point messages: every member calls ``finalize``) and
+        that the split tables of their uneven all-to-alls since the last check point agreed; if
         they did not, the communicator is released all the same and the
         :class:`~distcomm.errors.CollectiveMismatchError` raised, so that no rank ends as if
         nothing happened. Not while an exception is being handled (``finalize`` in a
@@ -171,6 +172,7 @@ class BaseCommunicator(
             return None
         try:
             confirmation.vote(self, confirmation.FINALIZE)
+            ledger.settle_kept(self, self.seq, "finalize()")
         except CollectiveMismatchError as exc:
             return exc
         except DistcommError as exc:  # no evidence of a mismatch: the others are busy or gone

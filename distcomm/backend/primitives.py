@@ -4,9 +4,10 @@ BaseCommunicator's public methods call these with contiguous arrays of a native 
 native device. With ``async_op=True`` a primitive may return a Work; None means it is complete.
 
 Required: ``_all_reduce``, ``_broadcast``, ``_all_gather_into``, ``_isend``, ``_irecv``, ``_split``.
-Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``, ``_gather``,
-``_scatter``, ``_all_to_all``, ``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and
-``_all_reduce_plain``, the shortcut of the commonest call (no default: the general pipeline).
+Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``,
+``_reduce_scatter_v``, ``_gather``, ``_scatter``, ``_all_to_all``, ``_all_to_all_v``,
+``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and ``_all_reduce_plain``, the
+shortcut of the commonest call (no default: the general pipeline).
 Not a primitive but overridable the same way: ``_native_call``, the engine's own API for an
 operation, which ``distcomm bench --compare raw`` times beside distcomm's.
 
@@ -16,6 +17,7 @@ Every backend moves uint8 natively: object collectives, ``new_group`` and ``spli
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm.backend.arrays import adapter_for
@@ -106,6 +108,33 @@ class Primitives:
             adapter.copy_(output, mine)
 
         return self._then(self._all_reduce(scratch, op, async_op), keep_mine, scratch, output)
+
+    def _reduce_scatter_v(
+        self, output: Any, sizes: list[int], input: Any, op: ReduceOp, async_op: bool
+    ) -> Work | None:
+        """Reduce ``input``, the flat concatenation of one chunk per rank in rank order (rank
+        r's holds ``sizes[r]`` elements), across ranks; rank r gets its reduced chunk in
+        ``output`` (``sizes[r]`` elements): an uneven reduce-scatter (torchcomms'
+        ``reduce_scatter_v``, MPI's ``Reduce_scatter``). Default: ``_reduce_scatter`` directly
+        when the sizes are equal, else of chunks padded to the largest with zeros (the
+        padding's result is discarded), this rank's chunk copied out when complete."""
+        width = max(sizes)
+        if min(sizes) == width:
+            return self._reduce_scatter(output, input, op, async_op)
+        adapter = adapter_for(input)
+        padded = adapter.empty(input, width * self._kit_world_size)
+        src, dst = adapter.flat(input), adapter.flat(padded)
+        for r, (at, n) in enumerate(zip(offsets(sizes), sizes, strict=True)):
+            adapter.copy_(dst[r * width : r * width + n], src[at : at + n])
+            dst[r * width + n : (r + 1) * width] = 0  # numpy and torch alike
+        mine = adapter.empty(input, width)
+        n = sizes[self._kit_rank]
+
+        def keep_mine() -> None:
+            adapter.copy_(output, adapter.flat(mine)[:n])
+
+        work = self._reduce_scatter(mine, padded, op, async_op)
+        return self._then(work, keep_mine, padded, mine, output)
 
     def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         """Concatenate every rank's ``tensor`` into ``dst``'s ``output``. Default: all-gather."""
@@ -238,22 +267,24 @@ class Primitives:
     def _all_gather_v(
         self, output: Any, sizes: list[int], tensor: Any, async_op: bool
     ) -> Work | None:
-        """Concatenate every rank's byte buffer ``tensor`` (rank r's is ``sizes[r]`` bytes) into
-        ``output``, a byte buffer of ``sum(sizes)`` bytes, in rank order: a variable-size
-        all-gather (object collectives use it). Default: ``_all_gather_into`` directly when the
-        sizes are equal, else padded to the largest and copied out when complete."""
+        """Concatenate every rank's flat array ``tensor`` (rank r's holds ``sizes[r]`` elements)
+        into ``output``, a flat array of ``sum(sizes)`` elements of the same dtype, in rank
+        order: a variable-size all-gather (MPI's ``Allgatherv``). ``all_gather_v`` uses it, and
+        object collectives with byte buffers, whose elements are bytes. Default:
+        ``_all_gather_into`` directly when the sizes are equal, else of chunks padded to the
+        largest, copied out when complete."""
         width = max(sizes)
         if min(sizes) == width:
             return self._then(self._all_gather_into(output, tensor, async_op), None, output, tensor)
-        send = bytearray(width)
-        memoryview(send)[: sizes[self._kit_rank]] = memoryview(tensor).cast("B")
-        padded = bytearray(width * self._kit_world_size)
+        adapter = adapter_for(tensor)
+        send = adapter.empty(tensor, width)
+        adapter.copy_(adapter.flat(send)[: sizes[self._kit_rank]], tensor)
+        padded = adapter.empty(tensor, width * self._kit_world_size)
 
         def unpad() -> None:
-            src, dst, at = memoryview(padded), memoryview(output).cast("B"), 0
-            for r, n in enumerate(sizes):
-                dst[at : at + n] = src[r * width : r * width + n]
-                at += n
+            src, dst = adapter.flat(padded), adapter.flat(output)
+            for r, (at, n) in enumerate(zip(offsets(sizes), sizes, strict=True)):
+                adapter.copy_(dst[at : at + n], src[r * width : r * width + n])
 
         return self._then(self._all_gather_into(padded, send, async_op), unpad, padded, send)
 
@@ -303,8 +334,6 @@ class Primitives:
 def offsets(splits: list[int]) -> list[int]:
     """Where each of ``splits`` starts, in a buffer that holds them one after the other (MPI's
     displacements of a ``v`` collective)."""
-    at, starts = 0, []
-    for n in splits:
-        starts.append(at)
-        at += n
+    starts = list(accumulate(splits, initial=0))
+    starts.pop()
     return starts

@@ -13,7 +13,10 @@ running values, so that nothing slips through:
   (:mod:`~distcomm.backend._pipeline.confirmation`), which a rank that called something else
   cannot meet with a collective of its own: the mismatch never reaches the engine;
 - when an operation times out or its engine fails: out of band
-  (:mod:`~distcomm.backend._pipeline.failures`).
+  (:mod:`~distcomm.backend._pipeline.failures`);
+- the split tables of uneven all-to-alls, which differ from rank to rank by design and stay out
+  of the running value: compared at a check point, kept between check points and settled at
+  the next one, barrier or ``finalize()`` (:mod:`~distcomm.backend._pipeline.ledger`).
 
 Where the values differ, the ranks' histories say which operation came first where they parted
 (:mod:`~distcomm._divergence`), and
@@ -37,7 +40,7 @@ from distcomm import _divergence as divergence
 from distcomm import _object_codec as objects
 from distcomm import _settings
 from distcomm._call_sites import call_site
-from distcomm.backend._pipeline import confirmation
+from distcomm.backend._pipeline import confirmation, ledger
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
 
 __all__ = [
+    "UNEVEN",
     "POLICIES",
     "SAMPLED_FIRST",
     "SAMPLE_EVERY",
@@ -63,6 +67,10 @@ POLICIES = _settings.CHECK_POLICIES
 #: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
 SAMPLED_FIRST = 64
 SAMPLE_EVERY = 1024
+#: ``_kit_plain_nbytes`` in a run of uneven all-to-alls (their sizes vary) of a dtype the engine
+#: moves: a call of the run's class and dtype takes the shortcut of ``all_to_all_single``
+#: without a record.
+UNEVEN = -2
 
 
 def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
@@ -118,6 +126,7 @@ def check(comm: Steps, x: Any = None) -> None:
     try:
         if agree(channel, h.value(seq)):
             h.agree(seq)
+            ledger.settle_kept(comm, seq - 1, f"operation #{seq}, the next check point")
             return
         mine = h.dump(None if x is None else shape_of(x), site=call_site())
         dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
@@ -143,15 +152,20 @@ def record(
     root: int | None,
     reduce_op: ReduceOp | None,
     varies: bool = False,
+    layout: tuple[int, ...] | None = None,
 ) -> None:
     """Fold collective ``seq`` into ``comm``'s history ``h``. A call unlike the one before it
     starts a run; one whose signature the ranks have never agreed on is confirmed with them
     before it is issued (unless ``seq`` is a check point, where it is checked anyway).
     ``varies``: the element count may differ from rank to rank (an uneven all-to-all), so it
-    is left out of the signature."""
-    dtype = numel = None
+    is left out of the signature; ``layout`` (the sizes every rank gives an uneven operation
+    alike) stands in its place."""
+    dtype: str | None = None
+    numel: int | tuple[int, ...] | None = layout
     if x is not None and adapter is not None:
-        dtype, numel = adapter.dtype(x), None if varies else adapter.numel(x)
+        dtype = adapter.dtype(x)
+        if layout is None and not varies:
+            numel = adapter.numel(x)
     signature = (op, dtype, numel, root, None if reduce_op is None else reduce_op.name)
     fp = h.fingerprint(signature)
     if fp == h.run_fp:
@@ -163,6 +177,9 @@ def record(
             x.dtype,
             x.nbytes,
         )
+    elif varies and op == "all_to_all_single" and dtype in comm._kit_native_dtypes:
+        comm._kit_plain_cls, comm._kit_plain_dtype = x.__class__, x.dtype
+        comm._kit_plain_nbytes = UNEVEN
     else:
         comm._kit_forget_plain()
     if novel:

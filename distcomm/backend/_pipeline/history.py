@@ -70,6 +70,7 @@ class CallHistory:
         "described",
         "ended",
         "fps",
+        "ledger",
         "owner",
         "run_fp",
         "run_start",
@@ -89,6 +90,9 @@ class CallHistory:
         self.ended = False
         #: The ``seq`` of the call whose vote this rank is in, before it reaches the engine.
         self.voting = 0
+        #: The uneven all-to-alls' split tables since the last check point
+        #: (:class:`~distcomm.backend._pipeline.ledger.Ledger`; None until the first).
+        self.ledger: Any = None
         _LIVE.add(self)
 
     def fingerprint(self, signature: tuple[Any, ...]) -> int:

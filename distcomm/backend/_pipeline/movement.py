@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import confirmation, splits
+from distcomm.backend._pipeline import confirmation, ledger, splits
+from distcomm.backend._pipeline.agreement import UNEVEN
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
@@ -75,7 +76,37 @@ class Movement(Steps):
 
         With split sizes (rows of the first dimension, as torch's), the chunks may differ:
         ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
+        A blocking uneven call like the ones before it first tries a shortcut
+        (:func:`~distcomm.backend._pipeline.splits.shortcut`).
         """
+        if (
+            input_split_sizes is not None
+            and not async_op
+            and self.seq + 1 < self._kit_next_check
+            and (
+                self._kit_history is None  # nothing to record, or a call like the run's:
+                or (
+                    self._kit_plain_nbytes == UNEVEN
+                    and input.__class__ is self._kit_plain_cls
+                    and input.dtype is self._kit_plain_dtype
+                )
+            )
+            and splits.shortcut(self, output, input, output_split_sizes, input_split_sizes)
+        ):
+            return None
+        return self._kit_all_to_all_single_steps(
+            output, input, output_split_sizes, input_split_sizes, async_op
+        )
+
+    def _kit_all_to_all_single_steps(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """all_to_all_single past the shortcut (what hooks wrap: every call is numbered)."""
         if output_split_sizes is not None or input_split_sizes is not None:
             return self._kit_all_to_all_v(
                 output, input, output_split_sizes, input_split_sizes, async_op
@@ -122,6 +153,8 @@ class Movement(Steps):
         self._kit_count("all_to_all_single", input, adapter, varies=True)
         if checked and world > 1:
             splits.agree(self, sent, expected)
+        elif world > 1 and self._kit_history is not None:
+            splits.keep(self, self._kit_history, sent, expected)
         elif world == 1 and sent != expected:
             raise InvalidArgumentError(
                 f"all_to_all_single: in a world of 1 the only rank sends itself {sent[0]} rows "
@@ -140,7 +173,8 @@ class Movement(Steps):
         """Wait until every rank has reached the barrier.
 
         A blocking barrier also confirms that the ranks made the same calls until it (unless
-        the policy is off): it is then a vote of point-to-point messages
+        the policy is off), and that their uneven all-to-alls' split tables agreed: it is then a
+        vote of point-to-point messages
         (:mod:`~distcomm.backend._pipeline.confirmation`), and also the engine's barrier where
         the vote travels on a side channel (a GPU engine, whose streams the barrier orders).
         """
@@ -150,6 +184,7 @@ class Movement(Steps):
             return DONE if async_op else None
         if not async_op and self._kit_history is not None and self._kit_can_confirm():
             confirmation.vote(self, confirmation.BARRIER)
+            ledger.settle_kept(self, self.seq - 1, f"the barrier (operation #{self.seq})")
             if self._object_channel() is self:
                 return None
         return self._kit_complete(self._kit_call(self._barrier, async_op), async_op)

@@ -10,8 +10,9 @@ exchange, new_group and split, a reduction emulated by gathering, the check) is 
 
 While no hook is registered the methods are the plain ones: the wrappers are put on the class
 when the first hook is added and taken off when the last is removed, and the step that numbers
-an operation tests one class attribute (``_observing``). The all_reduce shortcut of a backend
-(``_all_reduce_plain``) is bypassed while hooks are registered, so that every call is seen.
+an operation tests one class attribute (``_observing``). The shortcuts (a backend's
+``_all_reduce_plain``, the uneven all-to-all's) are bypassed while hooks are registered, so that
+every call is seen.
 
 ``event.started`` and ``event.finished`` come from :mod:`~distcomm._device_clock`:
 for a blocking call on a CUDA tensor each is read once the device finished its queued work (at
@@ -75,7 +76,10 @@ def wrap(on: bool) -> None:
         _plain.clear()
 
 
-_STEPS = {"all_reduce": "_kit_all_reduce_steps"}
+_STEPS = {
+    "all_reduce": "_kit_all_reduce_steps",
+    "all_to_all_single": "_kit_all_to_all_single_steps",
+}
 #: Whether the call this thread is numbering blocks (``async_op`` false): set by the wrapper,
 #: read by :func:`before`, which ``_count`` calls without the call's arguments.
 _calling = threading.local()

@@ -1,4 +1,5 @@
-"""The reductions pipeline: all_reduce, reduce and reduce_scatter_tensor.
+"""The reductions pipeline: all_reduce, reduce, reduce_scatter_tensor, and the uneven
+reduce-scatter of ``reduce_scatter``'s list form (torchcomms' ``reduce_scatter_v``).
 
 Beyond the common steps: op names are normalised to :class:`~distcomm.protocol.ReduceOp`, bool
 data reduces as logical or / and, AVG is emulated (SUM, then a division) where the engine lacks
@@ -21,6 +22,7 @@ from distcomm.backend.arrays import (
     check_op_dtype,
     normalise_bool_op,
 )
+from distcomm.backend.primitives import offsets
 from distcomm.errors import DistcommError
 from distcomm.protocol import ReduceOp, Work
 
@@ -133,23 +135,52 @@ class Reductions(Steps):
                 adapter.numel(output) * self._kit_world_size,
             )
         self._kit_count("reduce_scatter_tensor", input, adapter, None, op)
+        return self._kit_scatter_reduced(output, input, adapter, dtype, op, None, async_op)
+
+    def _kit_reduce_scatter_v(
+        self, output: Any, input: Any, sizes: list[int], op: Any, async_op: bool
+    ) -> Work | None:
+        """The uneven reduce-scatter of ``reduce_scatter``'s list form (torchcomms'
+        ``reduce_scatter_v``): ``input`` holds one chunk per rank in rank order, rank r's
+        ``sizes[r]`` elements, and rank r gets its chunk reduced in ``output``. The sizes are
+        in the mismatch check's signature: ranks passing different ones are caught."""
+        op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
+        adapter, dtype = self._kit_begin(input, "input")
+        check_op_dtype(op, dtype)
+        self._kit_count("reduce_scatter", input, adapter, None, op, layout=tuple(sizes))
+        return self._kit_scatter_reduced(output, input, adapter, dtype, op, sizes, async_op)
+
+    def _kit_scatter_reduced(
+        self,
+        output: Any,
+        input: Any,
+        adapter: Adapter,
+        dtype: str,
+        op: ReduceOp,
+        sizes: list[int] | None,
+        async_op: bool,
+    ) -> Work | None:
+        """A reduce-scatter past its checks and count: chunks of one size (``sizes`` None:
+        ``_reduce_scatter``) or of ``sizes`` (``_reduce_scatter_v``), staged, with the
+        emulations (AVG, an op the engine lacks)."""
         if self._kit_solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
         staged_in, engine_op, _ = self._kit_stage_reduction(adapter, input, dtype, op)
         staged_out = self._kit_stage(adapter, output, dtype, "output")
         divide = self._kit_world_size if op is ReduceOp.AVG and not self._kit_native_avg else None
-        if engine_op in self._kit_native_ops:
-            work = self._kit_call(
-                self._reduce_scatter, async_op, staged_out.engine, staged_in.engine, engine_op
-            )
-        else:
-            scratch = adapter.clone(staged_in.engine)
+        out, full = staged_out.engine, staged_in.engine
+        if engine_op not in self._kit_native_ops:
+            scratch = adapter.clone(full)
             self._kit_reduce_by_gathering(scratch, engine_op)
-            numel = adapter.numel(output)
-            chunk = adapter.flat(scratch)[self._kit_rank * numel : (self._kit_rank + 1) * numel]
-            adapter.copy_(staged_out.engine, chunk)
+            numel, rank = adapter.numel(output), self._kit_rank
+            at = rank * numel if sizes is None else offsets(sizes)[rank]
+            adapter.copy_(out, adapter.flat(scratch)[at : at + numel])
             work = None
+        elif sizes is None:
+            work = self._kit_call(self._reduce_scatter, async_op, out, full, engine_op)
+        else:
+            work = self._kit_call(self._reduce_scatter_v, async_op, out, sizes, full, engine_op)
         return self._kit_finish(work, async_op, staged_out, divide, staged_in)
 
     # -- the emulations --------------------------------------------------------------------------

@@ -7,20 +7,30 @@ to its tensor's rows). That rank r sends s what s expects from r is known to no 
 check points of the mismatch check (every call under ``check``; the first 64 collectives and
 then every 1024th under ``sample``) the ranks gather their tables and compare them, and a
 disagreement is a :class:`~distcomm.errors.CollectiveMismatchError` naming both ranks' entries.
+Between check points each rank keeps its tables in a ledger, settled at the next check point
+(:mod:`~distcomm.backend._pipeline.ledger`).
+
+The commonest call, blocking, with lists of ints, contiguous arrays the engine moves as they are
+and a dtype like the calls before it (nothing new to record), goes from
+:func:`shortcut` straight to the backend's ``_all_to_all_v`` primitive.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _object_codec as objects
-from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
+from distcomm.backend._pipeline.ledger import Ledger
+from distcomm.backend.arrays import cached_adapter
+from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
 
 if TYPE_CHECKING:
+    from distcomm.backend._pipeline.history import CallHistory
     from distcomm.backend._pipeline.steps import Steps
 
-__all__ = ["agree", "rows_of", "sizes"]
+__all__ = ["agree", "keep", "rows_of", "shortcut", "sizes"]
 
 
 def rows_of(shape: tuple[int, ...], what: str) -> tuple[int, int]:
@@ -106,3 +116,86 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
                     seq=comm.seq,
                     group=comm.describe(),
                 )
+
+
+def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> None:
+    """Keep the tables of call ``comm.seq`` (not a check point) in ``h``'s ledger."""
+    if h.ledger is None:
+        h.ledger = Ledger(comm._kit_rank, comm._kit_world_size)
+    h.ledger.calls.append((comm.seq, tuple(sent), tuple(expected)))
+
+
+def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> bool:
+    """Run a blocking uneven all-to-all (the caller saw that it needs no record and is no check
+    point) straight through the backend's ``_all_to_all_v`` when its arguments need nothing
+    more than a look (:func:`_row_of_plain`). Returns whether it ran; False: nothing was sent,
+    and the pipeline takes the call (and explains what is wrong)."""
+    row = _row_of_plain(comm, output, input, expected, sent)
+    if row < 0:
+        return False
+    seq = comm.seq + 1
+    h = comm._kit_history
+    if h is not None:
+        if h.ledger is None:
+            h.ledger = Ledger(comm._kit_rank, comm._kit_world_size)
+        h.ledger.calls.append((seq, tuple(sent), tuple(expected)))
+    comm.op = "all_to_all_single"
+    comm.blocked_seq = comm.seq = seq
+    try:
+        work = comm._all_to_all_v(
+            output, [n * row for n in expected], input, [n * row for n in sent], False
+        )
+        if work is not None:
+            work.wait()
+    except DistcommError:  # distcomm's own: never wrapped as an engine's
+        raise
+    except comm.engine_errors as exc:
+        raise comm.engine_failed("all_to_all_single", seq, exc) from exc
+    finally:
+        comm.blocked_seq = 0
+    return True
+
+
+def _row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> int:
+    """The elements of a row when the call needs no more than a look: two contiguous arrays of
+    one class, one dtype the engine moves, on a device it moves, rows of the same size, split
+    lists of ints summing to their rows, a usable communicator of more than one rank; else -1."""
+    world = comm._kit_world_size
+    if (
+        type(sent) is not list
+        or type(expected) is not list
+        or len(sent) != world
+        or len(expected) != world
+        or output.__class__ is not input.__class__
+        or output.dtype is not input.dtype
+        or comm.unusable is not None
+        or world == 1
+    ):
+        return -1
+    adapter = cached_adapter(input)
+    if (
+        adapter is None
+        or not adapter.is_plain(input, comm.devices, comm.bound_device)
+        or not adapter.is_plain(output, comm.devices, comm.bound_device)
+        or (  # the run's dtype was found native when it started
+            input.dtype is not comm._kit_plain_dtype
+            and adapter.dtype(input) not in comm._kit_native_dtypes
+        )
+    ):
+        return -1
+    shape, rows_out = input.shape, output.shape
+    if len(shape) == 2 and len(rows_out) == 2 and shape[1] == rows_out[1]:
+        row = int(shape[1])
+    elif shape and rows_out and rows_out[1:] == shape[1:]:
+        row = math.prod(shape[1:])
+    else:
+        return -1
+    for n in sent:
+        if type(n) is not int or n < 0:
+            return -1
+    for n in expected:
+        if type(n) is not int or n < 0:
+            return -1
+    if sum(sent) != shape[0] or sum(expected) != rows_out[0]:
+        return -1
+    return row

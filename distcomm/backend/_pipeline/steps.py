@@ -162,20 +162,23 @@ class Steps(ArgumentChecks, Failures, Primitives):
         root: int | None = None,
         reduce_op: ReduceOp | None = None,
         varies: bool = False,
+        layout: tuple[int, ...] | None = None,
     ) -> None:
         """Count collective ``op``, which passed validation (see BaseCommunicator), fold it into
         the running fingerprint and, where the check policy says so, agree with the other
         ranks that they made the same calls (:mod:`~distcomm.backend._pipeline.agreement`;
         ``_next_check`` is the next checked ``seq``, so that an unchecked call tests one
         integer). Registered hooks see the call here first
-        (:mod:`~distcomm.backend._pipeline.observing`)."""
+        (:mod:`~distcomm.backend._pipeline.observing`). ``varies``: the element count may
+        differ from rank to rank; ``layout``: what every rank must pass alike in its place (the
+        sizes of an uneven operation)."""
         seq = self.seq = self.seq + 1
         self.op = op
         if self._kit_observing and self._kit_event is observing.PENDING:
             observing.before(self, op, x, adapter, root, reduce_op)
         h = self._kit_history
         if h is not None:
-            agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies)
+            agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
         if seq >= self._kit_next_check:
             self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
             if self._kit_world_size > 1:

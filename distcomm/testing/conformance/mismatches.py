@@ -124,6 +124,63 @@ def mismatched_split_tables_raise_everywhere() -> None:
     _mismatch("split tables", call)
 
 
+def _uneven_rows(group: Any, lib: str, width: int) -> None:
+    """An uneven all_to_all_single on ``group`` moving 2 elements to every rank in rows of
+    ``width`` (1 or 2): the engine sees the same counts whatever the width, the tables do not."""
+    world, rows = group.world_size, 2 // width
+    out = make(lib, "float32", [0.0] * 2 * world, (rows * world, width))
+    inp = make(lib, "float32", [1.0] * 2 * world, (rows * world, width))
+    group.all_to_all_single(out, inp, [rows] * world, [rows] * world)
+
+
+@check
+def the_default_names_split_tables_that_disagreed_between_check_points() -> None:
+    """Under the default policy, between its check points, rank 1 moves its uneven all-to-all
+    in rows of 1 element where the others use rows of 2: every rank sends and receives 2
+    elements a pair (the engine cannot tell), but rank 0 sends rank 1 one row and rank 1
+    expects two. The next barrier, the next check point (#1088) and ``finalize()`` each raise
+    CollectiveMismatchError on every rank naming that operation (#66) and the ranks' split
+    sizes; the group is retired."""
+    lib, _ = next(cases(lambda d: d == "float32"))
+    for found_by in ("barrier", "check point", "finalize"):
+        group = _group_past_the_first_checks()
+        if group is None:
+            return
+        with check_policy("sample", group):
+            _uneven_rows(group, lib, 2)  # #65: the tables agree
+            _uneven_rows(group, lib, 1 if group.rank == 1 else 2)  # #66: they do not
+            t = make(lib, "float32", [0.0])  # stays 0 however often it is summed
+            try:
+                if found_by == "barrier":
+                    group.barrier()
+                elif found_by == "check point":
+                    while True:  # #67 to #1087 run; #1088, a check point, raises
+                        group.all_reduce(t)
+                else:
+                    group.finalize()
+            except CollectiveMismatchError as exc:
+                what = f"split tables found at the {found_by}"
+                expect(exc.seq == 66, f"{what}: operation #{exc.seq} named, not #66: {exc}")
+                expect(exc.ran is not None and exc.ran[0] == 66, f"{what}: ran {exc.ran}")
+                expect(len(exc.table) == group.world_size, f"{what}: table {exc.table}")
+                expect(
+                    "rank 0 sent rank 1 1 rows, rank 1 expected 2" in str(exc)
+                    and "HINT" in str(exc),
+                    f"{what}: message {exc}",
+                )
+                expect(found_by != "check point" or group.seq == 1088, f"at #{group.seq}")
+            else:
+                raise AssertionError(f"rank {group.rank}: the {found_by} did not raise")
+            if found_by != "finalize":
+                try:
+                    group.all_reduce(t)
+                except DistcommError:
+                    pass
+                else:
+                    raise AssertionError(f"rank {group.rank}: the group was not retired")
+        group.finalize()
+
+
 @check
 def nothing_is_checked_when_off() -> None:
     """Under ``off`` a checked-looking call makes no extra engine call: seq moves by one per

@@ -1,14 +1,27 @@
 """Checks of the collectives that move data without reducing it.
 
 broadcast, all_gather, all_gather_into_tensor, gather, scatter, all_to_all_single and barrier,
-on every dtype, from and to every root.
+on every dtype, from and to every root; the uneven ones (all_gather_v, the list forms with
+entries of different sizes, all_to_all_single with split sizes).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import distcomm
+from distcomm.errors import CollectiveMismatchError
 from distcomm.testing.conformance.registry import check
-from distcomm.testing.conformance.support import cases, empty, expect, expect_values, make, pattern
+from distcomm.testing.conformance.support import (
+    cases,
+    check_policy,
+    comm,
+    empty,
+    expect,
+    expect_values,
+    make,
+    pattern,
+)
 
 SHAPE = (2, 3)
 N = 6
@@ -141,6 +154,53 @@ def list_forms() -> None:
         distcomm.reduce_scatter(out, parts)
         total = sum(r + rank for r in range(world))
         expect_values(out, [total, world], f"reduce_scatter of a list, {lib} {dtype}")
+
+
+@check
+def reduce_scatter_of_different_sizes() -> None:
+    """reduce_scatter(output, input_list) whose entries differ in size (torchcomms'
+    reduce_scatter_v): entry r has r + 1 elements (rank 0's none where the world is larger
+    than 1) and rank r's output has entry r's size; SUM and MAX, blocking and async."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    sizes = [0 if (r == 0 and world > 1) else r + 1 for r in range(world)]
+    wanted = {  # rank q's entry r holds q + r + i at i
+        distcomm.ReduceOp.SUM: [world * (rank + i) + world * (world - 1) // 2 for i in range(9)],
+        distcomm.ReduceOp.MAX: [world - 1 + rank + i for i in range(9)],
+    }
+    for lib, dtype in cases(lambda d: d in ("int64", "float32", "bfloat16")):
+        parts = [make(lib, dtype, [rank + r + i for i in range(n)]) for r, n in enumerate(sizes)]
+        for op, want in wanted.items():
+            for async_op in (False, True):
+                out = empty(lib, dtype, (sizes[rank],))
+                work = distcomm.reduce_scatter(out, parts, op=op, async_op=async_op)
+                if async_op:
+                    expect(work is not None and work.wait() is True, "an async call's Work")
+                what = f"uneven reduce_scatter {op.name} async={async_op}, {lib} {dtype}"
+                expect_values(out, want[: sizes[rank]], what)
+
+
+@check
+def all_gather_v_sizes_that_differ_raise_everywhere() -> None:
+    """Rank 0 passes all_gather_v sizes that give rank 1 a row more than the other ranks'
+    (its own entry right): every rank raises CollectiveMismatchError before anything moves,
+    and the communicator stays usable. Needs 2 ranks or more."""
+    c: Any = comm()
+    if c.world_size < 2 or not hasattr(c, "debug"):
+        return
+    rank, world = c.rank, c.world_size
+    lib, _ = next(cases(lambda d: d == "float32"))
+    sizes = [2 if (r == 1 and rank == 0) else 1 for r in range(world)]
+    with check_policy("check"):
+        try:
+            distcomm.all_gather_v(make(lib, "float32", [rank, 1], (1, 2)), sizes)
+        except CollectiveMismatchError as exc:
+            expect(exc.op == "all_gather_v", f"the mismatch names {exc.op!r}: {exc}")
+            expect(exc.seq == c.seq and exc.ran is None, f"seq {exc.seq}, ran {exc.ran}: {exc}")
+            expect(len(exc.table) == world, f"a table of {len(exc.table)} rows for {world}")
+        else:
+            raise AssertionError(f"rank {rank}: all_gather_v with other sizes was not stopped")
+        got = distcomm.all_gather_v(make(lib, "float32", [rank, 1], (1, 2)), [1] * world)
+        expect_values(got[world - 1], [world - 1, 1], "all_gather_v after the mismatch")
 
 
 @check
