@@ -17,7 +17,8 @@ from distcomm._bench.operations import OPERATIONS
 from distcomm._bench.options import parse_ops, parse_size, parse_sizes
 from distcomm.cli import main
 
-OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"]
+OPS = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"]
+OPS += ["gather", "scatter"]
 OBJECT_OPS = ["all_gather_object", "broadcast_object", "gather_object", "scatter_object"]
 SIZES = [8, 65536]
 QUICK = ["--sizes", "8,64K", "--iters", "3", "--warmup", "1", "--rounds", "2"]
@@ -153,7 +154,8 @@ def test_under_distcomm_run_on_gloo_with_raw_and_a_plot(tmp_path: Path) -> None:
 def test_under_mpirun_on_mpi(tmp_path: Path) -> None:
     mpirun = find_mpirun()
     assert mpirun is not None, "mpirun not found (pip install mpich)"
-    ops = ["all_reduce", "all_gather", "all_gather_object", "broadcast_object"]
+    ops = ["all_reduce", "reduce", "all_gather", "gather", "scatter", "all_gather_object"]
+    ops += ["broadcast_object"]
     distcomm = shutil.which("distcomm", path=os.path.dirname(sys.executable))
     assert distcomm is not None
     command = [mpirun, "-n", "2", distcomm, *bench_command(tmp_path, ops, "--compare", "raw")]

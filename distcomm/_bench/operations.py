@@ -1,9 +1,11 @@
 """What ``distcomm bench`` times: each operation's buffers and its distcomm call (nccl-tests'
 bus bandwidth factors are in :mod:`distcomm._measures`, shared with ``distcomm.profile``).
 
-Sizes follow nccl-tests: ``size`` is the operation's whole buffer (all_reduce and broadcast: the
-tensor; all_gather: the gathered output, each rank giving ``size / n``; reduce_scatter: the input,
-each rank keeping ``size / n``; all_to_all: the input). Object collectives carry a numpy uint8
+Sizes follow nccl-tests: ``size`` is the operation's whole buffer (all_reduce, broadcast and
+reduce: the tensor; all_gather and gather: the gathered output, each rank giving ``size / n``;
+reduce_scatter and scatter: the input, each rank keeping ``size / n``; all_to_all: the input).
+gather and scatter have root 0, whose list is views of one buffer (which the engine's own call,
+with ``--compare raw``, receives or sends as it is). Object collectives carry a numpy uint8
 array in a dict, sized the same way. Bus bandwidth = algbw x factor, algbw = bytes / time.
 """
 
@@ -62,17 +64,37 @@ def prepare(comm: Any, op: Operation, size: int, device: str) -> Prepared:
     count = max(unit, size // 4 // unit * unit)  # float32 elements, a multiple of n if split
     part = count // n if op.split else count
     make = _torch_maker(device) if device == "cuda" or "numpy" not in _libraries() else _numpy
+    if op.name in ("gather", "scatter"):
+        return _prepare_rooted(comm, op, make, count, part)
     x = make(count if op.name in ("reduce_scatter", "all_to_all") else part)
     out = make(part if op.name == "reduce_scatter" else count)
     calls: dict[str, tuple[tuple[Any, ...], Callable[[], object]]] = {
         "all_reduce": ((x,), lambda: comm.all_reduce(x)),
         "broadcast": ((x,), lambda: comm.broadcast(x, 0)),
+        "reduce": ((x,), lambda: comm.reduce(x, 0)),
         "all_gather": ((out, x), lambda: comm.all_gather_into_tensor(out, x)),
         "reduce_scatter": ((out, x), lambda: comm.reduce_scatter_tensor(out, x)),
         "all_to_all": ((out, x), lambda: comm.all_to_all_single(out, x)),
     }
     args, call = calls[op.name]
     return Prepared(args, count * 4, call, adapter_for(x).device(x))
+
+
+def _prepare_rooted(
+    comm: Any, op: Operation, make: Callable[[int], Any], count: int, part: int
+) -> Prepared:
+    """gather (into root 0) and scatter (from it): each rank's ``part`` elements, and on the
+    root one buffer of ``count`` whose chunks are the list distcomm is given."""
+    from distcomm.backend.arrays import adapter_for
+
+    mine = make(part)
+    full = make(count) if comm.rank == 0 else None
+    parts = (
+        None if full is None else [full[r * part : (r + 1) * part] for r in range(comm.world_size)]
+    )
+    method = comm.gather if op.name == "gather" else comm.scatter
+    call = functools.partial(method, mine, parts, 0)
+    return Prepared((mine, full), count * 4, call, adapter_for(mine).device(mine))
 
 
 def _prepare_object(comm: Any, op: Operation, size: int) -> Prepared:

@@ -11,7 +11,10 @@ from typing import Any
 FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
     "all_gather": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
     "all_gather_object": lambda n: (n - 1) / n,

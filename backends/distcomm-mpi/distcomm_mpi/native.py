@@ -26,13 +26,25 @@ def _is_device_tensor(x: Any) -> bool:
 
 
 def _host(x: Any) -> Any:
-    return x.detach().numpy() if hasattr(x, "detach") else x
+    return x.detach().numpy() if hasattr(x, "detach") else x  # None (a root's buffer) too
 
 
-_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"})
+def _reduce(c: Any, x: Any) -> Callable[[], object]:
+    if c.rank == 0:
+        return lambda: c.Reduce(MPI.IN_PLACE, x, MPI.SUM, 0)
+    return lambda: c.Reduce(x, None, MPI.SUM, 0)
+
+
+_TENSOR_OPS = frozenset(
+    {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}
+    | {"gather", "scatter"}
+)
 _CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "all_reduce": lambda c, x: lambda: c.Allreduce(MPI.IN_PLACE, x, MPI.SUM),
     "broadcast": lambda c, x: lambda: c.Bcast(x, 0),
+    "reduce": _reduce,
+    "gather": lambda c, x, full: lambda: c.Gather(x, full, 0),  # full: None off the root
+    "scatter": lambda c, x, full: lambda: c.Scatter(full, x, 0),
     "all_gather": lambda c, out, x: lambda: c.Allgather(x, out),
     "reduce_scatter": lambda c, out, x: lambda: c.Reduce_scatter_block(x, out, MPI.SUM),
     "all_to_all": lambda c, out, x: lambda: c.Alltoall(x, out),

@@ -1,6 +1,7 @@
 """The mpi backend's buffer path inside a real MPI job (``mpirun -n N pytest --with-mpi``).
 
-- The ``all_reduce`` shortcut on every layout: results, untouched neighbours, one operation each.
+- ``all_reduce`` on every layout: results, untouched neighbours, one operation each; and past
+  the first checked collectives, the shortcut taken (counted) with the right sums.
 - float16 and bfloat16 (no MPI type: bridged through float32) against torch's own reduction of
   the same random values.
 - CUDA tensors: staged through host memory with one warning when MPI is not CUDA-aware, handed
@@ -63,6 +64,47 @@ def test_all_reduce_sum_on_every_layout(
     outside[np.asarray(LAYOUTS[layout](np.arange(12).reshape(3, 4))).reshape(-1)] = False
     own = np.asarray(grid(lib, dtype, rank + 1)).reshape(-1)
     assert np.array_equal(np.asarray(full).reshape(-1)[outside], own[outside])
+
+
+@pytest.mark.parametrize("policy", ["sample", "off"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_all_reduce_past_the_first_checks_takes_the_shortcut(
+    world: Communicator, lib: str, dtype: str, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calls above run inside the first 64 checked collectives of the world, where the
+    shortcut is never tried: here a group goes past them first, then 10 sums of rank-dependent
+    values (a MAX in place of the SUM would show) must take ``_all_reduce_plain``, one
+    operation each."""
+    outcomes: list[bool] = []
+    cls: Any = type(world)
+    plain = cls._all_reduce_plain
+
+    def counted(self: Any, tensor: Any) -> bool:
+        outcomes.append(plain(self, tensor))
+        return outcomes[-1]
+
+    monkeypatch.setattr(cls, "_all_reduce_plain", counted)
+    group: Any = distcomm.new_group(range(world.world_size))
+    group.debug = "off"
+    for _ in range(64):
+        group.all_reduce(np.zeros(1))
+    group.debug = policy
+    outcomes.clear()
+    size, rank, wrong = group.world_size, group.rank, []
+    for step in range(10):
+        x = grid(lib, dtype, rank + 1 + step)
+        seq = group.seq
+        group.all_reduce(x)
+        want = grid(lib, dtype, sum(r + 1 + step for r in range(size)))
+        if not np.array_equal(np.asarray(x), np.asarray(want)) or group.seq != seq + 1:
+            wrong.append(step)
+    group.finalize()
+    assert not wrong, f"rank {rank}: wrong sums (or seq) at steps {wrong}"
+    # under sample the first call starts the run (the pipeline records it); off, and a world of
+    # 1, record nothing
+    recorded = policy == "sample" and size > 1
+    assert outcomes == [True] * (9 if recorded else 10), outcomes
 
 
 @pytest.mark.parametrize("op", ["SUM", "AVG", "PRODUCT", "MIN", "MAX"])

@@ -19,7 +19,7 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatt
 
 def native_call(group: Any, world_size: int, op: str, args: tuple[Any, ...]) -> Any:
     """A zero-argument callable running ``op`` with torch.distributed on ``group``, or None."""
-    tensors = [as_torch(a) if op in _TENSOR_OPS else a for a in args]
+    tensors = [as_torch(a) if op in _TENSOR_OPS and a is not None else a for a in args]
     make = _CALLS.get(op)
     return None if make is None else make(group, world_size, *tensors)
 
@@ -58,10 +58,32 @@ def _scatter_object(group: Any, world_size: int, objs: Any) -> Callable[[], obje
     return call
 
 
-_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"})
+def _root(group: Any) -> int:
+    """The global rank of ``group``'s rank 0 (torch's dst and src are global ranks)."""
+    return 0 if group is None else int(dist.get_global_rank(group, 0))
+
+
+def _rooted(call: Callable[..., Any]) -> Callable[..., Callable[[], object]]:
+    """gather or scatter with root 0: ``full`` (None off the root) as the list of its chunks."""
+
+    def make(group: Any, world_size: int, x: Any, full: Any) -> Callable[[], object]:
+        parts = None if full is None else list(full.chunk(world_size))
+        root = _root(group)
+        return lambda: call(x, parts, root, group=group)
+
+    return make
+
+
+_TENSOR_OPS = frozenset(
+    {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}
+    | {"gather", "scatter"}
+)
 _CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "all_reduce": lambda g, n, x: lambda: dist.all_reduce(x, group=g),
     "broadcast": lambda g, n, x: lambda: dist.broadcast(x, src=0, group=g),
+    "reduce": lambda g, n, x: lambda: dist.reduce(x, dst=_root(g), group=g),
+    "gather": _rooted(dist.gather),
+    "scatter": _rooted(dist.scatter),
     "all_gather": lambda g, n, out, x: lambda: all_gather_single(out, x, group=g),
     "reduce_scatter": lambda g, n, out, x: lambda: reduce_scatter_single(out, x, group=g),
     "all_to_all": lambda g, n, out, x: lambda: dist.all_to_all_single(out, x, group=g),
