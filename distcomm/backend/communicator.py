@@ -172,7 +172,7 @@ class BaseCommunicator(
             return None
         try:
             confirmation.vote(self, confirmation.FINALIZE)
-            ledger.settle_kept(self, self.seq, "finalize()")
+            ledger.settle(self, self.seq, "finalize()")
         except CollectiveMismatchError as exc:
             return exc
         except DistcommError as exc:  # no evidence of a mismatch: the others are busy or gone

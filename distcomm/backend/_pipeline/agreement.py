@@ -126,7 +126,7 @@ def check(comm: Steps, x: Any = None) -> None:
     try:
         if agree(channel, h.value(seq)):
             h.agree(seq)
-            ledger.settle_kept(comm, seq - 1, f"operation #{seq}, the next check point")
+            ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
             return
         mine = h.dump(None if x is None else shape_of(x), site=call_site())
         dumps = dict(enumerate(objects.all_gather_object(channel, mine)))

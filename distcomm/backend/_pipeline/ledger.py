@@ -27,7 +27,7 @@ from distcomm.errors import CollectiveMismatchError
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
 
-__all__ = ["Ledger", "Table", "settle", "settle_kept"]
+__all__ = ["Ledger", "Table", "disagreement", "listing", "rows", "settle"]
 
 _P = (1 << 61) - 1
 #: Table = tuple[int, tuple[int, ...], tuple[int, ...]]: (seq, sent, expected) of one call.
@@ -79,32 +79,53 @@ class Ledger:
         return total % _P
 
 
-def settle_kept(comm: Steps, last: int, where: str) -> None:
-    """:func:`settle` ``comm``'s ledger if it kept calls (every rank has: the caller just saw
-    that their running values agree)."""
-    h = comm._kit_history
-    if h is not None and h.ledger is not None and h.ledger.calls:
-        settle(comm, h.ledger, last, where)
-
-
-def settle(comm: Steps, ledger: Ledger, last: int, where: str) -> None:
-    """Gather the ranks' balances (every rank has made the same calls: the running values
-    agreed) and start a new ledger. ``last``: the latest operation issued; ``where``: what
-    found it (for the message).
+def settle(comm: Steps, last: int, where: str) -> None:
+    """Settle ``comm``'s ledger, if it kept calls: gather the ranks' balances (every rank has
+    made the same calls: the caller just saw that their running values agree) and start a new
+    ledger. ``last``: the latest operation issued; ``where``: what found it (for the message).
 
     Raises:
         CollectiveMismatchError: the balances do not cancel: the first call whose tables
             disagree, with every rank's lists; the communicator is retired.
     """
+    h = comm._kit_history
+    if h is None or h.ledger is None or not h.ledger.calls:
+        return
     channel = comm._object_channel()
-    mine = ledger.balance()
-    kept, ledger.calls = ledger.calls, []
+    mine = h.ledger.balance()
+    kept, h.ledger.calls = h.ledger.calls, []
     if sum(objects.all_gather_object(channel, mine)) % _P == 0:
         return
     every = objects.all_gather_object(channel, kept)
     error = _mismatch(comm, every, last, where)
     comm._kit_after_mismatch(error)
     raise error
+
+
+def disagreement(tables: list[tuple[list[int], list[int]]]) -> tuple[int, int] | None:
+    """The first pair ``(r, s)`` whose entries disagree in every rank's ``(sent, expected)``
+    (rank r sends s ``tables[r][0][s]`` rows, s expects ``tables[s][1][r]``), or None."""
+    for r, (mine, _) in enumerate(tables):
+        for s, (_, theirs) in enumerate(tables):
+            if mine[s] != theirs[r]:
+                return r, s
+    return None
+
+
+def listing(tables: list[tuple[list[int], list[int]]]) -> str:
+    """Every rank's split sizes, a line each (each line starts with a newline)."""
+    return "".join(
+        f"\n  rank {k}: input_split_sizes {a}, output_split_sizes {b}"
+        for k, (a, b) in enumerate(tables)
+    )
+
+
+def rows(tables: list[tuple[list[int], list[int]]]) -> list[dict[str, object]]:
+    """Every rank's split sizes as the rows of ``CollectiveMismatchError.table``."""
+    return [
+        {"op": "all_to_all_single", "input_split_sizes": a, "output_split_sizes": b}
+        for a, b in tables
+    ]
 
 
 def _mismatch(
@@ -117,11 +138,12 @@ def _mismatch(
     kept calls, the same ``seq`` at each index)."""
     for i, (seq, _, _) in enumerate(every[0]):
         tables = [(list(calls[i][1]), list(calls[i][2])) for calls in every]
-        for r, (mine, _) in enumerate(tables):
-            for s, (_, theirs) in enumerate(tables):
-                if mine[s] != theirs[r]:
-                    what = f"rank {r} sent rank {s} {mine[s]} rows, rank {s} expected {theirs[r]}"
-                    return _error(comm, (seq, last), where, what, tables)
+        pair = disagreement(tables)
+        if pair is not None:
+            r, s = pair
+            sent, expected = tables[r][0][s], tables[s][1][r]
+            what = f"rank {r} sent rank {s} {sent} rows, rank {s} expected {expected}"
+            return _error(comm, (seq, last), where, what, tables)
     first = every[0][0][0] if every[0] else last  # not reached: the balances sum to 0 then
     return _error(comm, (first, last), where, "the tables kept do not show where", [])
 
@@ -134,21 +156,14 @@ def _error(
     tables: list[tuple[list[int], list[int]]],
 ) -> CollectiveMismatchError:
     seq, last = ran
-    listing = "".join(
-        f"\n  rank {k}: input_split_sizes {a}, output_split_sizes {b}"
-        for k, (a, b) in enumerate(tables)
-    )
     return CollectiveMismatchError(
         f"collective mismatch at operation #{seq} on {comm.describe()}: all_to_all_single's "
-        f"split tables disagreed ({what}):{listing}\nOperations #{seq} to #{last} ran: their "
-        f"results may be wrong, and the communicator is retired. Found at {where}. HINT: rank "
-        "r's input_split_sizes[s] must equal rank s's output_split_sizes[r] (exchange the "
-        "counts first, e.g. with an even all_to_all_single of the counts, as MoE routing "
-        "does); DISTCOMM_DEBUG=check compares the tables before every call.",
-        table=[
-            {"op": "all_to_all_single", "input_split_sizes": a, "output_split_sizes": b}
-            for a, b in tables
-        ],
+        f"split tables disagreed ({what}):{listing(tables)}\nOperations #{seq} to #{last} ran: "
+        f"their results may be wrong, and the communicator is retired. Found at {where}. "
+        "HINT: rank r's input_split_sizes[s] must equal rank s's output_split_sizes[r] "
+        "(exchange the counts first, e.g. with an even all_to_all_single of the counts, as MoE "
+        "routing does); DISTCOMM_DEBUG=check compares the tables before every call.",
+        table=rows(tables),
         op="all_to_all_single",
         seq=seq,
         group=comm.describe(),

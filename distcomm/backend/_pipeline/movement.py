@@ -184,7 +184,7 @@ class Movement(Steps):
             return DONE if async_op else None
         if not async_op and self._kit_history is not None and self._kit_can_confirm():
             confirmation.vote(self, confirmation.BARRIER)
-            ledger.settle_kept(self, self.seq - 1, f"the barrier (operation #{self.seq})")
+            ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
             if self._object_channel() is self:
                 return None
         return self._kit_complete(self._kit_call(self._barrier, async_op), async_op)

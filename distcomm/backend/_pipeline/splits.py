@@ -22,7 +22,7 @@ import numbers
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _object_codec as objects
-from distcomm.backend._pipeline.ledger import Ledger
+from distcomm.backend._pipeline import ledger
 from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
 
@@ -93,35 +93,29 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
             rank's lists. Nothing was sent: the communicator stays usable.
     """
     tables = objects.all_gather_object(comm._object_channel(), (sent, expected))
-    for r, (mine, _) in enumerate(tables):
-        for s, (_, theirs) in enumerate(tables):
-            if mine[s] != theirs[r]:
-                rows = [
-                    {"op": "all_to_all_single", "input_split_sizes": a, "output_split_sizes": b}
-                    for a, b in tables
-                ]
-                listing = "\n".join(
-                    f"  rank {k}: input_split_sizes {a}, output_split_sizes {b}"
-                    for k, (a, b) in enumerate(tables)
-                )
-                raise CollectiveMismatchError(
-                    f"collective mismatch at operation #{comm.seq} on {comm.describe()}: "
-                    f"all_to_all_single's split tables disagree: rank {r} sends rank {s} "
-                    f"{mine[s]} rows, rank {s} expects {theirs[r]} from rank {r}:\n{listing}\n"
-                    "Nothing was sent. HINT: rank r's input_split_sizes[s] must equal rank s's "
-                    "output_split_sizes[r] (exchange the counts first, e.g. with an even "
-                    "all_to_all_single of the counts, as MoE routing does).",
-                    table=rows,
-                    op="all_to_all_single",
-                    seq=comm.seq,
-                    group=comm.describe(),
-                )
+    pair = ledger.disagreement(tables)
+    if pair is None:
+        return
+    r, s = pair
+    raise CollectiveMismatchError(
+        f"collective mismatch at operation #{comm.seq} on {comm.describe()}: "
+        f"all_to_all_single's split tables disagree: rank {r} sends rank {s} "
+        f"{tables[r][0][s]} rows, rank {s} expects {tables[s][1][r]} from rank {r}:"
+        f"{ledger.listing(tables)}\n"
+        "Nothing was sent. HINT: rank r's input_split_sizes[s] must equal rank s's "
+        "output_split_sizes[r] (exchange the counts first, e.g. with an even "
+        "all_to_all_single of the counts, as MoE routing does).",
+        table=ledger.rows(tables),
+        op="all_to_all_single",
+        seq=comm.seq,
+        group=comm.describe(),
+    )
 
 
 def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> None:
     """Keep the tables of call ``comm.seq`` (not a check point) in ``h``'s ledger."""
     if h.ledger is None:
-        h.ledger = Ledger(comm._kit_rank, comm._kit_world_size)
+        h.ledger = ledger.Ledger(comm._kit_rank, comm._kit_world_size)
     h.ledger.calls.append((comm.seq, tuple(sent), tuple(expected)))
 
 
@@ -134,13 +128,11 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
     if row < 0:
         return False
     seq = comm.seq + 1
-    h = comm._kit_history
-    if h is not None:
-        if h.ledger is None:
-            h.ledger = Ledger(comm._kit_rank, comm._kit_world_size)
-        h.ledger.calls.append((seq, tuple(sent), tuple(expected)))
     comm.op = "all_to_all_single"
     comm.blocked_seq = comm.seq = seq
+    h = comm._kit_history
+    if h is not None:
+        keep(comm, h, sent, expected)
     try:
         work = comm._all_to_all_v(
             output, [n * row for n in expected], input, [n * row for n in sent], False
