@@ -7,6 +7,7 @@
     python scripts/gpu_check.py mismatch       a mismatched collective on nccl: named
     python scripts/gpu_check.py tags           a tagged message on nccl: refused, clearly
     python scripts/gpu_check.py groups         split, new_group and a group of a group on nccl
+    python scripts/gpu_check.py init           init() and finalize() alone (more ranks than GPUs)
 
 Each prints ``ok: ...`` on success and raises (exit 1) with what went wrong otherwise.
 """
@@ -144,7 +145,14 @@ def groups() -> None:
     print(f"ok: rank {comm.rank}: split, new_group and a group of a group on nccl")
 
 
+def init() -> None:
+    comm = distcomm.init()
+    distcomm.finalize()
+    print(f"ok: rank {comm.rank}: init() on {comm.backend}")
+
+
 PARTS: dict[str, Callable[[], None]] = {
+    "init": init,
     "groups": groups,
     "world-of-one": world_of_one,
     "gloo-cuda": gloo_cuda,
