@@ -6,8 +6,10 @@ native device. With ``async_op=True`` a primitive may return a Work; None means 
 Required: ``_all_reduce``, ``_broadcast``, ``_all_gather_into``, ``_isend``, ``_irecv``, ``_split``.
 Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``,
 ``_reduce_scatter_v``, ``_gather``, ``_scatter``, ``_all_to_all``, ``_all_to_all_v``,
-``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and ``_all_reduce_plain``, the
-shortcut of the commonest call (no default: the general pipeline).
+``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and the shortcuts of blocking calls
+like the ones before them, ``_all_reduce_plain``, ``_broadcast_plain``, ``_reduce_plain``,
+``_all_gather_into_plain``, ``_reduce_scatter_plain``, ``_all_to_all_plain`` (no default: the
+general pipeline).
 Not a primitive but overridable the same way: ``_native_call``, the engine's own API for an
 operation, which ``distcomm bench --compare raw`` times beside distcomm's.
 
@@ -50,6 +52,19 @@ class Primitives:
     #: ``all_reduce`` calls it inside its sequence number and "blocked in" mark, and turns
     #: ``engine_errors`` into EngineError, like every primitive.
     _all_reduce_plain: Callable[[Any], bool] | None = None
+    #: Optional shortcuts of the other blocking collectives, alike: each returns False, having
+    #: sent nothing, when its arrays are not plain for the engine. The pipeline has checked
+    #: that the call is like the calls before it (the same op and root; the tensors' class,
+    #: dtype and byte size, the output's size against the input's), so a primitive looks only
+    #: at what its engine needs (contiguous, CPU, a dtype it moves). Reductions are SUM.
+    #: ``_broadcast_plain(tensor, src)``, ``_reduce_plain(tensor, dst)``,
+    #: ``_all_gather_into_plain(output, tensor)``, ``_reduce_scatter_plain(output, input)``,
+    #: ``_all_to_all_plain(output, input)`` (even chunks).
+    _broadcast_plain: Callable[[Any, int], bool] | None = None
+    _reduce_plain: Callable[[Any, int], bool] | None = None
+    _all_gather_into_plain: Callable[[Any, Any], bool] | None = None
+    _reduce_scatter_plain: Callable[[Any, Any], bool] | None = None
+    _all_to_all_plain: Callable[[Any, Any], bool] | None = None
     #: The tag of distcomm's own messages (:meth:`_control_isend`): never a user's. An engine
     #: with fewer tags sets it to one of them that it refuses to users (MPI: its largest).
     _vote_tag: int = INTERNAL_TAG + 1

@@ -81,6 +81,30 @@ class _TorchTypes:
 _torch = _TorchTypes()
 
 
+def _plain_buf(x: Any) -> Any:
+    """``x`` as MPI's buffer for a shortcut: a numpy array of a dtype MPI moves as it is (mpi4py
+    refuses one that is not contiguous with BufferError), a contiguous CPU tensor of one as a
+    buffer at its address with its MPI type; None: anything else (the pipeline takes it)."""
+    cls = x.__class__
+    if cls is _ndarray:
+        return x if x.dtype in _DIRECT else None
+    if cls is _torch.tensor or _torch.bind(cls):
+        mpi_type = _torch.types.get(x.dtype)
+        if mpi_type is None or not x.is_cpu or not x.is_contiguous():
+            return None
+        return [_fromaddress(x.data_ptr(), x.nbytes), mpi_type]
+    return None
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether arrays ``a`` and ``b`` (numpy or torch, on the CPU) share memory."""
+    if a.__class__ is _ndarray:  # two arrays that own their memory never share it
+        return not (a.base is None and b.base is None) and bool(np.may_share_memory(a, b))
+    start, end = a.data_ptr(), a.data_ptr() + a.nbytes
+    other = b.data_ptr()
+    return other < end and start < other + b.nbytes
+
+
 def buf(x: Any) -> Any:
     """``x`` as something MPI reads and writes in place (no copy)."""
     if isinstance(x, (np.ndarray, bytearray, memoryview)):
@@ -194,6 +218,8 @@ class MpiCommunicator(BaseCommunicator):
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
         self._vote_tag = self._tag_ub  # distcomm's own messages: refused to users below
         self._allreduce = comm.Allreduce
+        self._bcast, self._reduce_call, self._allgather = comm.Bcast, comm.Reduce, comm.Allgather
+        self._reduce_scatter_block, self._alltoall = comm.Reduce_scatter_block, comm.Alltoall
         self._side = side
         self._key = side.register(self)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
@@ -279,6 +305,53 @@ class MpiCommunicator(BaseCommunicator):
         try:
             self._allreduce(_IN_PLACE, b, _MPI_SUM)
         except BufferError:  # a non-contiguous array: nothing was sent; the pipeline copies
+            return False
+        return True
+
+    # The other shortcuts: the kit has checked that the call is like the calls before it (its
+    # tensors' class, dtype and sizes); what is left is whether MPI takes the arrays as they are.
+    # A numpy array that is not contiguous raises BufferError in mpi4py before anything is sent.
+    def _broadcast_plain(self, tensor: Any, src: int) -> bool:
+        b = _plain_buf(tensor)
+        if b is None:
+            return False
+        try:
+            self._bcast(b, src)
+        except BufferError:
+            return False
+        return True
+
+    def _reduce_plain(self, tensor: Any, dst: int) -> bool:
+        b = _plain_buf(tensor)
+        if b is None:
+            return False
+        try:
+            if self._kit_rank == dst:
+                self._reduce_call(_IN_PLACE, b, _MPI_SUM, dst)
+            else:
+                self._reduce_call(b, None, _MPI_SUM, dst)
+        except BufferError:
+            return False
+        return True
+
+    def _all_gather_into_plain(self, output: Any, tensor: Any) -> bool:
+        return self._pair(self._allgather, tensor, output)
+
+    def _reduce_scatter_plain(self, output: Any, input: Any) -> bool:
+        return self._pair(self._reduce_scatter_block, input, output, _MPI_SUM)
+
+    def _all_to_all_plain(self, output: Any, input: Any) -> bool:
+        return self._pair(self._alltoall, input, output)
+
+    def _pair(self, call: Any, send: Any, recv: Any, *rest: Any) -> bool:
+        """``call(send, recv, *rest)`` on two plain arrays that do not overlap (MPI forbids
+        aliased buffers; the pipeline handles a call in place)."""
+        s, r = _plain_buf(send), _plain_buf(recv)
+        if s is None or r is None or _overlap(send, recv):
+            return False
+        try:
+            call(s, r, *rest)
+        except BufferError:
             return False
         return True
 

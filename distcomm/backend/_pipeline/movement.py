@@ -20,6 +20,13 @@ class Movement(Steps):
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
+        plain = self._broadcast_plain
+        if (
+            plain is not None
+            and not async_op
+            and self._kit_shortcut("broadcast", plain, tensor, src)
+        ):
+            return None
         adapter, dtype = self._kit_begin(tensor, "tensor")
         self._kit_check_rank(src, "src")
         self._kit_count("broadcast", tensor, adapter, src)
@@ -52,6 +59,15 @@ class Movement(Steps):
         self, output_tensor: Any, input_tensor: Any, async_op: bool = False
     ) -> Work | None:
         """Gather every rank's ``input_tensor`` into ``output_tensor`` (world_size times larger)."""
+        plain = self._all_gather_into_plain
+        if (
+            plain is not None
+            and not async_op
+            and self._kit_shortcut(
+                "all_gather_into_tensor", plain, input_tensor, None, output_tensor
+            )
+        ):
+            return None
         adapter, dtype = self._kit_begin(input_tensor, "input_tensor")
         expected = adapter.numel(input_tensor) * self._kit_world_size
         self._kit_check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
@@ -76,10 +92,18 @@ class Movement(Steps):
 
         With split sizes (rows of the first dimension, as torch's), the chunks may differ:
         ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
-        A blocking uneven call like the ones before it first tries a shortcut
-        (:func:`~distcomm.backend._pipeline.splits.shortcut`).
+        A blocking call like the ones before it first tries a shortcut (even: the backend's
+        ``_all_to_all_plain``; uneven: :func:`~distcomm.backend._pipeline.splits.shortcut`).
         """
-        if (
+        if input_split_sizes is None and output_split_sizes is None:
+            plain = self._all_to_all_plain
+            if (
+                plain is not None
+                and not async_op
+                and self._kit_shortcut("all_to_all_single", plain, input, None, output)
+            ):
+                return None
+        elif (
             input_split_sizes is not None
             and not async_op
             and self.seq + 1 < self._kit_next_check

@@ -5,7 +5,9 @@ Beyond the common steps: op names are normalised to :class:`~distcomm.protocol.R
 data reduces as logical or / and, AVG is emulated (SUM, then a division) where the engine lacks
 it, and an op the engine lacks altogether is computed from an all-gather. The commonest call, a
 blocking SUM like the calls before it (the same class, dtype and size: nothing new for the
-mismatch check to record), first tries the backend's ``_all_reduce_plain`` shortcut.
+mismatch check to record), first tries the backend's ``_all_reduce_plain`` shortcut; a blocking
+SUM ``reduce`` or ``reduce_scatter_tensor`` like the calls before it, ``_reduce_plain`` and
+``_reduce_scatter_plain`` (``Steps._kit_shortcut``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Reductions(Steps):
                     self._kit_history is None  # nothing to record, or a call like the run's:
                     or (
                         tensor.__class__ is self._kit_plain_cls
+                        and self._kit_plain_op == "all_reduce"
                         and tensor.dtype is self._kit_plain_dtype
                         and tensor.nbytes == self._kit_plain_nbytes
                     )
@@ -69,6 +72,8 @@ class Reductions(Steps):
                 if done:
                     return None
                 self.seq -= 1  # nothing was sent: the general pipeline counts it
+            elif plain is not None and self._kit_shortcut("all_reduce", plain, tensor):
+                return None  # like an earlier call, in a run of others
         return self._kit_all_reduce_steps(tensor, op, async_op)
 
     def _kit_all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
@@ -102,6 +107,14 @@ class Reductions(Steps):
         self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
+        plain = self._reduce_plain
+        if (
+            plain is not None
+            and op is _SUM
+            and not async_op
+            and self._kit_shortcut("reduce", plain, tensor, dst)
+        ):
+            return None
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._kit_begin(tensor, "tensor")
         check_op_dtype(op, dtype)
@@ -123,6 +136,14 @@ class Reductions(Steps):
         self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``input`` (world_size chunks) across ranks; rank r gets chunk r in ``output``."""
+        plain = self._reduce_scatter_plain
+        if (
+            plain is not None
+            and op is _SUM
+            and not async_op
+            and self._kit_shortcut("reduce_scatter_tensor", plain, input, None, output)
+        ):
+            return None
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._kit_begin(input, "input")
         check_op_dtype(op, dtype)
