@@ -86,8 +86,8 @@ def _plain_buf(x: Any) -> Any:
     refuses one that is not contiguous with BufferError), a contiguous CPU tensor of one as a
     buffer at its address with its MPI type; None: anything else (the pipeline takes it)."""
     cls = x.__class__
-    if cls is _ndarray:
-        return x if x.dtype in _DIRECT else None
+    if cls is _ndarray:  # C order: mpi4py takes a Fortran-ordered one too, in memory order
+        return x if x.dtype in _DIRECT and x.flags.c_contiguous else None
     if cls is _torch.tensor or _torch.bind(cls):
         mpi_type = _torch.types.get(x.dtype)
         if mpi_type is None or not x.is_cpu or not x.is_contiguous():
@@ -98,11 +98,13 @@ def _plain_buf(x: Any) -> Any:
 
 def _overlap(a: Any, b: Any) -> bool:
     """Whether arrays ``a`` and ``b`` (numpy or torch, on the CPU) share memory."""
+    if a is b:
+        return True
     if a.__class__ is _ndarray:  # two arrays that own their memory never share it
         return not (a.base is None and b.base is None) and bool(np.may_share_memory(a, b))
     start, end = a.data_ptr(), a.data_ptr() + a.nbytes
     other = b.data_ptr()
-    return other < end and start < other + b.nbytes
+    return bool(other < end and start < other + b.nbytes)
 
 
 def buf(x: Any) -> Any:
@@ -292,7 +294,7 @@ class MpiCommunicator(BaseCommunicator):
         address (not ``.numpy()``)."""
         cls = tensor.__class__
         if cls is _ndarray:
-            if tensor.dtype not in _DIRECT:
+            if tensor.dtype not in _DIRECT or not tensor.flags.c_contiguous:
                 return False
             b: Any = tensor
         elif cls is _torch.tensor or _torch.bind(cls):
@@ -310,7 +312,7 @@ class MpiCommunicator(BaseCommunicator):
 
     # The other shortcuts: the kit has checked that the call is like the calls before it (its
     # tensors' class, dtype and sizes); what is left is whether MPI takes the arrays as they are.
-    # A numpy array that is not contiguous raises BufferError in mpi4py before anything is sent.
+    # (A BufferError from mpi4py is raised before anything is sent.)
     def _broadcast_plain(self, tensor: Any, src: int) -> bool:
         b = _plain_buf(tensor)
         if b is None:

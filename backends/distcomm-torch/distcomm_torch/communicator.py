@@ -20,9 +20,18 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed import (
+    AllreduceOptions,
+    AllToAllOptions,
+    BroadcastOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+)
+from torch.distributed.distributed_c10d import AllgatherOptions  # type: ignore[attr-defined]
 
 from distcomm import NON_MEMBER, InvalidArgumentError, ReduceOp
 from distcomm.backend import BaseCommunicator, BaseWork, Capabilities, as_torch, monitor
+from distcomm.backend.work import retained
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_torch.mailbox import StoreMailbox
 from distcomm_torch.native import all_gather_single as _all_gather_single
@@ -124,6 +133,45 @@ def unbound_default_group() -> Iterator[None]:
         world.bound_device_id = bound
 
 
+def _numpy_arrays() -> Any:
+    """numpy's array class, or None without numpy (torch runs without it)."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is there wherever distcomm's tests run
+        return None
+    return numpy.ndarray
+
+
+# The shortcuts' constants, bound once (an attribute lookup per call is measurable there).
+_ndarray = _numpy_arrays()
+_Tensor, _from_numpy, _SUM = torch.Tensor, torch.from_numpy, dist.ReduceOp.SUM
+_EVEN: list[int] = []  # all_to_all's split sizes: even chunks
+
+
+@functools.cache
+def _torch_dtypes(names: frozenset[str]) -> frozenset[torch.dtype]:
+    """The torch dtypes of distcomm's dtype ``names`` (a set a dtype is looked up in at once)."""
+    return frozenset(getattr(torch, name) for name in names)
+
+
+def _options(kind: Any, **fields: Any) -> Any:
+    """torch's options ``kind`` of a shortcut, with ``fields``: asynchronous as the pipeline's
+    calls (on nccl the collective runs on the group's stream and ``wait`` orders the current
+    stream after it; an older torch has no ``asyncOp``). Made once: torch copies it."""
+    opts = kind()
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+    for name, value in fields.items():
+        setattr(opts, name, value)
+    return opts
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether tensors ``a`` and ``b`` share memory (on the same device)."""
+    start, other = a.data_ptr(), b.data_ptr()
+    return other < start + a.nbytes and start < other + b.nbytes
+
+
 def flat(x: Any) -> torch.Tensor:
     """A 1-D view of a contiguous array (torch's gather/scatter family wants matching dims)."""
     view: torch.Tensor = as_torch(x).view(-1)
@@ -212,9 +260,31 @@ class TorchCommunicator(BaseCommunicator):
             else StoreMailbox(progress, f"distcomm/mail/{self.native.group_name}", self.rank)
         )
         self._published = 0
+        self._bind_plain()
         if progress is not None and self.world_size > 1:
             monitor.watch(self)
             progress.answer_for(self)
+
+    def _bind_plain(self) -> None:
+        """What the shortcuts use on every call, found once: the group's own methods (an older
+        torch names the one-tensor gather, reduce-scatter and all-to-all ``_allgather_base``,
+        ``_reduce_scatter_base`` and ``alltoall_base``), the options of a SUM and of an
+        unrooted call, and the dtypes each may move as they are."""
+        pg = self.native
+        self._pg_allreduce = pg.allreduce
+        self._pg_broadcast = pg.broadcast
+        self._pg_reduce = pg.reduce
+        self._pg_gather = getattr(pg, "all_gather_single", None) or pg._allgather_base
+        self._pg_scatter = getattr(pg, "reduce_scatter_single", None) or pg._reduce_scatter_base
+        self._pg_all_to_all = getattr(pg, "all_to_all_single", None) or pg.alltoall_base
+        self._opts_sum = _options(AllreduceOptions, reduceOp=_SUM)
+        self._opts_gather = _options(AllgatherOptions)
+        self._opts_scatter = _options(ReduceScatterOptions, reduceOp=_SUM)
+        self._opts_all_to_all = _options(AllToAllOptions)
+        self._opts_rooted: dict[int, tuple[Any, Any]] = {}
+        self._plain_moved = _torch_dtypes(self._kit_native_dtypes)
+        self._plain_summed = _torch_dtypes(self._kit_direct_dtypes)  # not bool: its SUM is OR
+        self._plain_cpu = "cpu" in self.devices
 
     @property
     def native(self) -> Any:
@@ -329,6 +399,108 @@ class TorchCommunicator(BaseCommunicator):
         except RuntimeError as exc:  # e.g. a peer already gone: torch says so at once
             raise self.engine_failed(op, seq, exc) from exc
         return TorchWork(work, self, *buffers, args, op=op, seq=seq)
+
+    # -- the shortcuts of blocking calls (distcomm.backend._pipeline.shortcuts) ------------------
+    # The kit has checked that the call is like the calls before it (its op and root, its
+    # tensors' class, dtype and sizes); what is left is whether torch takes the arrays as they
+    # are. The group's own method runs the collective and torch's Work is waited for, as the
+    # pipeline waits for it (its timeout, its errors), without a TorchWork or torch's wrapper.
+    def _all_reduce_plain(self, tensor: Any) -> bool:
+        t = self._plain_of(tensor, self._plain_summed)
+        if t is None:
+            return False
+        return self._plain_run(self._pg_allreduce, [t], self._opts_sum)
+
+    def _broadcast_plain(self, tensor: Any, src: int) -> bool:
+        t = self._plain_of(tensor, self._plain_moved)
+        if t is None:
+            return False
+        opts = self._opts_rooted.get(src) or self._rooted(src)
+        return self._plain_run(self._pg_broadcast, [t], opts[0])
+
+    def _reduce_plain(self, tensor: Any, dst: int) -> bool:
+        t = self._plain_of(tensor, self._plain_summed)
+        if t is None:
+            return False
+        opts = self._opts_rooted.get(dst) or self._rooted(dst)
+        return self._plain_run(self._pg_reduce, [t], opts[1])
+
+    def _all_gather_into_plain(self, output: Any, tensor: Any) -> bool:
+        pair = self._plain_pair(output, tensor, self._plain_moved)
+        if pair is None:
+            return False
+        return self._plain_run(self._pg_gather, *pair, self._opts_gather)
+
+    def _reduce_scatter_plain(self, output: Any, input: Any) -> bool:
+        pair = self._plain_pair(output, input, self._plain_summed)
+        if pair is None:
+            return False
+        return self._plain_run(self._pg_scatter, *pair, self._opts_scatter)
+
+    def _all_to_all_plain(self, output: Any, input: Any) -> bool:
+        pair = self._plain_pair(output, input, self._plain_moved)
+        if pair is None:
+            return False
+        return self._plain_run(self._pg_all_to_all, *pair, _EVEN, _EVEN, self._opts_all_to_all)
+
+    def _plain_of(self, x: Any, dtypes: frozenset[torch.dtype]) -> Any:
+        """``x`` as the tensor torch moves, if torch takes it as it is: a torch tensor (that
+        class exactly) or a numpy array (a view of its memory, as :func:`as_torch` makes),
+        contiguous, of one of ``dtypes``, on the device the group moves (the pipeline's
+        ``adapter.is_plain``); else None, and the pipeline takes the call."""
+        cls = x.__class__
+        if cls is _Tensor:
+            if x.dtype not in dtypes or not x.is_contiguous():
+                return None
+            if x.is_cpu:  # is_cpu is several times faster than .device
+                return x if self._plain_cpu else None
+            on, bound = x.device, self.bound_device
+            return x if on.type in self.devices and bound in (None, str(on)) else None
+        if cls is _ndarray and self._plain_cpu and x.flags.c_contiguous:
+            try:
+                t = _from_numpy(x)
+            except (TypeError, ValueError):  # a dtype torch lacks, a byte order not native
+                return None
+            return t if t.dtype in dtypes else None
+        return None
+
+    def _plain_pair(
+        self, output: Any, input: Any, dtypes: frozenset[torch.dtype]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``output`` and ``input`` as flat tensors torch takes as they are (:meth:`_plain_of`),
+        if they do not overlap (the pipeline handles a call in place); else None."""
+        out, inp = self._plain_of(output, dtypes), self._plain_of(input, dtypes)
+        if out is None or inp is None or _overlap(out, inp):
+            return None
+        # 1-D, as the pipeline's (flat): torch wants the input's dims to divide the output's
+        return (out if out.dim() == 1 else out.view(-1)), (inp if inp.dim() == 1 else inp.view(-1))
+
+    def _rooted(self, root: int) -> tuple[Any, Any]:
+        """The options of a broadcast from and a SUM reduce to rank ``root``, made at its first
+        call (torch takes its rank in the group)."""
+        group_rank = dist.get_group_rank(self.native, self.global_ranks[root])
+        both = (
+            _options(BroadcastOptions, rootRank=group_rank, rootTensor=0),
+            _options(ReduceOptions, rootRank=group_rank, rootTensor=0, reduceOp=_SUM),
+        )
+        self._opts_rooted[root] = both
+        return both
+
+    def _plain_run(self, start: Callable[..., Any], *args: Any) -> bool:
+        """``start(*args)``, a collective of the group, waited for as the pipeline waits for its
+        Work (:meth:`TorchWork._block`, the group's timeout): torch's errors become distcomm's
+        (a timeout, :meth:`_timeout_of`, the communicator's DistTimeoutError naming the ranks
+        that had not arrived; another failure EngineError), and the tensors of a call that did
+        not complete are kept (:func:`~distcomm.backend.work.retained`): torch may still write
+        into them."""
+        try:
+            start(*args).wait()
+        except BaseException as exc:  # a Ctrl-C too, as BaseWork.wait
+            retained().append(args)
+            if isinstance(exc, RuntimeError):  # torch's DistBackendError, DistNetworkError, ...
+                raise self.engine_failed(self.op, self.seq, exc) from exc
+            raise
+        return True
 
     # -- primitives ---------------------------------------------------------------------------
     # torch is always called with async_op=True: a blocking call would wait with torch's own

@@ -50,15 +50,12 @@ if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
 
 __all__ = [
-    "UNEVEN",
     "POLICIES",
-    "SHORTCUTS",
     "SAMPLED_FIRST",
     "SAMPLE_EVERY",
     "agree",
     "check",
     "limits",
-    "mark",
     "policy",
     "record",
     "shape_of",
@@ -69,24 +66,6 @@ POLICIES = _settings.CHECK_POLICIES
 #: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
 SAMPLED_FIRST = 64
 SAMPLE_EVERY = 1024
-#: ``_kit_plain_nbytes`` in a run of uneven all-to-alls (their sizes vary) of a dtype the engine
-#: moves: a call of the run's class and dtype takes the shortcut of ``all_to_all_single``
-#: without a record.
-UNEVEN = -2
-#: The operations with a shortcut for a blocking call like the run's (:func:`mark`).
-SHORTCUTS = frozenset(
-    {
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_gather_into_tensor",
-        "reduce_scatter_tensor",
-        "all_to_all_single",
-    }
-)
-_MARKED_OPS = (None, ReduceOp.SUM)
-#: How many kinds of call the shortcuts remember per communicator (then they start over).
-_REMEMBERED_CALLS = 256
 
 
 def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
@@ -194,39 +173,6 @@ def record(
         if seq < comm._kit_next_check and op != "barrier" and comm._kit_can_confirm():
             confirmation.vote(comm, confirmation.CALL, shape)
     return fp
-
-
-def mark(
-    comm: Steps,
-    op: str,
-    x: Any,
-    adapter: Adapter | None,
-    root: int | None,
-    reduce_op: ReduceOp | None,
-    varies: bool,
-    fp: int,
-) -> None:
-    """Describe collective ``op`` (which passed validation; ``fp``: its fingerprint in the
-    history, 0 without one) for the shortcuts. A later blocking call with the same op and root
-    and a tensor of the same class, dtype and byte size brings nothing new to record beyond its
-    fingerprint, and may skip the pipeline (``Steps._kit_shortcut``): it is remembered in
-    ``_kit_plain_fps``, and as the current run (the ``_kit_plain_*`` attributes, all_reduce's
-    own test). Ops of :data:`SHORTCUTS` only; reductions for SUM only; an uneven all-to-all
-    (``varies``) of a dtype the engine moves as the run :data:`UNEVEN`."""
-    nbytes = getattr(x, "nbytes", None)
-    if varies and adapter is not None:
-        nbytes = UNEVEN if adapter.dtype(x) in comm._kit_native_dtypes else None
-    if op not in SHORTCUTS or nbytes is None or reduce_op not in _MARKED_OPS:
-        comm._kit_plain_op = None  # the run is closed; the remembered calls stay
-        return
-    cls, dtype = x.__class__, x.dtype
-    comm._kit_plain_op, comm._kit_plain_root = op, root
-    comm._kit_plain_cls, comm._kit_plain_dtype, comm._kit_plain_nbytes = cls, dtype, nbytes
-    if not varies:
-        known = comm._kit_plain_fps
-        if len(known) >= _REMEMBERED_CALLS:
-            known.clear()
-        known[op, cls, dtype, nbytes, root] = fp
 
 
 def agree(channel: BaseCommunicator, fingerprint: int) -> bool:

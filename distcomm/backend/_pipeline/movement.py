@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import confirmation, ledger, splits
-from distcomm.backend._pipeline.agreement import UNEVEN
+from distcomm.backend._pipeline import confirmation, ledger, shortcuts, splits
+from distcomm.backend._pipeline.shortcuts import UNEVEN
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
@@ -20,11 +20,11 @@ class Movement(Steps):
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
-        plain = self._broadcast_plain
+        shortcut = self._broadcast_plain
         if (
-            plain is not None
+            shortcut is not None
             and not async_op
-            and self._kit_shortcut("broadcast", plain, tensor, src)
+            and shortcuts.run(self, "broadcast", shortcut, tensor, src)
         ):
             return None
         adapter, dtype = self._kit_begin(tensor, "tensor")
@@ -63,8 +63,8 @@ class Movement(Steps):
         if (
             plain is not None
             and not async_op
-            and self._kit_shortcut(
-                "all_gather_into_tensor", plain, input_tensor, None, output_tensor
+            and shortcuts.run(
+                self, "all_gather_into_tensor", plain, input_tensor, None, output_tensor
             )
         ):
             return None
@@ -100,7 +100,7 @@ class Movement(Steps):
             if (
                 plain is not None
                 and not async_op
-                and self._kit_shortcut("all_to_all_single", plain, input, None, output)
+                and shortcuts.run(self, "all_to_all_single", plain, input, None, output)
             ):
                 return None
         elif (

@@ -7,7 +7,7 @@ it, and an op the engine lacks altogether is computed from an all-gather. The co
 blocking SUM like the calls before it (the same class, dtype and size: nothing new for the
 mismatch check to record), first tries the backend's ``_all_reduce_plain`` shortcut; a blocking
 SUM ``reduce`` or ``reduce_scatter_tensor`` like the calls before it, ``_reduce_plain`` and
-``_reduce_scatter_plain`` (``Steps._kit_shortcut``).
+``_reduce_scatter_plain`` (``shortcuts.run``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from distcomm import _object_codec as objects
+from distcomm.backend._pipeline import shortcuts
 from distcomm.backend._pipeline.staging import Staged
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import (
@@ -72,7 +73,7 @@ class Reductions(Steps):
                 if done:
                     return None
                 self.seq -= 1  # nothing was sent: the general pipeline counts it
-            elif plain is not None and self._kit_shortcut("all_reduce", plain, tensor):
+            elif plain is not None and shortcuts.run(self, "all_reduce", plain, tensor):
                 return None  # like an earlier call, in a run of others
         return self._kit_all_reduce_steps(tensor, op, async_op)
 
@@ -112,7 +113,7 @@ class Reductions(Steps):
             plain is not None
             and op is _SUM
             and not async_op
-            and self._kit_shortcut("reduce", plain, tensor, dst)
+            and shortcuts.run(self, "reduce", plain, tensor, dst)
         ):
             return None
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
@@ -141,7 +142,7 @@ class Reductions(Steps):
             plain is not None
             and op is _SUM
             and not async_op
-            and self._kit_shortcut("reduce_scatter_tensor", plain, input, None, output)
+            and shortcuts.run(self, "reduce_scatter_tensor", plain, input, None, output)
         ):
             return None
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from distcomm.backend._pipeline import agreement, observing
+from distcomm.backend._pipeline import agreement, observing, shortcuts
 from distcomm.backend._pipeline.checks import ArgumentChecks
 from distcomm.backend._pipeline.failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
@@ -71,8 +71,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
     #: What this rank called (None: the policy is off, or a world of 1).
     _kit_history: CallHistory | None = None
     #: The current run's op, root, and the class, dtype and byte size of its tensor, when the
-    #: op has a shortcut (:func:`~distcomm.backend._pipeline.agreement.mark`): a blocking call
-    #: like them takes the backend's plain primitive without a record (:meth:`_kit_shortcut`).
+    #: op has a shortcut (:mod:`~distcomm.backend._pipeline.shortcuts`): a blocking call like
+    #: them takes the backend's plain primitive without a record.
     _kit_plain_op: str | None = None
     _kit_plain_root: int | None = None
     _kit_plain_cls: Any = None
@@ -115,7 +115,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         #: whose stack :func:`distcomm.backend.stacks.where` shows a peer.
         self._kit_thread = threading.get_ident()
         #: The kinds of call a shortcut may take, (op, class, dtype, nbytes, root) -> their
-        #: fingerprint (:func:`~distcomm.backend._pipeline.agreement.mark`).
+        #: fingerprint (:func:`~distcomm.backend._pipeline.shortcuts.mark`).
         self._kit_plain_fps: dict[tuple[Any, ...], int] = {}
         self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
@@ -186,7 +186,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         fp = 0
         if h is not None:
             fp = agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
-        agreement.mark(self, op, x, adapter, root, reduce_op, varies, fp)
+        shortcuts.mark(self, op, x, adapter, root, reduce_op, varies, fp)
         if seq >= self._kit_next_check:
             self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
             if self._kit_world_size > 1:
@@ -247,74 +247,6 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self._kit_plain_root = None
         self._kit_plain_nbytes = -1
         self._kit_plain_fps.clear()
-
-    def _kit_shortcut(
-        self, op: str, plain: Callable[..., bool], x: Any, root: Any = None, out: Any = None
-    ) -> bool:
-        """Run a blocking ``op`` through the backend's ``plain`` primitive (``plain(x)``,
-        ``plain(x, root)`` or, with an output, ``plain(out, x)``) when the pipeline has nothing
-        to add: no check point now, no hooks, a usable communicator, a call like one the
-        pipeline took before (the same op and root, ``x`` of the same class, dtype and byte
-        size: its fingerprint is all there is to record, and the ranks agreed on it), and
-        ``out`` of ``x``'s class and dtype and of the size ``x`` implies. Returns whether it
-        ran; False: nothing was sent, and the pipeline takes the call (and says what is wrong
-        with it). The primitive returns False for arrays its engine does not take as they are
-        (not contiguous, not in CPU memory)."""
-        seq = self.seq + 1
-        if seq >= self._kit_next_check or self._kit_observing or self.unusable is not None:
-            return False
-        if root is not None and root.__class__ is not int:  # a rank; True is no rank
-            return False
-        if not (
-            op == self._kit_plain_op
-            and x.__class__ is self._kit_plain_cls
-            and x.dtype is self._kit_plain_dtype
-            and x.nbytes == self._kit_plain_nbytes
-            and root == self._kit_plain_root
-        ) and not self._kit_plain_seen(op, x, root, seq):
-            return False
-        if out is not None and (
-            out.__class__ is not x.__class__
-            or out.dtype is not x.dtype
-            or out.nbytes != _output_nbytes(op, x.nbytes, self._kit_world_size)
-        ):
-            return False
-        self.op = op
-        self.blocked_seq = self.seq = seq
-        try:
-            if out is not None:
-                done = plain(out, x)
-            else:
-                done = plain(x) if root is None else plain(x, root)
-        except DistcommError:  # distcomm's own: never wrapped as an engine's
-            raise
-        except self.engine_errors as exc:
-            raise self.engine_failed(op, seq, exc) from exc
-        finally:
-            self.blocked_seq = 0
-        if not done:
-            self.seq = seq - 1  # nothing was sent: the pipeline counts it
-        return bool(done)
-
-    def _kit_plain_seen(self, op: str, x: Any, root: Any, seq: int) -> bool:
-        """Whether call ``seq`` is like one the pipeline took (``_kit_plain_fps``) and the ranks
-        agreed on; if so it starts the history's run of its fingerprint and becomes the run
-        the next calls are compared with."""
-        try:
-            key = (op, x.__class__, x.dtype, x.nbytes, root)
-            fp = self._kit_plain_fps.get(key)
-        except (AttributeError, TypeError):  # not an array
-            return False
-        if fp is None:
-            return False
-        h = self._kit_history
-        if h is not None and fp != h.run_fp:
-            if fp not in h.agreed:
-                return False  # the pipeline confirms it with the other ranks first
-            h.start_run(seq, fp)
-        self._kit_plain_op, self._kit_plain_root = op, root
-        self._kit_plain_cls, self._kit_plain_dtype, self._kit_plain_nbytes = key[1:4]
-        return True
 
     def _kit_can_confirm(self) -> bool:
         """Whether this communicator's calls can be confirmed by a vote of point-to-point
@@ -449,12 +381,3 @@ class Steps(ArgumentChecks, Failures, Primitives):
             channel.seq += 1  # counted, not checked again: the check ran on this communicator
             channel.op = op
         return channel
-
-
-def _output_nbytes(op: str, nbytes: int, world: int) -> int:
-    """The byte size of ``op``'s output for an input of ``nbytes``."""
-    if op == "all_gather_into_tensor":
-        return nbytes * world
-    if op == "reduce_scatter_tensor":
-        return nbytes // world if nbytes % world == 0 else -1
-    return nbytes

@@ -17,7 +17,8 @@ run: arguments and getters, reductions, data movement, layouts and ``async_op``,
 groups, objects, the adversarial checks (temporaries in async operations, churn, objects of
 every size), timeouts (a collective that the other ranks do not join), the mismatch check
 (ranks that call different collectives), and the debugging aids (the default sample, hooks, the
-main-only guard, ``assert_same``).
+main-only guard, ``assert_same``), and long runs of interleaved collectives past the check
+points (the backend's shortcuts).
 """
 
 import importlib
@@ -39,6 +40,7 @@ TOPICS = (
     "timeouts",
     "mismatches",
     "debugging",
+    "repeats",
 )
 
 for _topic in TOPICS:

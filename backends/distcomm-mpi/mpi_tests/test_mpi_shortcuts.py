@@ -1,0 +1,563 @@
+"""The shortcuts of blocking collectives inside a real MPI job (``mpirun -n N pytest --with-mpi``).
+
+Past the mismatch check's check points (the default policy checks collectives 1..64, then every
+1024th), a blocking call like one the pipeline took goes to the backend's plain primitive
+(``_broadcast_plain``, ``_reduce_plain``, ``_all_gather_into_plain``, ``_reduce_scatter_plain``,
+``_all_to_all_plain``, ``_all_reduce_plain``; counted here on the instance, where the kit reads
+them). As a careless user would call them:
+
+- every shortcut taken, counted, with the right results (numpy and torch, five dtypes,
+  rank-dependent values, a root that is not 0), in runs of one op and interleaved, under the
+  default policy and ``off``; and the result check shown to catch a wrong shortcut;
+- bad calls refused by the pipeline alike on every rank; strided views, an in-place gather and
+  async calls through the pipeline, right;
+- groups made by ``split`` and ``new_group``;
+- a mismatch between check points named at the next one (seq 1088), on every rank;
+- hooks see every call: the shortcuts are bypassed while hooks are registered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import distcomm_mpi.communicator as mpi_communicator
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import distcomm
+from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
+from distcomm.protocol import Communicator
+
+pytestmark = pytest.mark.mpi
+
+LIBS = ("numpy", "torch")
+DTYPES = ("float32", "float64", "int32", "int64", "int8")
+OPS = (
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_reduce",
+)
+PLAIN = dict(
+    zip(
+        OPS,
+        (
+            "_broadcast_plain",
+            "_reduce_plain",
+            "_all_gather_into_plain",
+            "_reduce_scatter_plain",
+            "_all_to_all_plain",
+            "_all_reduce_plain",
+        ),
+        strict=True,
+    )
+)
+#: The ops whose input holds one chunk per rank.
+CHUNKED = ("reduce_scatter_tensor", "all_to_all_single")
+#: Elements of one rank's chunk.
+K = 4
+#: Calls of each op per library and dtype.
+STEPS = 4
+#: The first check point past the first 64 under the default policy.
+NEXT_CHECK = SAMPLED_FIRST + SAMPLE_EVERY
+
+
+class Counted:
+    """Counting wrappers on a communicator's plain primitives (instance attributes, which the
+    kit reads): per op, the calls that reached the primitive and those it took. ``spoil[op]``,
+    when set, corrupts what a taken primitive wrote (to show that the result check fails)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.calls = dict.fromkeys(OPS, 0)
+        self.taken = dict.fromkeys(OPS, 0)
+        self.spoil: dict[str, Callable[..., None]] = {}
+        for op in OPS:
+            setattr(comm, PLAIN[op], self._wrap(op, getattr(comm, PLAIN[op])))
+
+    def _wrap(self, op: str, plain: Callable[..., bool]) -> Callable[..., bool]:
+        def counted(*args: Any) -> bool:
+            self.calls[op] += 1
+            done = plain(*args)
+            self.taken[op] += bool(done)
+            if done and op in self.spoil:
+                self.spoil[op](*args)
+            return done
+
+        return counted
+
+
+def fill(group: Any) -> None:
+    """One cheap collective: a broadcast of one byte from rank 0."""
+    group.broadcast(np.zeros(1, np.uint8), 0)
+
+
+def _past_the_first_checks(group: Any, policy: str = "sample") -> Any:
+    """Move ``group`` past the first check points (unchecked calls: broadcasts of one byte from
+    rank 0, the cheapest collective of 4 ranks on 2 cores), then set ``policy``."""
+    group.debug = "off"
+    while group.seq < SAMPLED_FIRST:
+        fill(group)
+    group.debug = policy
+    return group
+
+
+@pytest.fixture
+def group(world: Communicator) -> Iterator[Any]:
+    """A new group of every rank, past the first check points of the default policy."""
+    made = _past_the_first_checks(distcomm.new_group(range(world.world_size)))
+    yield made
+    made.finalize()
+
+
+def values(dtype: str, rank: int, step: int, size: int = K) -> Any:
+    """Rank ``rank``'s values at ``step``: positive (a MAX differs from a SUM), rank-dependent,
+    not symmetric, and small enough that four ranks' sum fits in int8."""
+    return (np.arange(size) % 7 + 1 + 3 * rank + step % 4).astype(dtype)
+
+
+def make(lib: str, array: Any) -> Any:
+    return torch.from_numpy(array) if lib == "torch" else array
+
+
+def _wants(op: str, everyone: list[Any], rank: int, root: int) -> Any:
+    """What ``op`` leaves on ``rank`` (None: unspecified) when rank s passed ``everyone[s]``."""
+    total = np.sum(everyone, axis=0).astype(everyone[0].dtype)
+    mine = slice(rank * K, (rank + 1) * K)
+    return {
+        "broadcast": lambda: everyone[root],
+        "reduce": lambda: total if rank == root else None,
+        "all_reduce": lambda: total,
+        "all_gather_into_tensor": lambda: np.concatenate(everyone),
+        "reduce_scatter_tensor": lambda: total[mine],
+        "all_to_all_single": lambda: np.concatenate([e[mine] for e in everyone]),
+    }[op]()
+
+
+def _output(op: str, dtype: str, n: int) -> Any:
+    """A fresh output of ``op``, filled with -1 (None: the op works in place)."""
+    size = {"all_gather_into_tensor": K * n, "reduce_scatter_tensor": K, "all_to_all_single": K * n}
+    return np.full(size[op], -1, dtype) if op in size else None
+
+
+Place = Callable[[str, Any], tuple[Any, Any]]
+
+
+def as_is(lib: str, array: Any) -> tuple[Any, Any]:
+    """``array`` of ``lib`` as it is: (what holds it, what is passed)."""
+    made = make(lib, array)
+    return made, made
+
+
+def spread(lib: str, array: Any) -> tuple[Any, Any]:
+    """``array`` as every other element (a strided view) of one twice its size, 99 between."""
+    holder = np.full(2 * array.size, 99, array.dtype)
+    holder[::2] = array
+    made = make(lib, holder)
+    return made, made[::2]
+
+
+def fortran(lib: str, array: Any) -> tuple[Any, Any]:
+    """``array`` as a (2, n/2) array in Fortran order (a transposed view): numpy's is contiguous
+    memory not in the logical order, torch's a view that is not contiguous."""
+    made = make(lib, np.ascontiguousarray(array.reshape(2, -1).T).T)
+    return made, made
+
+
+def _untouched(holder: Any, view: Any) -> bool:
+    """Whether the elements of ``holder`` between those of ``view`` (:func:`spread`) kept 99."""
+    return holder is view or bool((np.asarray(holder)[1::2] == 99).all())
+
+
+def run_op(
+    group: Any,
+    op: str,
+    lib: str,
+    dtype: str,
+    step: int,
+    place: Place = as_is,
+    place_out: Place = as_is,
+    **options: Any,
+) -> bool:
+    """Run ``op`` once on ``group`` (root: the last rank) with rank-dependent values, its input
+    and output placed by ``place`` and ``place_out``; whether its result is right and it counted
+    one operation. ``options`` go to the call (async_op: the Work is waited for)."""
+    n, r, root = group.world_size, group.rank, group.world_size - 1
+    everyone = [values(dtype, s, step, K * n if op in CHUNKED else K) for s in range(n)]
+    held, x = place(lib, everyone[r].copy())
+    empty = _output(op, dtype, n)
+    held_out, out = (None, None) if empty is None else place_out(lib, empty)
+    seq = group.seq
+    if op in ("broadcast", "reduce"):
+        work = getattr(group, op)(x, root, **options)
+    elif op == "all_reduce":
+        work = group.all_reduce(x, **options)
+    else:
+        work = getattr(group, op)(out, x, **options)
+    if work is not None:
+        work.wait()
+    want = _wants(op, everyone, r, root)
+    got = np.asarray(x if out is None else out).reshape(-1)
+    right = want is None or np.array_equal(got, want)
+    kept = _untouched(held, x) and (out is None or _untouched(held_out, out))
+    return group.seq == seq + 1 and right and kept
+
+
+def _program(
+    group: Any, order: str, libs: tuple[str, ...] = LIBS, dtypes: tuple[str, ...] = DTYPES
+) -> list[tuple[str, str, str, int]]:
+    """For each library and dtype, every op STEPS times: in ``order`` "runs" (each op STEPS
+    times in a row) or "interleaved" (the six ops in turn); the (lib, dtype, op, step) whose
+    result was wrong."""
+    wrong = []
+    for lib in libs:
+        for dtype in dtypes:
+            if order == "runs":
+                calls = [(op, step) for op in OPS for step in range(STEPS)]
+            else:
+                calls = [(op, step) for step in range(STEPS) for op in OPS]
+            for op, step in calls:
+                if not run_op(group, op, lib, dtype, step):
+                    wrong.append((lib, dtype, op, step))
+    return wrong
+
+
+def _taken(counted: Counted, kinds: int) -> dict[str, str]:
+    return {op: f"taken {counted.taken[op]} of {kinds * STEPS}" for op in OPS}
+
+
+def _expected(policy: str, size: int, kinds: int) -> dict[str, str]:
+    """What :func:`_taken` must say after :func:`_program` over ``kinds`` libraries x dtypes: the
+    first call of each kind goes through the pipeline (it is recorded), the others take the
+    shortcut; with nothing to record (off, a world of 1) all_reduce takes it every time."""
+    recorded = policy == "sample" and size > 1
+    want = {op: kinds * (STEPS - 1) for op in OPS}
+    if not recorded:
+        want["all_reduce"] = kinds * STEPS
+    return {op: f"taken {want[op]} of {kinds * STEPS}" for op in OPS}
+
+
+@pytest.mark.parametrize("order", ["runs", "interleaved"])
+@pytest.mark.parametrize("policy", ["sample", "off"])
+def test_every_shortcut_is_taken_past_the_check_points_and_right(
+    group: Any, policy: str, order: str
+) -> None:
+    """Past the check points every op's shortcut is taken (counted) for numpy and torch, five
+    dtypes, a root that is not 0, with the right results and one operation a call."""
+    group.debug = policy
+    counted = Counted(group)
+    wrong = _program(group, order)
+    kinds = len(LIBS) * len(DTYPES)
+    assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
+    assert _taken(counted, kinds) == _expected(policy, group.world_size, kinds)
+    assert counted.calls == counted.taken, f"refused: {counted.calls} reached, {counted.taken}"
+
+
+def _shortcut_steps(ops: tuple[str, ...], group: Any) -> list[tuple[str, str, str, int]]:
+    """The (lib, dtype, op, step) that take the shortcut in a "runs" program over ``ops`` (of
+    float32 and int64), in the program's order: every step but the first (all_reduce's first
+    too where nothing is recorded: a world of 1); a reduce's result is checked on its root."""
+    rank, root, size = group.rank, group.world_size - 1, group.world_size
+    return [
+        (lib, dtype, op, step)
+        for lib in LIBS
+        for dtype in ("float32", "int64")
+        for op in OPS
+        if op in ops and (op != "reduce" or rank == root)
+        for step in range(0 if op == "all_reduce" and size == 1 else 1, STEPS)
+    ]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_result_check_catches_shortcuts_that_reduce_by_max(
+    group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check fails where it must: with the MPI op of the reduction shortcuts made MAX (the
+    pipeline's own table untouched), exactly the calls that took them are wrong."""
+    monkeypatch.setattr(mpi_communicator, "_MPI_SUM", MPI.MAX)
+    wrong = _program(group, "runs", dtypes=("float32", "int64"))
+    reductions = ("reduce", "reduce_scatter_tensor", "all_reduce")
+    assert wrong == _shortcut_steps(reductions, group)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_result_check_catches_a_shortcut_that_writes_wrong_data(group: Any, op: str) -> None:
+    """A primitive that corrupts one element of what it wrote (the tensor, or the output) is
+    caught at exactly the calls that took it."""
+    counted = Counted(group)
+
+    def spoil(target: Any, *rest: Any) -> None:
+        target[0] += 1
+
+    counted.spoil[op] = spoil
+    wrong = _program(group, "runs", dtypes=("float32", "int64"))
+    assert wrong == _shortcut_steps((op,), group)
+
+
+def _bad_calls(group: Any, lib: str) -> dict[str, Callable[[], Any]]:
+    """Calls the pipeline refuses, each next to a good call like it (float32, K a rank)."""
+    n = group.world_size
+    other = "numpy" if lib == "torch" else "torch"
+    x = make(lib, np.ones(K, np.float32))
+    full = make(lib, np.ones(K * n, np.float32))
+
+    def out(size: int, dtype: str = "float32", of: str = lib) -> Any:
+        return make(of, np.zeros(size, dtype))
+
+    return {
+        "all_gather: output too small": lambda: group.all_gather_into_tensor(out(K * n - 1), x),
+        "all_gather: float64 output": lambda: group.all_gather_into_tensor(out(K * n, "f8"), x),
+        "all_gather: output of the other library": lambda: group.all_gather_into_tensor(
+            out(K * n, of=other), x
+        ),
+        "reduce_scatter: output too large": lambda: group.reduce_scatter_tensor(out(K + 1), full),
+        "reduce_scatter: int32 output": lambda: group.reduce_scatter_tensor(out(K, "i4"), full),
+        "all_to_all: output too small": lambda: group.all_to_all_single(out(K * n - 1), full),
+        "all_to_all: int32 output": lambda: group.all_to_all_single(out(K * n, "i4"), full),
+        "broadcast: src=True": lambda: group.broadcast(x, True),
+        "broadcast: src=world_size": lambda: group.broadcast(x, n),
+        "broadcast: src=-1": lambda: group.broadcast(x, -1),
+        "reduce: dst=True": lambda: group.reduce(x, True),
+        "reduce: dst=world_size": lambda: group.reduce(x, n),
+    }
+
+
+def _good_call(group: Any, what: str, lib: str) -> None:
+    """A good call of the op of bad call ``what`` (src and dst 1 where the world has a rank 1:
+    True would be that rank), so that the bad one comes in a run of its op."""
+    n = group.world_size
+    x = make(lib, np.ones(K, np.float32))
+    full = make(lib, np.ones(K * n, np.float32))
+    zeros = make(lib, np.zeros(K * n, np.float32))
+    op = what.split(":")[0]
+    if op == "all_gather":
+        group.all_gather_into_tensor(zeros, x)
+    elif op == "reduce_scatter":
+        group.reduce_scatter_tensor(zeros[:K], full)
+    elif op == "all_to_all":
+        group.all_to_all_single(zeros, full)
+    else:
+        getattr(group, op)(x, 1 % n)
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_bad_calls_past_the_check_points_are_refused_alike_on_every_rank(
+    group: Any, lib: str
+) -> None:
+    """Past the check points, with every op's shortcut open (its run in progress), a bad call
+    raises the pipeline's InvalidArgumentError on every rank, counts nothing, sends nothing;
+    the group goes on with right results."""
+    counted = Counted(group)
+    for what in _bad_calls(group, lib):  # every op's kinds known and agreed
+        _good_call(group, what, lib)
+    outcomes = {}
+    for what, call in _bad_calls(group, lib).items():
+        _good_call(group, what, lib)
+        seq, taken = group.seq, dict(counted.taken)
+        try:
+            call()
+            outcomes[what] = "no error"
+        except InvalidArgumentError:
+            outcomes[what] = "InvalidArgumentError" if group.seq == seq else "seq moved"
+        except Exception as exc:
+            outcomes[what] = f"{type(exc).__name__}: {exc}"
+        if counted.taken != taken:
+            outcomes[what] += ", shortcut taken"
+    wrong = _program(group, "interleaved", libs=(lib,), dtypes=("float32",))
+    everyone = group.all_gather_object(outcomes)
+    bad = {k: v for k, v in outcomes.items() if v != "InvalidArgumentError"}
+    assert not bad, f"rank {group.rank}: {bad}"
+    assert all(o == outcomes for o in everyone), f"the ranks differ: {everyone}"
+    assert not wrong, f"after the bad calls, wrong results at {wrong}"
+
+
+@pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_a_none_output_past_the_check_points_is_refused(group: Any, op: str) -> None:
+    """output=None (a forgotten buffer) raises InvalidArgumentError, as in the first calls."""
+    for step in range(3):
+        run_op(group, op, "numpy", "float32", step)
+    n = group.world_size
+    seq = group.seq
+    with pytest.raises(InvalidArgumentError):
+        size = K if op == "all_gather_into_tensor" else K * n
+        getattr(group, op)(None, np.ones(size, np.float32))
+    assert group.seq == seq
+
+
+@pytest.mark.parametrize(("place", "place_out"), [(spread, as_is), (as_is, spread)])
+@pytest.mark.parametrize("lib", LIBS)
+def test_strided_views_go_through_the_pipeline_and_are_right(
+    group: Any, lib: str, place: Place, place_out: Place
+) -> None:
+    """A strided view (every other element) as input, or as output, right after a call like it
+    (the shortcut open) goes through the pipeline: right results, the elements between kept."""
+    counted = Counted(group)
+    ops = [op for op in OPS if place is spread or _output(op, "float32", 1) is not None]
+    wrong = []
+    for step in range(3):
+        for op in ops:
+            run_op(group, op, lib, "float32", step)  # contiguous: the shortcut from step 1 on
+            taken = dict(counted.taken)
+            if not run_op(group, op, lib, "float32", step, place, place_out):
+                wrong.append((op, step, "wrong"))
+            if counted.taken != taken:
+                wrong.append((op, step, "taken"))
+    assert not wrong, f"rank {group.rank}: strided views {wrong}"
+    assert all(counted.taken[op] for op in ops), f"no shortcut was open: {counted.taken}"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_transposed_inputs_are_right(group: Any, lib: str) -> None:
+    """Ranks other than 0 pass a transposed view (Fortran order) where rank 0 passes a
+    contiguous array, right after calls like it: every rank's results must be right (gathered,
+    so that every rank fails or passes alike)."""
+    for op in OPS:
+        run_op(group, op, lib, "float32", 0)  # every op's kind known: its shortcut open
+    place = fortran if group.rank else as_is
+    wrong = [
+        (op, step)
+        for step in (1, 2)
+        for op in OPS
+        if not run_op(group, op, lib, "float32", step, place)
+    ]
+    everyone = group.all_gather_object(wrong)
+    assert everyone == [[]] * group.world_size, f"wrong results by rank: {everyone}"
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_an_in_place_gather_goes_through_the_pipeline_and_is_right(group: Any, lib: str) -> None:
+    """all_gather_into_tensor whose input is a view of its own slot of the output (torch's
+    in-place gather; MPI forbids aliased buffers) after calls like it: the pipeline takes it."""
+    counted = Counted(group)
+    n, r = group.world_size, group.rank
+    wrong = []
+    for step in range(4):
+        run_op(group, "all_gather_into_tensor", lib, "float32", step)  # the shortcut open
+        everyone = [values("float32", s, step) for s in range(n)]
+        full = np.full(K * n, -1, np.float32)
+        full[r * K : (r + 1) * K] = everyone[r]
+        out = make(lib, full)
+        taken = counted.taken["all_gather_into_tensor"]
+        group.all_gather_into_tensor(out, out[r * K : (r + 1) * K])
+        if not np.array_equal(np.asarray(out), np.concatenate(everyone)):
+            wrong.append((step, "wrong"))
+        if counted.taken["all_gather_into_tensor"] != taken:
+            wrong.append((step, "taken"))
+    assert not wrong, f"rank {r}: in-place gathers {wrong}"
+    assert counted.taken["all_gather_into_tensor"] == 3, counted.taken
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_async_calls_take_no_shortcut_and_are_right(group: Any, lib: str) -> None:
+    """async_op=True calls like the ones before them are never shortcut; their Works complete
+    with the right results."""
+    counted = Counted(group)
+    for op in OPS:
+        run_op(group, op, lib, "float32", 0)
+    reached = dict(counted.calls)
+    wrong = [
+        (op, step)
+        for step in range(1, 4)
+        for op in OPS
+        if not run_op(group, op, lib, "float32", step, async_op=True)
+    ]
+    assert not wrong, f"rank {group.rank}: async calls wrong at {wrong}"
+    assert counted.calls == reached, f"an async call reached a plain primitive: {counted.calls}"
+
+
+@pytest.mark.parametrize("how", ["split", "new_group"])
+def test_groups_from_split_and_new_group_take_the_shortcuts(world: Communicator, how: str) -> None:
+    """A group of split (by parity, ranks in reverse order: group ranks are not world ranks) or
+    of new_group (every rank but 0) takes every shortcut past its check points, rightly."""
+    n, r = world.world_size, world.rank
+    if how == "split":
+        made: Any = world.split(r % 2, key=-r)
+    else:
+        made = world.new_group(range(1, n) if n > 1 else [0])
+    if made is distcomm.NON_MEMBER:
+        return
+    group = _past_the_first_checks(made)
+    try:
+        counted = Counted(group)
+        wrong = _program(group, "interleaved", dtypes=("float32", "int8"))
+    finally:
+        group.finalize()
+    kinds = len(LIBS) * 2
+    assert not wrong, f"rank {r} ({group.rank} of {group.global_ranks}): wrong at {wrong}"
+    assert _taken(counted, kinds) == _expected("sample", group.world_size, kinds)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["dtype", "reduce op"])
+def test_a_mismatch_between_check_points_is_named_at_the_next_one(group: Any, kind: str) -> None:
+    """Rank 1 alone makes a call of another kind than the others', both known and agreed (so no
+    vote confirms it before the engine): a broadcast of int32 for one of float32 (shortcuts
+    both; MPI moves the same bytes) or an all_reduce by MAX for one by SUM (MPI runs the same
+    Allreduce). The check point at seq 1088 raises CollectiveMismatchError naming it on every
+    rank, and the group is retired. (A broadcast against a reduce cannot be run in one job: MPI
+    blocks in the mismatched collectives, and the watchdog ends the job.)"""
+    root = group.world_size - 1
+    if kind == "dtype":
+        calls = (
+            lambda: group.broadcast(np.ones(K, np.float32), root),
+            lambda: group.broadcast(np.ones(K, np.int32), root),
+        )
+        named = f"rank 1: broadcast, shape ({K},), int32, {K} elements, root {root}"
+    else:
+        calls = (
+            lambda: group.all_reduce(np.ones(K)),
+            lambda: group.all_reduce(np.ones(K), op="MAX"),
+        )
+        named = f"rank 1: all_reduce, shape ({K},), float64, {K} elements, op MAX"
+    for _ in range(3):
+        calls[0]()
+        calls[1]()
+        fill(group)
+    calls[0]()
+    at = group.seq + 1
+    calls[1 if group.rank == 1 else 0]()
+    with pytest.raises(CollectiveMismatchError) as caught:
+        while group.seq < NEXT_CHECK + 2:  # known calls only: no vote before the check point
+            fill(group)
+    error = caught.value
+    assert (error.seq, error.ran, group.seq) == (at, (at, NEXT_CHECK - 1), NEXT_CHECK), str(error)
+    assert named in str(error), str(error)
+    with pytest.raises(DistcommError, match="can no longer be used"):
+        calls[0]()
+
+
+def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> None:
+    """With the shortcuts open, hooks added see every call once (before and after), in order and
+    numbered; no plain primitive runs while they are on, and once removed the shortcuts are
+    taken again."""
+    counted = Counted(group)
+    _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
+    reached = dict(counted.calls)
+    seen: list[tuple[str, str, int]] = []
+
+    def before(e: distcomm.CollectiveEvent) -> None:
+        if e.group is group:
+            seen.append(("before", e.op, e.seq))
+
+    def after(e: distcomm.CollectiveEvent) -> None:
+        if e.group is group:
+            seen.append(("after", e.op, e.seq))
+
+    seq = group.seq
+    with distcomm.add_hook(before=before, after=after):
+        wrong = _program(group, "interleaved", dtypes=("float32",))
+    calls = [op for lib in LIBS for step in range(STEPS) for op in OPS]
+    want = [(w, op, seq + i + 1) for i, op in enumerate(calls) for w in ("before", "after")]
+    assert not wrong, f"rank {group.rank}: wrong under hooks at {wrong}"
+    assert seen == want, f"rank {group.rank}: the hooks saw {len(seen)} events, want {len(want)}"
+    assert counted.calls == reached, f"a plain primitive ran under hooks: {counted.calls}"
+    taken = dict(counted.taken)
+    _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
+    again = {op: counted.taken[op] - taken[op] for op in OPS}
+    assert again == dict.fromkeys(OPS, STEPS), f"after the hooks, shortcuts taken {again}"

@@ -1,0 +1,369 @@
+"""gloo's shortcuts of blocking calls (``TorchCommunicator._all_reduce_plain`` and the five
+others), in one program of 2 ranks run once for the module.
+
+Past the first 64 collectives (all checked: the pipeline only), a blocking call like the ones
+before it goes to the shortcut (``distcomm.backend._pipeline.shortcuts``). The program counts what each shortcut
+said, by wrapping the world's ``_*_plain`` attributes (the kit reads them on the instance), and
+checks every result: runs of one op and interleaved ops, numpy arrays and torch tensors of
+float32, int64 and float64. Arrays the engine does not take as they are (not contiguous,
+overlapping, a dtype gloo lacks), a wrong-size output and a bool root go through the pipeline.
+Last, rank 1 skips an all_reduce: rank 0's shortcut ends in distcomm's DistTimeoutError naming
+rank 1, not in torch's error and not in a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import distcomm
+from distcomm.testing import spawn
+
+pytestmark = pytest.mark.timeout(150)
+
+#: The world's timeout (DISTCOMM_TIMEOUT), in seconds: the skipped all_reduce waits that long.
+TIMEOUT = 3
+#: The shortcuts, by the op the kit names when it calls one.
+PLAIN = {
+    "all_reduce": "_all_reduce_plain",
+    "broadcast": "_broadcast_plain",
+    "reduce": "_reduce_plain",
+    "all_gather_into_tensor": "_all_gather_into_plain",
+    "reduce_scatter_tensor": "_reduce_scatter_plain",
+    "all_to_all_single": "_all_to_all_plain",
+}
+LIBS = ("numpy", "torch")
+DTYPES = ("float32", "int64", "float64")
+#: Calls in each run of one kind of call.
+RUN = 4
+#: The collectives checked first, where no shortcut is asked (agreement.SAMPLED_FIRST).
+CHECKED = 64
+
+Call = Callable[[], Any]
+
+
+# -- the program every rank runs ----------------------------------------------------------------
+class Ledger:
+    """What the world's shortcuts said, in order: (name, True / False / "raised")."""
+
+    def __init__(self, comm: Any) -> None:
+        self.said: list[tuple[str, Any]] = []
+        for name in PLAIN.values():
+            setattr(comm, name, self._counted(name, getattr(comm, name)))
+
+    def _counted(self, name: str, plain: Callable[..., bool]) -> Callable[..., bool]:
+        def counted(*args: Any) -> bool:
+            self.said.append((name, "raised"))
+            done = plain(*args)
+            self.said[-1] = (name, done)
+            return done
+
+        return counted
+
+
+def array(lib: str, values: np.ndarray) -> Any:
+    """``values`` (a new C-contiguous numpy array) as an array of ``lib``, sharing memory."""
+    return torch.from_numpy(values) if lib == "torch" else values
+
+
+def host(x: Any) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def case(op: str, lib: str, dtype: str, i: int) -> tuple[Call, Any, np.ndarray | None]:
+    """Call ``i`` of ``op`` on this rank: the call, the array its result is in, and the result
+    expected there (None off a reduce's root: not defined)."""
+    rank, size = distcomm.get_rank(), distcomm.get_world_size()
+    total = size * (size + 1) // 2  # the sum of rank + 1 over the ranks
+    base = np.arange(6, dtype=dtype).reshape(2, 3) + 1000 * i
+    big = np.arange(6 * size, dtype=dtype).reshape(2 * size, 3) + 1000 * i
+    if op == "all_reduce":
+        x = array(lib, base * (rank + 1))
+        return lambda: distcomm.all_reduce(x), x, base * total
+    if op == "broadcast":
+        src = i % size
+        x = array(lib, base + 100 * rank)
+        return lambda: distcomm.broadcast(x, src=src), x, base + 100 * src
+    if op == "reduce":
+        dst = (i + 1) % size
+        x = array(lib, base * (rank + 1))
+        return lambda: distcomm.reduce(x, dst=dst), x, base * total if rank == dst else None
+    out = array(lib, np.zeros((2 * size, 3) if op != "reduce_scatter_tensor" else (2, 3), dtype))
+    if op == "all_gather_into_tensor":
+        x = array(lib, base + 100 * rank)
+        want = np.concatenate([base + 100 * r for r in range(size)])
+        return lambda: distcomm.all_gather_into_tensor(out, x), out, want
+    if op == "reduce_scatter_tensor":
+        x = array(lib, big * (rank + 1))
+        return lambda: distcomm.reduce_scatter_tensor(out, x), out, (big * total)[2 * rank :][:2]
+    x = array(lib, big + 100 * rank)
+    want = np.concatenate([big[2 * rank : 2 * rank + 2] + 100 * r for r in range(size)])
+    return lambda: distcomm.all_to_all_single(out, x), out, want
+
+
+class Program:
+    """The checks of one rank, each result a dict (:meth:`checked`)."""
+
+    def __init__(self) -> None:
+        self.comm: Any = distcomm.get_communicator()
+        self.ledger = Ledger(self.comm)
+        self.rank, self.size = self.comm.rank, self.comm.world_size
+
+    def checked(self, label: str, call: Call, got: Any = None, want: Any = None) -> dict[str, Any]:
+        """Run ``call``: what the shortcuts said meanwhile, whether ``got`` holds ``want`` (None:
+        nothing to compare), the operations counted, and the distcomm error it raised, if any."""
+        seq, start = self.comm.seq, len(self.ledger.said)
+        error = None
+        try:
+            call()
+        except distcomm.DistcommError as exc:
+            error = type(exc).__name__
+        return {
+            "label": label,
+            "said": self.ledger.said[start:],
+            "right": want is None or bool(np.array_equal(host(got), want)),
+            "got": None if got is None else host(got).tolist(),
+            "want": None if want is None else np.asarray(want).tolist(),
+            "counted": self.comm.seq - seq,
+            "error": error,
+        }
+
+    def runs(self) -> list[dict[str, Any]]:
+        """RUN calls of each kind, one kind after the other."""
+        done = []
+        for op in PLAIN:
+            for lib in LIBS:
+                for dtype in DTYPES:
+                    for i in range(RUN):
+                        call, got, want = case(op, lib, dtype, i)
+                        done.append(self.checked(f"{op} {lib} {dtype} #{i}", call, got, want))
+        return done
+
+    def interleaved(self) -> list[dict[str, Any]]:
+        """RUN rounds of every op in turn, each of its own library and dtype."""
+        done = []
+        for i in range(RUN):
+            for k, op in enumerate(PLAIN):
+                lib, dtype = LIBS[k % 2], DTYPES[k % 3]
+                call, got, want = case(op, lib, dtype, i)
+                done.append(self.checked(f"interleaved {op} {lib} {dtype} #{i}", call, got, want))
+        return done
+
+    def run(self, op: str, lib: str, dtype: str, label: str, i: int = 0) -> list[dict[str, Any]]:
+        """Two calls of a kind (``case``): the run the next call is like."""
+        done = []
+        for n in range(2):
+            call, got, want = case(op, lib, dtype, i)
+            done.append(self.checked(f"{label} #{n}", call, got, want))
+        return done
+
+    def not_plain(self) -> list[dict[str, Any]]:
+        """Calls like the two before them (the same class, dtype and size) whose arrays gloo
+        does not take as they are: the shortcut says False and the pipeline runs them."""
+        rank, size = self.rank, self.size
+        base = np.arange(6, dtype="float32").reshape(2, 3)
+        done = []
+        for lib in LIBS:  # a (3, 2) array transposed: (2, 3), not contiguous
+            done += self.run("all_reduce", lib, "float32", f"{lib} sum")
+            t = array(lib, np.ascontiguousarray(base.T) * (rank + 1)).T
+            call = functools.partial(distcomm.all_reduce, t)
+            done.append(self.checked(f"{lib} transposed", call, t, base * 3))
+        done += self.run("all_gather_into_tensor", "torch", "float32", "gather")
+        out = torch.zeros(2 * size, 3)  # in place: the input is this rank's chunk of the output
+        mine = out[2 * rank : 2 * rank + 2]
+        mine.copy_(torch.from_numpy(base + 100 * rank))
+        call = functools.partial(distcomm.all_gather_into_tensor, out, mine)
+        want = np.concatenate([base + 100 * r for r in range(size)])
+        done.append(self.checked("gather in place", call, out, want))
+        for dtype in ("int16", "bool"):  # gloo moves no int16; a sum of bools is their OR
+            for i in range(3):
+                z = np.array([rank + 1, 0, rank], dtype=dtype)
+                call = functools.partial(distcomm.all_reduce, z)
+                done.append(self.checked(f"{dtype} #{i}", call, z, np.array([3, 0, 1], dtype)))
+        return done
+
+    def refused(self) -> list[dict[str, Any]]:
+        """Calls the shortcut must not take after a run like them: the pipeline refuses them
+        (InvalidArgumentError on every rank, nothing sent, the world usable after)."""
+        x, wrong = torch.zeros(2, 3), torch.zeros(2 * self.size + 1, 3)
+        done = self.run("all_gather_into_tensor", "torch", "float32", "gather")
+        wrong_size = functools.partial(distcomm.all_gather_into_tensor, wrong, x)
+        done.append(self.checked("wrong-size output", wrong_size))
+        done += self.run("broadcast", "torch", "float32", "broadcast", i=1)  # from rank 1
+        done.append(self.checked("bool root", functools.partial(distcomm.broadcast, x, src=True)))
+        call, got, want = case("broadcast", "torch", "float32", 1)
+        done.append(self.checked("broadcast after", call, got, want))
+        return done
+
+    def skipped(self, signal: Path) -> dict[str, Any]:
+        """Rank 1 skips an all_reduce like the two before it; rank 0 waits in the shortcut.
+        Rank 1 waits for rank 0's error (``signal``, a file), then finalizes: its vote may see
+        the all_reduce it skipped (the mismatch), or rank 0, retired, never votes (a warning)."""
+        x = np.ones(3, dtype="float32")
+        for _ in range(2):
+            distcomm.all_reduce(x)
+        if self.rank == 1:
+            deadline = time.monotonic() + 6 * TIMEOUT
+            while not signal.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            signalled = signal.exists()
+            with contextlib.suppress(distcomm.CollectiveMismatchError):
+                distcomm.finalize()
+            return {"skipped": True, "signalled": signalled}
+        seq, start, began = self.comm.seq, len(self.ledger.said), time.monotonic()
+        try:
+            distcomm.all_reduce(x)
+        except Exception as exc:  # which one is the point
+            found = {
+                "error": type(exc).__name__,
+                "op": getattr(exc, "op", None),
+                "seq": getattr(exc, "seq", None),
+                "missing": getattr(exc, "missing_ranks", None),
+                "cause": type(exc.__cause__).__name__,
+                "message": str(exc),
+            }
+        else:
+            found = {"error": None}
+        found.update(elapsed=time.monotonic() - began, unusable=self.comm.unusable)
+        found.update(expected_seq=seq + 1, said=self.ledger.said[start:])
+        signal.touch()
+        with contextlib.suppress(distcomm.DistcommError):  # a world still usable would vote
+            distcomm.finalize()
+        return found
+
+
+def program(workdir: str) -> dict[str, Any]:
+    """Every check, in order, on one rank (module docstring)."""
+    p = Program()
+    while p.comm.seq < CHECKED:  # the checked collectives: the pipeline's alone
+        distcomm.barrier()
+    return {
+        "warm-up": list(p.ledger.said),
+        "runs": p.runs(),
+        "interleaved": p.interleaved(),
+        "not plain": p.not_plain(),
+        "refused": p.refused(),
+        "last seq": p.comm.seq,
+        "skipped": p.skipped(Path(workdir) / "rank-0-timed-out"),
+    }
+
+
+# -- the tests ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The program's results on ranks 0 and 1 (one run for the module)."""
+    workdir = tmp_path_factory.mktemp("plain")
+    with pytest.MonkeyPatch.context() as env:
+        for name in list(os.environ):
+            if name.startswith("DISTCOMM_"):
+                env.delenv(name)
+        env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
+        return spawn(program, 2, str(workdir), backend="gloo", timeout=120)
+
+
+def said(check: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [tuple(entry) for entry in check["said"]]
+
+
+def problems(checks: list[dict[str, Any]]) -> list[str]:
+    """What went wrong in ``checks``: a wrong result, a call not counted as one operation, or
+    a distcomm error."""
+    found = []
+    for c in checks:
+        if not c["right"]:
+            found.append(f"{c['label']}: got {c['got']}, expected {c['want']}")
+        if c["counted"] != 1 or c["error"] is not None:
+            found.append(f"{c['label']}: {c['counted']} operations counted, error {c['error']}")
+    return found
+
+
+def test_the_checked_collectives_never_ask_a_shortcut(ranks: list[dict[str, Any]]) -> None:
+    for rank, seen in enumerate(ranks):
+        assert seen["warm-up"] == [], f"rank {rank} asked a shortcut at a check point"
+        # every call below came before the next check point (seq 64 + 1024)
+        assert CHECKED < seen["last seq"] < CHECKED + 1024, seen["last seq"]
+
+
+def test_runs_of_one_op_take_each_shortcut_with_right_results(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """The first calls of a run go through the pipeline (a new kind of call, confirmed with
+    the other ranks; broadcast's and reduce's roots alternate); the last two take the
+    shortcut. No shortcut refuses an array here, and every result is right."""
+    for rank, seen in enumerate(ranks):
+        assert problems(seen["runs"]) == [], f"rank {rank}"
+        for check in seen["runs"]:
+            op, number = check["label"].split()[0], int(check["label"].split("#")[1])
+            took = [(PLAIN[op], True)]
+            assert said(check) in ([], took), f"rank {rank}: {check['label']}: {said(check)}"
+            if number >= RUN - 2:
+                assert said(check) == took, f"rank {rank}: {check['label']} missed the shortcut"
+
+
+def test_interleaved_ops_each_take_their_shortcut(ranks: list[dict[str, Any]]) -> None:
+    for rank, seen in enumerate(ranks):
+        assert problems(seen["interleaved"]) == [], f"rank {rank}"
+        for check in seen["interleaved"]:
+            took = [(PLAIN[check["label"].split()[1]], True)]
+            assert said(check) == took, f"rank {rank}: {check['label']}: {said(check)}"
+
+
+def test_arrays_gloo_does_not_take_as_they_are_go_through_the_pipeline(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """Not contiguous (numpy, torch), overlapping (an all-gather in place), int16 (not moved by
+    gloo), bool (a sum is an OR): the shortcut says False, having sent nothing, and the
+    pipeline's result is right."""
+    declined = {"numpy transposed", "torch transposed", "gather in place"}
+    declined |= {f"{dtype} #{i}" for dtype in ("int16", "bool") for i in (1, 2)}
+    for rank, seen in enumerate(ranks):
+        assert problems(seen["not plain"]) == [], f"rank {rank}"
+        by_label = {check["label"]: check for check in seen["not plain"]}
+        for label in sorted(declined):
+            ways = said(by_label[label])
+            assert len(ways) == 1 and ways[0][1] is False, f"rank {rank}: {label}: {ways}"
+
+
+def test_a_wrong_size_output_and_a_bool_root_get_the_pipelines_error(
+    ranks: list[dict[str, Any]],
+) -> None:
+    for rank, seen in enumerate(ranks):
+        by_label = {check["label"]: check for check in seen["refused"]}
+        for label in ("wrong-size output", "bool root"):
+            check = by_label.pop(label)
+            assert check["error"] == "InvalidArgumentError", f"rank {rank}: {label}: {check}"
+            assert said(check) == [] and check["counted"] == 0, f"rank {rank}: {label}: {check}"
+        assert problems(list(by_label.values())) == [], f"rank {rank}"
+        assert said(by_label["broadcast after"]) == [("_broadcast_plain", True)], rank
+
+
+def test_a_skipped_all_reduce_past_the_check_points_times_out_in_the_shortcut(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """Rank 0's all_reduce waits in the shortcut for rank 1, which skipped it: after the
+    world's timeout it raises distcomm's DistTimeoutError naming rank 1 (torch's error its
+    cause), as the pipeline would, and the world is retired."""
+    timed_out, skipped = ranks[0]["skipped"], ranks[1]["skipped"]
+    assert skipped == {"skipped": True, "signalled": True}, skipped
+    message = timed_out.get("message", "")
+    assert timed_out["error"] == "DistTimeoutError", timed_out
+    assert said(timed_out) == [("_all_reduce_plain", "raised")], "not in the shortcut"
+    assert (timed_out["op"], timed_out["seq"]) == ("all_reduce", timed_out["expected_seq"])
+    assert tuple(timed_out["missing"]) == (1,), message
+    assert timed_out["cause"] == "RuntimeError", "torch's error is the cause"
+    seq = timed_out["expected_seq"]
+    assert f"all_reduce (operation #{seq}) on gloo 'world' (2 ranks)" in message, message
+    assert f"did not complete within {TIMEOUT} s" in message, message
+    assert "ranks that had not arrived: [1]" in message, message
+    assert timed_out["unusable"] == f"all_reduce (operation #{seq}) timed out after {TIMEOUT} s"
+    # the timeout, then a few monitor ticks to read the ranks' progress and ask where rank 1 is
+    assert timed_out["elapsed"] < TIMEOUT + 4, f"rank 0 waited {timed_out['elapsed']:.1f} s"

@@ -1,0 +1,456 @@
+"""The kit's shortcuts of blocking collectives (:mod:`distcomm.backend._pipeline.shortcuts`) on
+fakelink thread-ranks.
+
+FakeLink has no plain primitives: each test gives its communicators some (instance attributes,
+which the kit reads) that call the blocking primitives and log the ``seq`` each ran as. Proven
+here: a shortcut is taken only past the check points; the kinds of call are remembered per
+(op, class, dtype, byte size, root), so interleaved ops are taken; a new kind goes through the
+pipeline first; a policy change and a collective mismatch forget them; the history's running
+value is what it would be with no shortcuts; a primitive returning False leaves ``seq`` alone
+and the pipeline answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import distcomm
+from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
+from distcomm.protocol import ReduceOp
+from distcomm.testing import run_threads
+
+SUM = ReduceOp.SUM
+OPS = (
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_reduce",
+)
+#: The first check point past the first 64 under the default policy.
+NEXT_CHECK = SAMPLED_FIRST + SAMPLE_EVERY
+#: Elements of one rank's chunk.
+K = 4
+
+
+class Plain:
+    """Plain primitives on ``comm`` (instance attributes) that run the blocking primitives; the
+    (op, seq) each took is in ``taken``. ``refuse``: return False, sending nothing (logged in
+    ``refused`` with the seq the kit gave the call)."""
+
+    def __init__(self, comm: Any, refuse: bool = False) -> None:
+        self.comm, self.refuse = comm, refuse
+        self.taken: list[tuple[str, int]] = []
+        self.refused: list[tuple[str, int]] = []
+        c = comm
+        c._broadcast_plain = self._wrap("broadcast", lambda t, s: c._broadcast(t, s, False))
+        c._reduce_plain = self._wrap("reduce", lambda t, d: c._reduce(t, d, SUM, False))
+        c._all_gather_into_plain = self._wrap(
+            "all_gather_into_tensor", lambda o, t: c._all_gather_into(o, t, False)
+        )
+        c._reduce_scatter_plain = self._wrap(
+            "reduce_scatter_tensor", lambda o, i: c._reduce_scatter(o, i, SUM, False)
+        )
+        c._all_to_all_plain = self._wrap(
+            "all_to_all_single", lambda o, i: c._all_to_all(o, i, False)
+        )
+        c._all_reduce_plain = self._wrap("all_reduce", lambda t: c._all_reduce(t, SUM, False))
+
+    def _wrap(self, op: str, call: Callable[..., Any]) -> Callable[..., bool]:
+        def plain(*args: Any) -> bool:
+            if self.refuse:
+                self.refused.append((op, self.comm.seq))
+                return False
+            call(*args)
+            self.taken.append((op, self.comm.seq))
+            return True
+
+        return plain
+
+
+def fill(comm: Any) -> None:
+    """One collective of a kind of its own (a broadcast of one byte from rank 0)."""
+    comm.broadcast(np.zeros(1, np.uint8), 0)
+
+
+def past_the_first_checks(comm: Any) -> None:
+    while comm.seq < SAMPLED_FIRST:
+        fill(comm)
+
+
+def values(dtype: str, rank: int, step: int, size: int) -> Any:
+    """Rank ``rank``'s values at ``step``: rank-dependent, not symmetric."""
+    return (np.arange(size) % 7 + 1 + 3 * rank + step % 4).astype(dtype)
+
+
+#: Kinds of call, each differing from the first in one part of its key (op, class, dtype, byte
+#: size, root): (op, lib, dtype, elements, root).
+KINDS = [
+    ("broadcast", "numpy", "float32", 4, 0),
+    ("broadcast", "numpy", "float32", 4, 1),
+    ("broadcast", "torch", "float32", 4, 0),
+    ("broadcast", "numpy", "int32", 4, 0),
+    ("broadcast", "numpy", "float64", 2, 0),  # the same byte size
+    ("broadcast", "numpy", "float32", 8, 0),
+    ("reduce", "numpy", "float32", 4, 0),
+    ("reduce", "numpy", "float32", 4, 1),
+    ("all_reduce", "numpy", "float32", 4, None),
+    ("all_gather_into_tensor", "numpy", "float32", 4, None),
+    ("reduce_scatter_tensor", "numpy", "float32", 4, None),
+    ("all_to_all_single", "numpy", "float32", 4, None),
+]
+
+
+def call_kind(comm: Any, kind: tuple[Any, ...], step: int) -> bool:
+    """Make a call of ``kind`` (:data:`KINDS`); whether its result is right (rank-dependent
+    values; the chunked ops' input is ``elements`` a rank) and it counted one operation."""
+    op, lib, dtype, numel, root = kind
+    n, r = comm.world_size, comm.rank
+    chunked = op in ("reduce_scatter_tensor", "all_to_all_single")
+    size = numel * n if chunked else numel
+    everyone = [values(dtype, s, step, size) for s in range(n)]
+    total = np.sum(everyone, axis=0).astype(dtype)
+    mine = slice(r * numel, (r + 1) * numel)
+    make = torch.from_numpy if lib == "torch" else np.asarray
+    x = make(everyone[r].copy())
+    seq = comm.seq
+    if op in ("broadcast", "reduce"):
+        getattr(comm, op)(x, root)
+        want = everyone[root] if op == "broadcast" else total if r == root else None
+        got = x
+    elif op == "all_reduce":
+        comm.all_reduce(x)
+        want, got = total, x
+    else:
+        wants = {
+            "all_gather_into_tensor": np.concatenate(everyone),
+            "reduce_scatter_tensor": total[mine],
+            "all_to_all_single": np.concatenate([e[mine] for e in everyone]),
+        }
+        want = wants[op]
+        got = make(np.full(want.size, -1, dtype))
+        getattr(comm, op)(got, x)
+    return comm.seq == seq + 1 and (want is None or np.array_equal(np.asarray(got), want))
+
+
+@pytest.mark.parametrize(
+    ("policy", "first", "calls"),
+    [("sample", SAMPLED_FIRST + 1, NEXT_CHECK + 12), ("off", 2, 100), ("check", None, 100)],
+)
+def test_the_shortcut_is_taken_only_past_the_check_points(
+    policy: str, first: int | None, calls: int
+) -> None:
+    """Broadcasts of one kind: under the default policy the shortcut is taken from call 65 on
+    but not at the check point 1088; off, from the second call (the first marks the kind);
+    under check, never. Every result is right."""
+
+    def body() -> tuple[list[int], bool]:
+        comm: Any = distcomm.get_communicator()
+        comm.debug = policy
+        plain = Plain(comm)
+        kind = ("broadcast", "numpy", "float32", K, comm.world_size - 1)
+        right = [call_kind(comm, kind, step) for step in range(calls)]
+        return [seq for _, seq in plain.taken], all(right)
+
+    want = [] if first is None else list(range(first, calls + 1))
+    if policy == "sample":
+        want.remove(NEXT_CHECK)
+    for taken, right in run_threads(body, 3):
+        assert right, "a wrong broadcast"
+        assert taken == want, f"taken at {taken[:3]}..{taken[-3:]} ({len(taken)}), want {len(want)}"
+
+
+def test_kinds_are_remembered_so_that_interleaved_calls_take_the_shortcut() -> None:
+    """Past the check points, rounds of the calls of :data:`KINDS` in turn: the first round
+    goes through the pipeline (each kind new), every later call takes the shortcut; the kinds
+    are remembered under their (op, class, dtype, byte size, root)."""
+
+    def body() -> tuple[list[list[str]], list[Any], bool]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm)
+        rounds, right = [], True
+        for step in range(4):
+            before = len(plain.taken)
+            for kind in KINDS:
+                right &= call_kind(comm, kind, step)
+            rounds.append([op for op, _ in plain.taken[before:]])
+        return rounds, list(comm._kit_plain_fps), right
+
+    ops = [kind[0] for kind in KINDS]
+    libs = {"numpy": np.ndarray, "torch": torch.Tensor}
+    keys = []
+    for op, lib, dtype, numel, root in KINDS:
+        dt = getattr(torch, dtype) if lib == "torch" else np.dtype(dtype)
+        size = numel * 3 if op in ("reduce_scatter_tensor", "all_to_all_single") else numel
+        keys.append((op, libs[lib], dt, size * np.dtype(dtype).itemsize, root))
+    for rounds, remembered, right in run_threads(body, 3):
+        assert right, "a wrong result"
+        assert rounds == [[], ops, ops, ops], rounds
+        assert set(keys) <= set(remembered), set(keys) - set(remembered)
+
+
+def _path(comm: Any, plain: Plain, kind: tuple[Any, ...], step: int) -> str:
+    """Make a call of ``kind``: "shortcut" or "pipeline", the way it went ("wrong": a wrong
+    result)."""
+    before = len(plain.taken)
+    if not call_kind(comm, kind, step):
+        return "wrong"
+    return "shortcut" if len(plain.taken) > before else "pipeline"
+
+
+def test_a_new_kind_goes_through_the_pipeline_first_then_takes_the_shortcut() -> None:
+    """Past the check points, three calls of each broadcast of :data:`KINDS` (a new size,
+    dtype, class or root) in a row, then of the first again: a new kind's first call goes
+    through the pipeline (recorded, confirmed with the other ranks), the next take the
+    shortcut; the first kind, remembered, takes it at once."""
+    broadcasts = [kind for kind in KINDS if kind[0] == "broadcast"]
+
+    def body() -> list[str]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm)
+        kinds = [*broadcasts, broadcasts[0]]
+        return [_path(comm, plain, kind, step) for kind in kinds for step in range(3)]
+
+    want = ["pipeline", "shortcut", "shortcut"] * len(broadcasts) + ["shortcut"] * 3
+    assert run_threads(body, 3) == [want] * 3
+
+
+@pytest.mark.parametrize("policy", ["sample", "off"])
+def test_a_policy_change_forgets_the_kinds(policy: str) -> None:
+    """Setting ``debug`` (even to the policy in force) forgets the remembered kinds and closes
+    the run: a kind taken before goes through the pipeline once, then the shortcut again."""
+
+    def body() -> tuple[Any, ...]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm)
+        path = [_path(comm, plain, KINDS[0], step) for step in range(3)]
+        before = (len(comm._kit_plain_fps) > 0, comm._kit_plain_op)
+        comm.debug = policy
+        after = (dict(comm._kit_plain_fps), comm._kit_plain_op, comm._kit_plain_nbytes)
+        path += [_path(comm, plain, KINDS[0], step) for step in range(3)]
+        return before, after, path
+
+    want = ["pipeline", "shortcut", "shortcut"] * 2
+    assert run_threads(body, 3) == [((True, "broadcast"), ({}, None, -1), want)] * 3
+
+
+def test_a_collective_mismatch_forgets_the_kinds() -> None:
+    """Past the check points and the shortcuts taken, ranks making different new calls (a
+    vote finds it before the engine) all raise CollectiveMismatchError; nothing ran, the
+    communicator stays usable, and the kinds are forgotten: a known kind goes through the
+    pipeline once, then the shortcut."""
+
+    def body() -> tuple[Any, ...]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm)
+        path = [_path(comm, plain, KINDS[0], step) for step in range(3)]
+        odd = ("broadcast", "numpy", "float64" if comm.rank == 0 else "int32", 3, 0)
+        at = comm.seq + 1
+        try:
+            call_kind(comm, odd, 0)
+            outcome: Any = "no error"
+        except CollectiveMismatchError as exc:
+            outcome = (exc.seq == at, exc.ran)
+        after = (dict(comm._kit_plain_fps), comm._kit_plain_op, comm.unusable)
+        path += [_path(comm, plain, KINDS[0], step) for step in range(3)]
+        return outcome, after, path
+
+    want = ["pipeline", "shortcut", "shortcut"] * 2
+    assert run_threads(body, 3) == [((True, None), ({}, None, None), want)] * 3
+
+
+def test_a_kind_whose_agreement_was_forgotten_is_confirmed_again_first() -> None:
+    """A remembered kind whose fingerprint the history no longer counts as agreed (it keeps
+    4096; here cleared) goes through the pipeline, which confirms it with the other ranks,
+    before it takes the shortcut again; the run in progress keeps it."""
+
+    def body() -> list[str]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm)
+        kinds = (KINDS[0], KINDS[6])  # a broadcast and a reduce in turn
+        path = [_path(comm, plain, kind, step) for step in range(2) for kind in kinds]
+        comm._kit_history.agreed.clear()
+        path += [_path(comm, plain, kinds[1], 2)]  # the run in progress: the reduce's
+        path += [_path(comm, plain, kind, step) for step in (3, 4) for kind in kinds]
+        return path
+
+    want = ["pipeline"] * 2 + ["shortcut"] * 3 + ["pipeline"] + ["shortcut"] * 3
+    assert run_threads(body, 3) == [want] * 3
+
+
+def _bad_calls(comm: Any) -> dict[str, tuple[tuple[Any, ...], Callable[[], Any]]]:
+    """Calls the pipeline refuses, each with the kind of a good call of its op."""
+    n = comm.world_size
+    x = np.ones(K, np.float32)
+    gather = ("all_gather_into_tensor", "numpy", "float32", K, None)
+    return {
+        "output too small": (
+            gather,
+            lambda: comm.all_gather_into_tensor(np.zeros(K * n - 1, np.float32), x),
+        ),
+        "float64 output": (gather, lambda: comm.all_gather_into_tensor(np.zeros(K * n), x)),
+        "int32 output": (
+            gather,
+            lambda: comm.all_gather_into_tensor(np.zeros(K * n, np.int32), x),
+        ),
+        "torch output": (gather, lambda: comm.all_gather_into_tensor(torch.zeros(K * n), x)),
+        "src=True": (KINDS[1], lambda: comm.broadcast(x, True)),
+        "dst=True": (KINDS[7], lambda: comm.reduce(x, True)),
+    }
+
+
+def test_bad_calls_of_a_known_kind_are_left_to_the_pipeline() -> None:
+    """Past the check points, right after a good call of its op (the shortcut open), a call with
+    an output unlike the input (size, dtype of the same byte size, class) or a root of True (a
+    rank's equal) takes no shortcut: the pipeline raises InvalidArgumentError, counting
+    nothing."""
+
+    def body() -> dict[str, str]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm)
+        outcomes = {}
+        for what, (kind, call) in _bad_calls(comm).items():
+            for step in range(2):
+                call_kind(comm, kind, step)
+            seq, taken = comm.seq, len(plain.taken)
+            try:
+                call()
+                outcomes[what] = "no error"
+            except InvalidArgumentError:
+                outcomes[what] = "refused" if comm.seq == seq else "refused, seq moved"
+            if len(plain.taken) != taken:
+                outcomes[what] += ", shortcut taken"
+        return outcomes
+
+    for outcomes in run_threads(body, 3):
+        assert outcomes == dict.fromkeys(outcomes, "refused"), outcomes
+
+
+def program(comm: Any) -> bool:
+    """Past the first check points and the one at 1088: cycles of the kinds in turn, a run of
+    one kind (a new one each cycle), and runs of broadcasts of a new size or root; whether
+    every result was right."""
+    past_the_first_checks(comm)
+    right, step = True, 0
+    while comm.seq < NEXT_CHECK + 30:
+        cycle, i = divmod(step, 30)
+        if i < len(KINDS):
+            kind = KINDS[i]
+        elif i < 22:
+            kind = KINDS[cycle % len(KINDS)]
+        else:
+            kind = ("broadcast", "numpy", "float32", 1 + cycle % 5, cycle % comm.world_size)
+        right &= call_kind(comm, kind, step)
+        step += 1
+    return right
+
+
+def _state(comm: Any) -> tuple[Any, ...]:
+    """What the mismatch check knows of ``comm``'s calls: its running value and the runs."""
+    h = comm._kit_history
+    return comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs), h.agreed_seq
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["taken", "refused"])
+def test_the_running_value_is_the_one_without_shortcuts(refuse: bool) -> None:
+    """The same program with plain primitives (taken, or all returning False) and without any:
+    the history's running value, runs and agreement are the same at the end."""
+
+    def body(plain: bool) -> tuple[Any, ...]:
+        comm: Any = distcomm.get_communicator()
+        given = Plain(comm, refuse) if plain else None
+        right = program(comm)
+        reached = 0 if given is None else len(given.refused if refuse else given.taken)
+        return right, reached, _state(comm)
+
+    without = run_threads(body, 3, False)
+    for (right, reached, state), (_, _, plain_state) in zip(
+        run_threads(body, 3, True), without, strict=True
+    ):
+        assert right, "a wrong result"
+        assert reached > 900, f"only {reached} calls reached the primitives"
+        assert state == plain_state
+
+
+def test_a_primitive_returning_false_leaves_seq_and_the_pipeline_answers() -> None:
+    """Primitives that return False (nothing sent) are reached, past the check points, by every
+    call of a known kind with that call's seq; the call is then counted once, by the pipeline,
+    with the right result."""
+
+    def body() -> tuple[bool, list[tuple[str, int]], int]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        plain = Plain(comm, refuse=True)
+        right = all(call_kind(comm, kind, step) for step in range(3) for kind in KINDS)
+        return right, plain.refused, comm.blocked_seq
+
+    known = SAMPLED_FIRST + len(KINDS)  # the first round goes through the pipeline
+    want = [(kind[0], known + 1 + i) for i, kind in enumerate(KINDS * 2)]
+    assert run_threads(body, 3) == [(True, want, 0)] * 3
+
+
+@pytest.mark.parametrize("who", ["rank 0", "every rank"])
+def test_a_refused_bad_call_leaves_the_history_as_the_pipeline_would(who: str) -> None:
+    """Past the check points, an all-gather of a known kind with an output of the wrong size,
+    right after a call of another op, raises InvalidArgumentError (caught) and counts nothing:
+    the running value is the one without shortcuts, and the check point at 1088 finds no
+    mismatch, whether one rank or every rank made it."""
+
+    def body(plain: bool) -> tuple[int, str]:
+        comm: Any = distcomm.get_communicator()
+        if plain:
+            Plain(comm)
+        past_the_first_checks(comm)
+        gather = ("all_gather_into_tensor", "numpy", "float32", K, None)
+        for step in range(3):
+            call_kind(comm, gather, step)
+            call_kind(comm, KINDS[0], step)
+        if who == "every rank" or comm.rank == 0:
+            out = np.zeros(K * comm.world_size - 1, np.float32)
+            with pytest.raises(InvalidArgumentError):
+                comm.all_gather_into_tensor(out, np.ones(K, np.float32))
+        value = comm._kit_history.value(comm.seq)
+        try:
+            while comm.seq < NEXT_CHECK:
+                fill(comm)
+        except CollectiveMismatchError as exc:
+            return value, f"mismatch at #{exc.seq}"
+        return value, "no mismatch"
+
+    assert run_threads(body, 2, True) == run_threads(body, 2, False)
+
+
+@pytest.mark.parametrize("op", ["all_gather_into_tensor", "reduce_scatter_tensor"])
+def test_a_none_output_past_the_check_points_is_refused_by_the_pipeline(op: str) -> None:
+    """output=None (a forgotten buffer) after calls of a known kind raises InvalidArgumentError
+    and counts nothing, as it does within the first check points."""
+
+    def body() -> tuple[str, bool]:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        Plain(comm)
+        for step in range(3):
+            call_kind(comm, (op, "numpy", "float32", K, None), step)
+        seq = comm.seq
+        size = K if op == "all_gather_into_tensor" else K * comm.world_size
+        try:
+            getattr(comm, op)(None, np.ones(size, np.float32))
+            outcome = "no error"
+        except Exception as exc:
+            outcome = type(exc).__name__
+        return outcome, comm.seq == seq
+
+    assert run_threads(body, 2) == [("InvalidArgumentError", True)] * 2
