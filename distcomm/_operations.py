@@ -31,7 +31,8 @@ class Operation:
         capability: its name in ``Capabilities.ops`` ("" for distcomm's own, on every backend).
         observed: the hooks (``distcomm.add_hook``), the profiler and the flight recorder see it.
         shared: each rank holds 1/n of the operation's buffer (gathers, scatters, all-to-all).
-        bench: its name in ``distcomm bench`` ("" when bench does not time it).
+        bench: its name in ``distcomm bench`` ("" when bench does not time it; send's is
+            ``sendrecv``, a ping-pong of send and recv between ranks 0 and 1).
         module_function: ``distcomm`` has a function of that name acting on a group.
     """
 
@@ -76,8 +77,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("all_gather_v", "all_gather_into_tensor", observed=True, shared=True),
     Operation("gather", "gather", observed=True, shared=True, bench="gather"),
     Operation("scatter", "scatter", observed=True, shared=True, bench="scatter"),
-    Operation("barrier", "barrier", observed=True),
-    Operation("send", "send"),
+    Operation("barrier", "barrier", observed=True, bench="barrier"),
+    Operation("send", "send", bench="sendrecv"),  # bench: a ping-pong of send and recv
     Operation("recv", "recv"),
     Operation("isend", "send"),
     Operation("irecv", "recv"),

@@ -7,6 +7,11 @@ reduce_scatter and scatter: the input, each rank keeping ``size / n``; all_to_al
 gather and scatter have root 0, whose list is views of one buffer (which the engine's own call,
 with ``--compare raw``, receives or sends as it is). Object collectives carry a numpy uint8
 array in a dict, sized the same way. Bus bandwidth = algbw x factor, algbw = bytes / time.
+
+barrier has no buffer and no size: one barrier per call. sendrecv is a ping-pong of ``size``
+bytes between ranks 0 and 1 (rank 0 sends then receives, rank 1 receives then sends, the others
+idle): one call is a round trip, which counts as two messages (:attr:`Prepared.units`), so its
+time is half a round trip, the one-way latency, as OSU's osu_latency reports it.
 """
 
 from __future__ import annotations
@@ -26,17 +31,31 @@ class Operation:
     """One operation ``distcomm bench`` knows."""
 
     name: str
-    #: "tensor" (float32 buffers) or "object" (a dict holding a byte array)
+    #: "tensor" (float32 buffers), "object" (a dict holding a byte array) or "none" (barrier)
     kind: str
     #: each rank's share is ``size / n`` (gathers, scatters, all_to_all)
     split: bool
     #: its name in ``Capabilities.ops`` (whether the engine runs it natively)
     capability: str
 
+    @property
+    def sized(self) -> bool:
+        """Whether it moves a buffer of the sizes asked for (barrier does not: one record)."""
+        return self.kind != "none"
+
+    @property
+    def pairwise(self) -> bool:
+        """Whether it is point-to-point between ranks 0 and 1 (needs 2 ranks, and p2p)."""
+        return self.name == "sendrecv"
+
+
+def _kind(op: _operations.Operation) -> str:
+    return "object" if op.objects else "none" if op.bench == "barrier" else "tensor"
+
 
 #: The operations bench times, by bench's name of them (the table in distcomm._operations).
 OPERATIONS: dict[str, Operation] = {
-    op.bench: Operation(op.bench, "object" if op.objects else "tensor", op.shared, op.capability)
+    op.bench: Operation(op.bench, _kind(op), op.shared, op.capability)
     for op in _operations.OPERATIONS
     if op.bench
 }
@@ -51,10 +70,15 @@ class Prepared:
     nbytes: int
     call: Callable[[], object]
     device: str = "cpu"
+    #: what one call counts as: a time per call is divided by it (sendrecv: a round trip, 2
+    #: one-way messages)
+    units: int = 1
 
 
 def prepare(comm: Any, op: Operation, size: int, device: str) -> Prepared:
-    """The buffers of ``op`` at ``size`` bytes on this rank, and distcomm's call on them."""
+    """The buffers of ``op`` at ``size`` bytes on this rank, and distcomm's call on them. The
+    args are what ``_native_call`` is given: barrier ``()``, sendrecv ``(x, y)`` (sent, received
+    into), the others as distcomm's method takes them."""
     from distcomm.backend.arrays import adapter_for
 
     n = comm.world_size
@@ -64,8 +88,13 @@ def prepare(comm: Any, op: Operation, size: int, device: str) -> Prepared:
     count = max(unit, size // 4 // unit * unit)  # float32 elements, a multiple of n if split
     part = count // n if op.split else count
     make = _torch_maker(device) if device == "cuda" or "numpy" not in _libraries() else _numpy
+    if op.kind == "none":  # barrier: no buffer; a probe for the device whose clock it reads
+        probe = make(1)
+        return Prepared((), 0, comm.barrier, adapter_for(probe).device(probe))
     if op.name in ("gather", "scatter"):
         return _prepare_rooted(comm, op, make, count, part)
+    if op.name == "sendrecv":
+        return _prepare_ping_pong(comm, make, count)
     x = make(count if op.name in ("reduce_scatter", "all_to_all") else part)
     out = make(part if op.name == "reduce_scatter" else count)
     calls: dict[str, tuple[tuple[Any, ...], Callable[[], object]]] = {
@@ -95,6 +124,30 @@ def _prepare_rooted(
     method = comm.gather if op.name == "gather" else comm.scatter
     call = functools.partial(method, mine, parts, 0)
     return Prepared((mine, full), count * 4, call, adapter_for(mine).device(mine))
+
+
+def _prepare_ping_pong(comm: Any, make: Callable[[int], Any], count: int) -> Prepared:
+    """sendrecv: rank 0 sends its ``x`` to rank 1, which receives it into its ``y`` and sends
+    its ``x`` back into rank 0's ``y``; one call is that round trip, 2 messages. The other ranks
+    have nothing to do."""
+    from distcomm.backend.arrays import adapter_for
+
+    x, y = make(count), make(count)
+
+    def ping() -> object:
+        comm.send(x, 1)
+        return comm.recv(y, 1)
+
+    def pong() -> object:
+        comm.recv(y, 0)
+        return comm.send(x, 0)
+
+    call = {0: ping, 1: pong}.get(comm.rank, _idle)
+    return Prepared((x, y), count * 4, call, adapter_for(x).device(x), units=2)
+
+
+def _idle() -> None:
+    """A rank outside sendrecv's pair: nothing to do."""
 
 
 def _prepare_object(comm: Any, op: Operation, size: int) -> Prepared:

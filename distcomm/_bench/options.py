@@ -123,6 +123,13 @@ def _count(text: str) -> int:
     return int(text)
 
 
+_OPS_HELP = (
+    f"comma-separated operations, or all (default: all: {', '.join(OPERATIONS)}); barrier has "
+    "no size (one row: time per barrier); sendrecv is a ping-pong between ranks 0 and 1 (2 "
+    "ranks or more), timed per message: half a round trip"
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``distcomm bench``'s options to ``parser``."""
     parser.add_argument(
@@ -130,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_ops,
         default=list(OPERATIONS),
         metavar="OPS",
-        help=f"comma-separated operations, or all (default: all: {', '.join(OPERATIONS)})",
+        help=_OPS_HELP,
     )
     parser.add_argument(
         "--sizes",

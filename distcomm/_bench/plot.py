@@ -1,5 +1,7 @@
 """``distcomm bench --plot FILE.png``: time per call and bus bandwidth against size (log axes),
-one line per operation and engine, drawn from the records (the same as ``--json``'s)."""
+one line per operation and engine, drawn from the records (the same as ``--json``'s). barrier,
+which has no size, is a horizontal line across the time panel (a floor the others' small
+messages can be read against) and is absent from the bandwidth panel."""
 
 from __future__ import annotations
 
@@ -44,12 +46,21 @@ def plot(path: str, header: dict[str, Any], records: list[dict[str, Any]]) -> No
         style = {
             "color": colors(ops.index(op) % 10),
             "linestyle": "-" if engine == "distcomm" else "--",
-            "marker": "o" if engine == "distcomm" else "x",
             "label": f"{op} ({engine})",
         }
+        if points[0]["busbw_GBps"] is None:  # barrier: no size, no bandwidth
+            style["label"] = f"{op} ({engine}; no size)"
+            times.axhline(points[0]["time_s"] * 1e6, linewidth=1, **style)
+            continue
+        style["marker"] = "o" if engine == "distcomm" else "x"
         sizes = [r["bytes"] for r in points]
         times.plot(sizes, [r["time_s"] * 1e6 for r in points], **style)
         bandwidth.plot(sizes, [max(r["busbw_GBps"], 1e-6) for r in points], **style)
+    if all(r["busbw_GBps"] is None for r in records):  # barrier alone: no size to span
+        times.set_xlim(1, 2**10)
+        bandwidth.set_xlim(1, 2**10)
+        bandwidth.set_ylim(1e-3, 1)
+        bandwidth.text(32, 0.03, "barrier moves no data: no bandwidth", ha="center")
     for axes, label in ((times, "time per call (us)"), (bandwidth, "bus bandwidth (GB/s)")):
         axes.set_xscale("log", base=2)
         axes.xaxis.set_major_formatter(sizes_as_text)

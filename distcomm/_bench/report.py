@@ -49,9 +49,8 @@ class Progress:
             return
         first = records[0]
         times = ", ".join(f"{r['engine']} {_time(r['time_s'])}" for r in records)
-        self._write(
-            f"[{self.count}/{self.total}] {first['op']} {human_bytes(first['size'])}: {times}"
-        )
+        step = f"{first['op']} {human_bytes(first['size'])}" if first["bytes"] else first["op"]
+        self._write(f"[{self.count}/{self.total}] {step}: {times}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -65,8 +64,17 @@ class Progress:
             sys.stderr.flush()
 
 
-def print_table(records: list[dict[str, Any]]) -> None:
-    """The records as a table on stdout; ``raw/distcomm`` above 1 means distcomm is faster."""
+#: What a table's "time per call" is for the ops where it is not one collective on ``size``.
+_NOTES = {
+    "barrier": "barrier: one call, no payload (size -), so no bandwidth",
+    "sendrecv": "sendrecv: one message of size bytes, half a ping-pong round trip between ranks "
+    "0 and 1 (the others idle)",
+}
+
+
+def print_table(records: list[dict[str, Any]], no_raw: list[str] | tuple[str, ...] = ()) -> None:
+    """The records as a table on stdout; ``raw/distcomm`` above 1 means distcomm is faster.
+    The ops in ``no_raw`` (``--compare raw`` found no engine call) get a ``raw n/a`` row."""
     if not records:
         print("distcomm bench: nothing was measured")
         return
@@ -75,18 +83,27 @@ def print_table(records: list[dict[str, Any]]) -> None:
         f"distcomm bench: {first['backend']}, {first['world_size']} rank(s); time per call is "
         "the slowest rank's, median (min-max) of the rounds; busbw as nccl-tests"
     )
-    compare = any("raw_over_distcomm" in r for r in records)
+    compare = any("raw_over_distcomm" in r for r in records) or bool(no_raw)
     head = f"{'op':<18} {'size':>8} {'engine':<8} {'time per call':>30} {'algbw GB/s':>11} "
-    head += f"{'busbw GB/s':>11}" + (f" {'raw/distcomm':>13}" if compare else "")
-    print(head)
+    print(head + f"{'busbw GB/s':>11}" + (f" {'raw/distcomm':>13}" if compare else ""))
     for r in records:
+        size = human_bytes(r["size"]) if r["bytes"] else "-"
         spread = f"{_time(r['time_s'])} ({_time(r['time_min_s'])}-{_time(r['time_max_s'])})"
-        line = f"{r['op']:<18} {human_bytes(r['size']):>8} {r['engine']:<8} {spread:>30} "
-        line += f"{r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}"
+        line = f"{r['op']:<18} {size:>8} {r['engine']:<8} {spread:>30} "
+        line += f"{_rate(r['algbw_GBps']):>11} {_rate(r['busbw_GBps']):>11}"
         if "raw_over_distcomm" in r:
             line += f" {r['raw_over_distcomm']:>13.2f}"
         print(line)
+        if r["engine"] == "distcomm" and r["op"] in no_raw:
+            print(f"{r['op']:<18} {size:>8} {'raw':<8} {'n/a (no engine call)':>30}")
+    ops = dict.fromkeys(r["op"] for r in records)
+    for op in (op for op in _NOTES if op in ops):
+        print(f"  {_NOTES[op]}")
     sys.stdout.flush()
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def write_json(path: str, header: dict[str, Any], records: list[dict[str, Any]]) -> None:

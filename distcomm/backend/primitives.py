@@ -325,8 +325,10 @@ class Primitives:
         at its defaults (src and dst 0, SUM): ``all_reduce (x,)``, ``broadcast (x,)``,
         ``all_gather (out, x)`` (into one tensor), ``reduce_scatter (out, x)``, ``all_to_all
         (out, x)``, ``all_gather_object (obj,)``, ``broadcast_object (obj,)``, ``gather_object
-        (obj,)``, ``scatter_object (objs,)`` (objs is None off rank 0). Convert ``args`` to the
-        engine's types here, outside the callable: only the callable is timed."""
+        (obj,)``, ``scatter_object (objs,)`` (objs is None off rank 0), ``barrier ()``,
+        ``sendrecv (x, y)`` (a ping-pong: rank 0 sends ``x`` to rank 1 and receives into ``y``,
+        rank 1 receives then sends, the others idle). Convert ``args`` to the engine's types
+        here, outside the callable: only the callable is timed."""
         return None
 
     # -- for the defaults ----------------------------------------------------------------------

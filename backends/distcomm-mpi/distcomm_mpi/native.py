@@ -35,9 +35,29 @@ def _reduce(c: Any, x: Any) -> Callable[[], object]:
     return lambda: c.Reduce(x, None, MPI.SUM, 0)
 
 
+def _sendrecv(c: Any, x: Any, y: Any) -> Callable[[], object]:
+    """bench's ping-pong: rank 0 sends ``x`` to rank 1 and receives into ``y``, rank 1 receives
+    then sends; the other ranks have nothing to do."""
+    if c.rank == 0:
+
+        def ping() -> object:
+            c.Send(x, 1)
+            return c.Recv(y, 1)
+
+        return ping
+    if c.rank == 1:
+
+        def pong() -> object:
+            c.Recv(y, 0)
+            return c.Send(x, 0)
+
+        return pong
+    return lambda: None
+
+
 _TENSOR_OPS = frozenset(
     {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}
-    | {"gather", "scatter"}
+    | {"gather", "scatter", "sendrecv"}
 )
 _CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "all_reduce": lambda c, x: lambda: c.Allreduce(MPI.IN_PLACE, x, MPI.SUM),
@@ -48,6 +68,8 @@ _CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "all_gather": lambda c, out, x: lambda: c.Allgather(x, out),
     "reduce_scatter": lambda c, out, x: lambda: c.Reduce_scatter_block(x, out, MPI.SUM),
     "all_to_all": lambda c, out, x: lambda: c.Alltoall(x, out),
+    "barrier": lambda c: lambda: c.Barrier(),
+    "sendrecv": _sendrecv,
     "all_gather_object": lambda c, obj: lambda: c.allgather(obj),
     "broadcast_object": lambda c, obj: lambda: c.bcast(obj, 0),
     "gather_object": lambda c, obj: lambda: c.gather(obj, 0),

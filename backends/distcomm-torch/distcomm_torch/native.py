@@ -74,9 +74,31 @@ def _rooted(call: Callable[..., Any]) -> Callable[..., Callable[[], object]]:
     return make
 
 
+def _sendrecv(group: Any, world_size: int, x: Any, y: Any) -> Callable[[], object]:
+    """bench's ping-pong: the group's rank 0 sends ``x`` to its rank 1 and receives into ``y``,
+    rank 1 receives then sends (torch's dst and src are global ranks); the others do nothing."""
+    me = dist.get_rank(group)
+    if me not in (0, 1):
+        return lambda: None
+    peer = 1 - me if group is None else int(dist.get_global_rank(group, 1 - me))
+    if me == 0:
+
+        def ping() -> object:
+            dist.send(x, peer, group=group)
+            return dist.recv(y, peer, group=group)
+
+        return ping
+
+    def pong() -> object:
+        dist.recv(y, peer, group=group)
+        return dist.send(x, peer, group=group)
+
+    return pong
+
+
 _TENSOR_OPS = frozenset(
     {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"}
-    | {"gather", "scatter"}
+    | {"gather", "scatter", "sendrecv"}
 )
 _CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "all_reduce": lambda g, n, x: lambda: dist.all_reduce(x, group=g),
@@ -87,6 +109,8 @@ _CALLS: dict[str, Callable[..., Callable[[], object]]] = {
     "all_gather": lambda g, n, out, x: lambda: all_gather_single(out, x, group=g),
     "reduce_scatter": lambda g, n, out, x: lambda: reduce_scatter_single(out, x, group=g),
     "all_to_all": lambda g, n, out, x: lambda: dist.all_to_all_single(out, x, group=g),
+    "barrier": lambda g, n: lambda: dist.barrier(group=g),
+    "sendrecv": _sendrecv,
     "all_gather_object": _all_gather_object,
     "broadcast_object": _broadcast_object,
     "gather_object": _gather_object,
