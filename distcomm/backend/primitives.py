@@ -8,8 +8,8 @@ Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``
 ``_reduce_scatter_v``, ``_gather``, ``_scatter``, ``_all_to_all``, ``_all_to_all_v``,
 ``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and the shortcuts of blocking calls
 like the ones before them, ``_all_reduce_plain``, ``_broadcast_plain``, ``_reduce_plain``,
-``_all_gather_into_plain``, ``_reduce_scatter_plain``, ``_all_to_all_plain`` (no default: the
-general pipeline).
+``_all_gather_into_plain``, ``_reduce_scatter_plain``, ``_all_to_all_plain``, ``_send_plain``,
+``_recv_plain`` (no default: the general pipeline).
 Not a primitive but overridable the same way: ``_native_call``, the engine's own API for an
 operation, which ``distcomm bench --compare raw`` times beside distcomm's.
 
@@ -65,6 +65,13 @@ class Primitives:
     _all_gather_into_plain: Callable[[Any, Any], bool] | None = None
     _reduce_scatter_plain: Callable[[Any, Any], bool] | None = None
     _all_to_all_plain: Callable[[Any, Any], bool] | None = None
+    #: Optional shortcuts of a blocking ``send`` and ``recv`` of a plain array:
+    #: ``_send_plain(tensor, dst, tag) -> bool`` and ``_recv_plain(tensor, src, tag)`` -> the
+    #: sender's rank (``src`` None: any rank), or None having received nothing. The kit has
+    #: checked the rank and the tag against its own rules; a backend with fewer tags refuses
+    #: the others here (the pipeline then says why).
+    _send_plain: Callable[[Any, int, int], bool] | None = None
+    _recv_plain: Callable[[Any, int | None, int], int | None] | None = None
     #: The tag of distcomm's own messages (:meth:`_control_isend`): never a user's. An engine
     #: with fewer tags sets it to one of them that it refuses to users (MPI: its largest).
     _vote_tag: int = INTERNAL_TAG + 1

@@ -55,6 +55,7 @@ _DIRECT = frozenset(np.dtype(name) for name in MPI_CAPABILITIES.dtypes)
 # The shortcut's constants, bound once (an attribute lookup per call is measurable there).
 _SUM, _MPI_SUM, _IN_PLACE, _ndarray = ReduceOp.SUM, MPI.SUM, MPI.IN_PLACE, np.ndarray
 _fromaddress = MPI.buffer.fromaddress
+_ANY_SOURCE = MPI.ANY_SOURCE
 
 
 class _TorchTypes:
@@ -222,6 +223,7 @@ class MpiCommunicator(BaseCommunicator):
         self._allreduce = comm.Allreduce
         self._bcast, self._reduce_call, self._allgather = comm.Bcast, comm.Reduce, comm.Allgather
         self._reduce_scatter_block, self._alltoall = comm.Reduce_scatter_block, comm.Alltoall
+        self._send, self._recv = comm.Send, comm.Recv
         self._side = side
         self._key = side.register(self)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
@@ -344,6 +346,27 @@ class MpiCommunicator(BaseCommunicator):
 
     def _all_to_all_plain(self, output: Any, input: Any) -> bool:
         return self._pair(self._alltoall, input, output)
+
+    def _send_plain(self, tensor: Any, dst: int, tag: int) -> bool:
+        b = _plain_buf(tensor)
+        if b is None or tag >= self._tag_ub:
+            return False
+        try:
+            self._send(b, dst, tag)
+        except BufferError:
+            return False
+        return True
+
+    def _recv_plain(self, tensor: Any, src: int | None, tag: int) -> int | None:
+        b = _plain_buf(tensor)
+        if b is None or tag >= self._tag_ub:
+            return None
+        status = None if src is not None else MPI.Status()
+        try:
+            self._recv(b, _ANY_SOURCE if src is None else src, tag, status)
+        except BufferError:
+            return None
+        return src if status is None else int(status.Get_source())
 
     def _pair(self, call: Any, send: Any, recv: Any, *rest: Any) -> bool:
         """``call(send, recv, *rest)`` on two plain arrays that do not overlap (MPI forbids

@@ -2,11 +2,12 @@
 others), in one program of 2 ranks run once for the module.
 
 Past the first 64 collectives (all checked: the pipeline only), a blocking call like the ones
-before it goes to the shortcut (``distcomm.backend._pipeline.shortcuts``). The program counts what each shortcut
-said, by wrapping the world's ``_*_plain`` attributes (the kit reads them on the instance), and
-checks every result: runs of one op and interleaved ops, numpy arrays and torch tensors of
-float32, int64 and float64. Arrays the engine does not take as they are (not contiguous,
-overlapping, a dtype gloo lacks), a wrong-size output and a bool root go through the pipeline.
+before it goes to the shortcut (``distcomm.backend._pipeline.shortcuts``). The program counts
+what each shortcut said, by wrapping the world's ``_*_plain`` attributes (the kit reads them on
+the instance), and checks every result: runs of one op and interleaved ops, numpy arrays and
+torch tensors of float32, int64 and float64. Arrays the engine does not take as they are (not
+contiguous, overlapping, a dtype gloo lacks), a wrong-size output and a bool root go through the
+pipeline.
 Last, rank 1 skips an all_reduce: rank 0's shortcut ends in distcomm's DistTimeoutError naming
 rank 1, not in torch's error and not in a hang.
 """

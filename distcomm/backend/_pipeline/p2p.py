@@ -2,7 +2,9 @@
 send_object and recv_object.
 
 Messages carry no sequence number (only collectives are numbered); a blocking send or recv is
-the non-blocking one waited for, under a "blocked in" mark of its own (the Work sets it). On a
+the non-blocking one waited for, under a "blocked in" mark of its own (the Work sets it), or
+the backend's blocking shortcut (``_send_plain``, ``_recv_plain``) under the same mark, for
+arguments the pipeline would take as they are. On a
 backend that does not match messages by tag (``capabilities.p2p_tags`` False) a non-zero tag is
 refused before anything is sent. A batch checks every one of its messages before it starts
 any, then posts the receives before the sends (so that neighbours sending to each other never
@@ -16,6 +18,7 @@ from typing import Any
 
 from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.steps import Steps
+from distcomm.backend.primitives import INTERNAL_TAG
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.protocol import P2POp, Work
 
@@ -27,10 +30,23 @@ class PointToPoint(Steps):
 
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst`` (a rank of this communicator)."""
+        plain = self._send_plain
+        if (
+            plain is not None
+            and self._kit_plain_message(dst, tag)
+            and self._kit_message(plain, f"send to rank {dst} (tag {tag})", tensor, dst, tag)
+        ):
+            return
         self.isend(tensor, dst, tag).wait()
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's rank."""
+        plain = self._recv_plain
+        if plain is not None and self._kit_plain_message(src, tag):
+            sender = "any rank" if src is None else f"rank {src}"
+            source = self._kit_message(plain, f"recv from {sender} (tag {tag})", tensor, src, tag)
+            if source is not None:
+                return int(source)
         work = self.irecv(tensor, src, tag)
         work.wait()
         source = getattr(work, "source", None)
@@ -130,6 +146,32 @@ class PointToPoint(Steps):
         self._check_tag(tag)
         self._kit_check_p2p(op)
         self._kit_check_tag_matched(op, tag)
+
+    def _kit_plain_message(self, peer: Any, tag: Any) -> bool:
+        """Whether a blocking message to or from ``peer`` (a rank; None: any, for a receive)
+        with ``tag`` may try the backend's shortcut: arguments the pipeline would take as they
+        are (it explains anything else), on a usable communicator."""
+        return (
+            self.unusable is None
+            and (peer is None or (peer.__class__ is int and 0 <= peer < self._kit_world_size))
+            and tag.__class__ is int
+            and 0 <= tag < INTERNAL_TAG
+            and (tag == 0 or self.capabilities.p2p_tags)
+        )
+
+    def _kit_message(self, plain: Any, label: str, tensor: Any, peer: Any, tag: int) -> Any:
+        """``plain(tensor, peer, tag)``, blocking under a "blocked in" mark of its own, as a
+        waited-for Work's; an engine's exception becomes EngineError. Its answer: falsy (None,
+        False) when nothing was sent."""
+        self.blocked_op, self.blocked_seq = label, -next(self.p2p_marks)
+        try:
+            return plain(tensor, peer, tag)
+        except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists
+            raise
+        except self.engine_errors as exc:
+            raise self.engine_failed(label, None, exc) from exc
+        finally:
+            self.blocked_seq, self.blocked_op = 0, ""
 
     def _kit_start(self, primitive: Any, op: str, *args: Any) -> Work:
         """Start a message; an engine exception becomes EngineError."""
