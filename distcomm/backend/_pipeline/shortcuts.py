@@ -118,7 +118,19 @@ def run(
         return False
     if fp is not None:
         _start(comm, op, x, root, seq, fp)
-    return _call(comm, op, plain, x, root, out, seq)
+    comm.op = op  # the call, inside seq and the "blocked in" mark, as the pipeline's
+    comm.blocked_seq = comm.seq = seq
+    try:
+        done = plain(out, x) if out is not None else plain(x) if root is None else plain(x, root)
+    except DistcommError:  # distcomm's own: never wrapped as an engine's
+        raise
+    except comm.engine_errors as exc:
+        raise comm.engine_failed(op, seq, exc) from exc
+    finally:
+        comm.blocked_seq = 0
+    if not done:
+        comm.seq = seq - 1  # nothing was sent: the pipeline counts the call
+    return bool(done)
 
 
 def _known(comm: Steps, op: str, x: Any, root: Any) -> int | None:
@@ -143,23 +155,3 @@ def _start(comm: Steps, op: str, x: Any, root: Any, seq: int, fp: int) -> None:
     comm._kit_plain_op, comm._kit_plain_root = op, root
     comm._kit_plain_cls, comm._kit_plain_dtype = x.__class__, x.dtype
     comm._kit_plain_nbytes = x.nbytes
-
-
-def _call(
-    comm: Steps, op: str, plain: Callable[..., bool], x: Any, root: Any, out: Any, seq: int
-) -> bool:
-    """``plain``'s call inside ``seq`` and the "blocked in" mark; an engine's exception becomes
-    EngineError. A False answer (nothing sent) gives ``seq`` back to the pipeline."""
-    comm.op = op
-    comm.blocked_seq = comm.seq = seq
-    try:
-        done = plain(out, x) if out is not None else plain(x) if root is None else plain(x, root)
-    except DistcommError:  # distcomm's own: never wrapped as an engine's
-        raise
-    except comm.engine_errors as exc:
-        raise comm.engine_failed(op, seq, exc) from exc
-    finally:
-        comm.blocked_seq = 0
-    if not done:
-        comm.seq = seq - 1
-    return bool(done)
