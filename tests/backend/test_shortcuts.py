@@ -8,6 +8,12 @@ here: a shortcut is taken only past the check points; the kinds of call are reme
 pipeline first; a policy change and a collective mismatch forget them; the history's running
 value is what it would be with no shortcuts; a primitive returning False leaves ``seq`` alone
 and the pipeline answers.
+
+The shortcuts of blocking messages alike (``_send_plain``, ``_recv_plain``, here built on the
+communicator's own ``_isend`` / ``_irecv`` waited for): taken for every good message, under a
+"blocked in" mark of its own that is cleared after; never reached by bad ranks and tags (the
+pipeline's error, nothing sent); a False or None answer leaves the message to the pipeline; the
+ring's check shown to catch a wrong shortcut; a shortcut's errors become distcomm's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ import torch
 
 import distcomm
 from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
-from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
+from distcomm.errors import (
+    CollectiveMismatchError,
+    DistTimeoutError,
+    EngineError,
+    InvalidArgumentError,
+)
 from distcomm.protocol import ReduceOp
 from distcomm.testing import run_threads
 
@@ -454,3 +465,260 @@ def test_a_none_output_past_the_check_points_is_refused_by_the_pipeline(op: str)
         return outcome, comm.seq == seq
 
     assert run_threads(body, 2) == [("InvalidArgumentError", True)] * 2
+
+
+# -- blocking messages ---------------------------------------------------------------------------
+#: Tags of the messages: 0, a small one, the largest a user's (INTERNAL_TAG - 1).
+TAGS = (0, 7, 2**30 - 1)
+MESSAGE_KINDS = [
+    (lib, dtype) for lib in ("numpy", "torch") for dtype in ("float32", "int64", "int8")
+]
+
+
+class PlainMessages:
+    """``_send_plain`` and ``_recv_plain`` on ``comm`` (instance attributes) that start the
+    communicator's ``_isend`` / ``_irecv`` and wait for it; each message taken is logged in
+    ``taken`` as (way, peer, tag, the "blocked in" mark meanwhile). They decline (False, None)
+    an array that is not contiguous, and every message when ``refuse`` is set (logged in
+    ``refused``). ``spoil`` corrupts what a recv received; ``lie`` changes the sender it
+    returns (to show that the ring's check catches both)."""
+
+    def __init__(self, comm: Any, refuse: bool = False) -> None:
+        self.comm, self.refuse = comm, refuse
+        self.taken: list[tuple[str, Any, int, tuple[int, str]]] = []
+        self.refused: list[tuple[str, Any, int]] = []
+        self.spoil = self.lie = False
+        comm._send_plain, comm._recv_plain = self.send, self.recv
+
+    def _declines(self, way: str, tensor: Any, peer: Any, tag: int) -> bool:
+        contiguous = (
+            tensor.is_contiguous()
+            if isinstance(tensor, torch.Tensor)
+            else (tensor.flags.c_contiguous)
+        )
+        if self.refuse or not contiguous:
+            self.refused.append((way, peer, tag))
+            return True
+        self.taken.append((way, peer, tag, (self.comm.blocked_seq, self.comm.blocked_op)))
+        return False
+
+    def send(self, tensor: Any, dst: int, tag: int) -> bool:
+        if self._declines("send", tensor, dst, tag):
+            return False
+        self.comm._isend(tensor, dst, tag).wait()
+        return True
+
+    def recv(self, tensor: Any, src: int | None, tag: int) -> int | None:
+        if self._declines("recv", tensor, src, tag):
+            return None
+        work = self.comm._irecv(tensor, src, tag)
+        work.wait()
+        if self.spoil:
+            tensor[0] += 1
+        return int(work.source) + self.lie
+
+
+def message_ring(
+    comm: Any, kind: tuple[str, str], tag: int, step: int, any_source: bool
+) -> list[str]:
+    """Every rank sends to the next one and receives from the one before (from it, or from any
+    rank); what went wrong: the data, the sender returned, the mark left set."""
+    lib, dtype = kind
+    n, r = comm.world_size, comm.rank
+    prev = (r - 1) % n
+    make = torch.from_numpy if lib == "torch" else np.asarray
+    out = make(np.zeros(K, dtype))
+    comm.send(make(values(dtype, r, step, K)), (r + 1) % n, tag)  # fakelink buffers a send
+    got = comm.recv(out, None if any_source else prev, tag)
+    wrong = []
+    if not np.array_equal(np.asarray(out), values(dtype, prev, step, K)):
+        wrong.append(f"data {np.asarray(out).tolist()}")
+    if got != prev:
+        wrong.append(f"returned {got}, the sender is {prev}")
+    if (comm.blocked_seq, comm.blocked_op) != (0, ""):
+        wrong.append(f"still blocked in {comm.blocked_op!r} ({comm.blocked_seq})")
+    return wrong
+
+
+def message_rings(comm: Any) -> list[tuple[Any, ...]]:
+    """:func:`message_ring` of every kind, tag and way of receiving; what went wrong where."""
+    wrong = []
+    step = 0
+    for kind in MESSAGE_KINDS:
+        for tag in TAGS:
+            for any_source in (False, True):
+                step += 1
+                wrong += [
+                    (*kind, tag, any_source, w)
+                    for w in message_ring(comm, kind, tag, step, any_source)
+                ]
+    return wrong
+
+
+def test_good_messages_take_the_shortcuts_under_a_mark_of_their_own() -> None:
+    """Rings of numpy and torch, three dtypes, three tags, from the rank before and from any
+    rank: every message takes its shortcut (no check points for messages), right, the sender
+    returned; meanwhile the mark names the message (a negative number), cleared after."""
+
+    def body() -> tuple[list[Any], list[Any], list[Any]]:
+        comm: Any = distcomm.get_communicator()
+        plain = PlainMessages(comm)
+        wrong = message_rings(comm)
+        return wrong, plain.taken, plain.refused
+
+    n = 3
+    for r, (wrong, taken, refused) in enumerate(run_threads(body, n)):
+        assert wrong == [] and refused == [], f"rank {r}: {wrong}, declined {refused}"
+        want = []
+        for _kind in MESSAGE_KINDS:
+            for tag in TAGS:
+                for src in ((r - 1) % n, None):
+                    want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
+        assert [t[:3] for t in taken] == want, f"rank {r}: {taken[:4]}..."
+        labels = [
+            f"send to rank {peer} (tag {tag})"
+            if way == "send"
+            else f"recv from {'any rank' if peer is None else f'rank {peer}'} (tag {tag})"
+            for way, peer, tag, _ in taken
+        ]
+        assert [mark[1] for *_, mark in taken] == labels, f"rank {r}: {taken[:4]}..."
+        seqs = [mark[0] for *_, mark in taken]
+        assert all(s < 0 for s in seqs) and len(set(seqs)) == len(seqs), seqs
+
+
+@pytest.mark.parametrize("fault", ["spoil", "lie"])
+def test_the_ring_check_catches_a_shortcut_that_is_wrong(fault: str) -> None:
+    """A recv shortcut that corrupts what it received, or returns another sender, is caught at
+    every message (each takes it); without the fault nothing is."""
+
+    def body() -> tuple[list[Any], list[Any]]:
+        comm: Any = distcomm.get_communicator()
+        plain = PlainMessages(comm)
+        setattr(plain, fault, True)
+        wrong = message_rings(comm)
+        setattr(plain, fault, False)
+        return wrong, message_rings(comm)
+
+    what = "data" if fault == "spoil" else "returned"
+    caught = {
+        (lib, dtype, tag, a) for lib, dtype in MESSAGE_KINDS for tag in TAGS for a in (False, True)
+    }
+    for r, (wrong, after) in enumerate(run_threads(body, 3)):
+        assert {w[:4] for w in wrong} == caught, f"rank {r}: caught {len(wrong)}"
+        assert all(w[4].startswith(what) for w in wrong), f"rank {r}: {wrong[:3]}"
+        assert after == [], f"rank {r}: {after}"
+
+
+def _bad_messages(comm: Any) -> dict[str, Callable[[], Any]]:
+    """Messages the pipeline refuses (``True`` is rank 1's equal), their data unlike any good
+    one's."""
+    n, peer = comm.world_size, (comm.rank + 1) % comm.world_size
+    x = np.full(K, -7, np.int64)
+    return {
+        "send: dst=world_size": lambda: comm.send(x, n),
+        "send: dst=-1": lambda: comm.send(x, -1),
+        "send: dst=True": lambda: comm.send(x, True),
+        "send: dst=1.0": lambda: comm.send(x, 1.0),
+        "send: tag=-1": lambda: comm.send(x, peer, -1),
+        "send: tag=True": lambda: comm.send(x, peer, True),
+        "send: tag=2**30": lambda: comm.send(x, peer, 2**30),
+        "recv: src=world_size": lambda: comm.recv(x, n),
+        "recv: src=True": lambda: comm.recv(x, True),
+        "recv: tag=-1": lambda: comm.recv(x, None, -1),
+        "recv: tag=2**30": lambda: comm.recv(x, peer, 2**30),
+    }
+
+
+def test_bad_messages_never_reach_the_shortcuts_and_send_nothing() -> None:
+    """Bad ranks and tags raise the pipeline's InvalidArgumentError and never reach a shortcut;
+    the mark stays clear; a ring after them on tag 0 gets the good messages (a bad one sent
+    would be received instead)."""
+
+    def body() -> tuple[dict[str, str], list[Any]]:
+        comm: Any = distcomm.get_communicator()
+        plain = PlainMessages(comm)
+        outcomes = {}
+        for what, call in _bad_messages(comm).items():
+            reached = len(plain.taken) + len(plain.refused)
+            try:
+                call()
+                outcomes[what] = "no error"
+            except InvalidArgumentError:
+                outcomes[what] = "refused"
+            if len(plain.taken) + len(plain.refused) != reached:
+                outcomes[what] += ", shortcut reached"
+            if (comm.blocked_seq, comm.blocked_op) != (0, ""):
+                outcomes[what] += f", blocked in {comm.blocked_op!r}"
+        return outcomes, message_ring(comm, ("numpy", "int64"), 0, 1, False)
+
+    for r, (outcomes, wrong) in enumerate(run_threads(body, 3)):
+        assert outcomes == dict.fromkeys(outcomes, "refused"), f"rank {r}: {outcomes}"
+        assert wrong == [], f"rank {r}: after the bad messages, {wrong}"
+
+
+def test_a_false_or_none_answer_leaves_the_message_to_the_pipeline() -> None:
+    """Shortcuts that decline every message (False, None, having sent nothing) are reached by
+    each with its peer and tag; the pipeline then moves it: right data and sender, mark
+    cleared. A strided view is declined by the shortcut itself, alike."""
+
+    def body() -> tuple[list[Any], list[Any], list[Any], list[str]]:
+        comm: Any = distcomm.get_communicator()
+        plain = PlainMessages(comm, refuse=True)
+        wrong = message_rings(comm)
+        plain.refuse = False
+        refused, plain.refused = plain.refused, []
+        n, r = comm.world_size, comm.rank
+        holder = np.full(2 * K, 99, np.int64)
+        comm.send(values("int64", r, 0, 2 * K)[::2], (r + 1) % n, 3)
+        got = comm.recv(holder[::2], None, 3)
+        want = np.stack([values("int64", (r - 1) % n, 0, 2 * K)[::2], np.full(K, 99)], 1)
+        strided = [] if got == (r - 1) % n and np.array_equal(holder, want.ravel()) else [got]
+        return wrong, refused, plain.refused, strided
+
+    n = 3
+    for r, (wrong, refused, declined, strided) in enumerate(run_threads(body, n)):
+        assert wrong == [], f"rank {r}: {wrong}"
+        want = []
+        for _kind in MESSAGE_KINDS:
+            for tag in TAGS:
+                for src in ((r - 1) % n, None):
+                    want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
+        assert refused == want, f"rank {r}: {refused[:4]}..."
+        assert declined == [("send", (r + 1) % n, 3), ("recv", None, 3)], f"rank {r}: {declined}"
+        assert strided == [], f"rank {r}: a strided message went wrong: {strided}"
+
+
+def test_a_shortcuts_errors_become_distcomms_and_the_mark_is_cleared() -> None:
+    """Rank 0 receives from rank 1, which never sends: the wait inside the shortcut ends in
+    distcomm's DistTimeoutError (the fabric sees the stall; its Work names the message). On
+    rank 1 an engine's exception (one of ``engine_errors``) raised by a send shortcut becomes
+    EngineError naming the message. Both leave the mark clear and retire the communicator."""
+
+    def body() -> tuple[str, str, tuple[int, str], str | None]:
+        comm: Any = distcomm.get_communicator()
+        PlainMessages(comm)
+        try:
+            if comm.rank == 0:
+                comm.recv(np.zeros(K), 1, 9)
+            else:
+                comm.engine_errors = (OSError,)
+
+                def broken(tensor: Any, dst: int, tag: int) -> bool:
+                    raise OSError("link down")
+
+                comm._send_plain = broken
+                comm.send(np.zeros(K), 0, 4)
+            error, message = "no error", ""
+        except (DistTimeoutError, EngineError) as exc:
+            error, message = type(exc).__name__, str(exc)
+        return error, message, (comm.blocked_seq, comm.blocked_op), comm.unusable
+
+    (error0, message0, mark0, unusable0), (error1, message1, mark1, unusable1) = run_threads(
+        body, 2
+    )
+    assert error0 == "DistTimeoutError", message0
+    assert "no message from rank 1 with tag 9 arrived" in message0, message0  # fakelink's Work
+    assert error1 == "EngineError", message1
+    assert "send to rank 0 (tag 4)" in message1 and "link down" in message1, message1
+    assert mark0 == mark1 == (0, ""), (mark0, mark1)
+    assert unusable0 is not None and unusable1 is not None, (unusable0, unusable1)

@@ -14,6 +14,12 @@ them). As a careless user would call them:
 - groups made by ``split`` and ``new_group``;
 - a mismatch between check points named at the next one (seq 1088), on every rank;
 - hooks see every call: the shortcuts are bypassed while hooks are registered.
+
+And the shortcuts of blocking messages (``_send_plain``, ``_recv_plain``, counted alike): rings
+of numpy arrays and torch tensors of five dtypes on three tags (the largest this MPI takes), from
+a given rank and from any rank (the sender returned), taken every time with the right data, the
+check shown to catch a wrong shortcut; strided views through the pipeline; bad ranks and tags
+refused by the pipeline alike on every rank, sending nothing; a group of split.
 """
 
 from __future__ import annotations
@@ -561,3 +567,241 @@ def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> No
     _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
     again = {op: counted.taken[op] - taken[op] for op in OPS}
     assert again == dict.fromkeys(OPS, STEPS), f"after the hooks, shortcuts taken {again}"
+
+
+# -- blocking messages ---------------------------------------------------------------------------
+MESSAGES = {"send": "_send_plain", "recv": "_recv_plain"}
+
+
+class CountedMessages:
+    """Counting wrappers on a communicator's ``_send_plain`` and ``_recv_plain`` (instance
+    attributes, which the kit reads): the calls that reached each and those it took (send:
+    True; recv: a sender's rank). ``spoil``, when set, corrupts what a taken recv wrote;
+    ``refuse`` makes both decline (False, None) without asking MPI."""
+
+    def __init__(self, comm: Any) -> None:
+        self.calls = dict.fromkeys(MESSAGES, 0)
+        self.taken = dict.fromkeys(MESSAGES, 0)
+        self.spoil: Callable[[Any], None] | None = None
+        self.refuse = False
+        for way, name in MESSAGES.items():
+            setattr(comm, name, self._wrap(way, getattr(comm, name)))
+
+    def _wrap(self, way: str, plain: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(tensor: Any, peer: Any, tag: int) -> Any:
+            self.calls[way] += 1
+            said = (None if way == "recv" else False) if self.refuse else plain(tensor, peer, tag)
+            took = said is not None and said is not False
+            self.taken[way] += took
+            if took and way == "recv" and self.spoil is not None:
+                self.spoil(tensor)
+            return said
+
+        return counted
+
+
+@pytest.fixture
+def peers(world: Communicator) -> Iterator[Any]:
+    """A new group of every rank (its shortcuts wrapped by the tests, not the world's)."""
+    made: Any = distcomm.new_group(range(world.world_size))
+    yield made
+    made.finalize()
+
+
+def tags(group: Any) -> tuple[int, ...]:
+    """Three tags: 0, a small one, the largest this MPI takes from users (below MPI_TAG_UB)."""
+    return (0, 5, min(2**30, group._tag_ub) - 1)
+
+
+def ring(
+    group: Any, lib: str, dtype: str, tag: int, step: int, any_source: bool, place: Place = as_is
+) -> list[str]:
+    """Every rank sends to the next rank and receives from the one before (even ranks send
+    first, odd ones receive first: no rank waits on itself), from that rank or from any rank,
+    the arrays placed by ``place``; what went wrong (the data, the sender returned, the
+    elements between a strided view's, the "blocked in" mark left set)."""
+    n, r = group.world_size, group.rank
+    nxt, prev = (r + 1) % n, (r - 1) % n
+    _, x = place(lib, values(dtype, r, step))
+    held, out = place(lib, np.zeros(K, dtype))
+    got: list[Any] = []
+
+    def send() -> None:
+        group.send(x, nxt, tag)
+
+    def recv() -> None:
+        got.append(group.recv(out, None if any_source else prev, tag))
+
+    for call in (send, recv) if r % 2 == 0 else (recv, send):
+        call()
+    wrong = []
+    if not np.array_equal(np.asarray(out), values(dtype, prev, step)):
+        wrong.append(f"data {np.asarray(out).tolist()}")
+    if got != [prev]:
+        wrong.append(f"returned {got}, the sender is {prev}")
+    if not _untouched(held, out):
+        wrong.append("a strided view's holder changed")
+    if (group.blocked_seq, group.blocked_op) != (0, ""):
+        wrong.append(f"blocked in {group.blocked_op!r} ({group.blocked_seq})")
+    return wrong
+
+
+def rings(group: Any, libs: tuple[str, ...] = LIBS, dtypes: tuple[str, ...] = DTYPES) -> list[Any]:
+    """:func:`ring` for every library, dtype, tag and way of receiving; the ones that went
+    wrong, (lib, dtype, tag, from any rank, step, what)."""
+    wrong = []
+    step = 0
+    for lib in libs:
+        for dtype in dtypes:
+            for tag in tags(group):
+                for any_source in (False, True):
+                    step += 1
+                    for what in ring(group, lib, dtype, tag, step, any_source):
+                        wrong.append((lib, dtype, tag, any_source, step, what))
+    return wrong
+
+
+@pytest.mark.mpi(min_size=2)
+def test_messages_in_a_ring_take_the_shortcuts_and_are_right(peers: Any) -> None:
+    """Blocking send and recv of numpy arrays and torch tensors, five dtypes, three tags, from
+    the rank before and from any rank: every message takes its shortcut (no check points for
+    messages), with the right data and sender, and the mark cleared after each."""
+    counted = CountedMessages(peers)
+    wrong = rings(peers)
+    messages = len(LIBS) * len(DTYPES) * 3 * 2
+    assert not wrong, f"rank {peers.rank}: {wrong}"
+    want = dict.fromkeys(MESSAGES, messages)
+    assert counted.calls == want, f"rank {peers.rank}: reached {counted.calls}, want {want}"
+    assert counted.taken == want, f"rank {peers.rank}: taken {counted.taken}, want {want}"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_message_check_catches_a_recv_shortcut_that_writes_wrong_data(peers: Any) -> None:
+    """A recv shortcut that corrupts one element of what it received is caught at exactly the
+    messages that took it (every one), and nowhere once it is gone."""
+    counted = CountedMessages(peers)
+
+    def spoil(target: Any) -> None:
+        target[0] += 1
+
+    counted.spoil = spoil
+    wrong = rings(peers, dtypes=("float32", "int64"))
+    spoiled = {(lib, dtype, tag, any_source) for lib, dtype, tag, any_source, *_ in wrong}
+    want = {
+        (lib, dtype, tag, any_source)
+        for lib in LIBS
+        for dtype in ("float32", "int64")
+        for tag in tags(peers)
+        for any_source in (False, True)
+    }
+    assert spoiled == want, f"rank {peers.rank}: caught {sorted(spoiled)}"
+    assert all(what.startswith("data ") for *_, what in wrong), wrong
+    counted.spoil = None
+    assert not rings(peers, dtypes=("float32",)), "wrong without the spoiling"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_declined_messages_go_through_the_pipeline_and_the_count_says_so(peers: Any) -> None:
+    """Shortcuts that decline every message (False, None, having sent nothing) are reached by
+    each; the pipeline moves them, right, and the count of those taken, 0, tells them from the
+    shortcuts' (the count check above fails for them)."""
+    counted = CountedMessages(peers)
+    counted.refuse = True
+    wrong = rings(peers, dtypes=("float32", "int8"))
+    messages = len(LIBS) * 2 * 3 * 2
+    assert not wrong, f"rank {peers.rank}: {wrong}"
+    assert counted.calls == dict.fromkeys(MESSAGES, messages), f"reached {counted.calls}"
+    assert counted.taken == dict.fromkeys(MESSAGES, 0), f"taken {counted.taken}"
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("lib", LIBS)
+def test_strided_messages_go_through_the_pipeline_and_are_right(peers: Any, lib: str) -> None:
+    """A strided view sent, and received into (the elements between kept): each shortcut is
+    asked and says no, having sent nothing; the pipeline moves the right data."""
+    counted = CountedMessages(peers)
+    wrong = [
+        (tag, any_source, what)
+        for step, tag in enumerate(tags(peers))
+        for any_source in (False, True)
+        for what in ring(peers, lib, "float32", tag, step, any_source, spread)
+    ]
+    assert not wrong, f"rank {peers.rank}: strided messages {wrong}"
+    assert counted.calls == dict.fromkeys(MESSAGES, 6), f"reached {counted.calls}"
+    assert counted.taken == dict.fromkeys(MESSAGES, 0), f"taken {counted.taken}"
+
+
+def _bad_messages(group: Any, lib: str) -> dict[str, Callable[[], Any]]:
+    """Messages the pipeline refuses (``True`` is rank 1's equal; MPI_TAG_UB is the backend's
+    own), their data unlike any good message's."""
+    n, peer = group.world_size, (group.rank + 1) % group.world_size
+    x = make(lib, np.full(K, -7, np.float32))
+    big = group._tag_ub
+    return {
+        "send: dst=world_size": lambda: group.send(x, n),
+        "send: dst=-1": lambda: group.send(x, -1),
+        "send: dst=True": lambda: group.send(x, True),
+        "send: tag=-1": lambda: group.send(x, peer, -1),
+        "send: tag=True": lambda: group.send(x, peer, True),
+        "send: tag=2**30": lambda: group.send(x, peer, 2**30),
+        "send: tag=MPI_TAG_UB": lambda: group.send(x, peer, big),
+        "recv: src=world_size": lambda: group.recv(x, n),
+        "recv: src=True": lambda: group.recv(x, True),
+        "recv: tag=-1": lambda: group.recv(x, None, -1),
+        "recv: tag=2**30": lambda: group.recv(x, peer, 2**30),
+        "recv: tag=MPI_TAG_UB": lambda: group.recv(x, None, big),
+    }
+
+
+@pytest.mark.parametrize("lib", LIBS)
+def test_bad_messages_are_refused_alike_on_every_rank_and_send_nothing(
+    peers: Any, lib: str
+) -> None:
+    """Bad ranks and tags raise the pipeline's InvalidArgumentError on every rank and take no
+    shortcut (one asked about a tag this MPI lacks says no); a ring after them, on tag 0,
+    receives the good messages (a bad one sent would be received instead)."""
+    counted = CountedMessages(peers)
+    n = peers.world_size
+    if n > 1:
+        rings(peers, libs=(lib,), dtypes=("float32",))  # the shortcuts in use
+    outcomes = {}
+    for what, call in _bad_messages(peers, lib).items():
+        taken = dict(counted.taken)
+        try:
+            call()
+            outcomes[what] = "no error"
+        except InvalidArgumentError:
+            outcomes[what] = "InvalidArgumentError"
+        except Exception as exc:
+            outcomes[what] = f"{type(exc).__name__}: {exc}"
+        if counted.taken != taken:
+            outcomes[what] += ", shortcut taken"
+        if (peers.blocked_seq, peers.blocked_op) != (0, ""):
+            outcomes[what] += f", blocked in {peers.blocked_op!r}"
+    wrong = (
+        [w for step in (90, 91) for w in ring(peers, lib, "int64", 0, step, False)] if n > 1 else []
+    )
+    everyone = peers.all_gather_object(outcomes)
+    bad = {k: v for k, v in outcomes.items() if v != "InvalidArgumentError"}
+    assert not bad, f"rank {peers.rank}: {bad}"
+    assert all(o == outcomes for o in everyone), f"the ranks differ: {everyone}"
+    assert not wrong, f"rank {peers.rank}: after the bad messages, {wrong}"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_messages_on_a_group_of_split_use_its_ranks(world: Communicator) -> None:
+    """A group of split in reverse order (by parity on 4 ranks: two groups of 2), whose ranks
+    are not the world's: rings take the shortcuts, with the group's ranks as peers and as the
+    sender returned."""
+    n, r = world.world_size, world.rank
+    group: Any = world.split(r % 2 if n >= 4 else 0, key=-r)
+    try:
+        counted = CountedMessages(group)
+        wrong = rings(group, dtypes=("float32", "int8"))
+        ranks = (group.rank, group.world_size, list(group.global_ranks))
+    finally:
+        group.finalize()
+    messages = len(LIBS) * 2 * 3 * 2
+    assert not wrong, f"rank {r} ({ranks}): {wrong}"
+    assert counted.taken == dict.fromkeys(MESSAGES, messages), counted.taken
+    assert ranks[2] == sorted(ranks[2], reverse=True), ranks

@@ -277,6 +277,7 @@ class TorchCommunicator(BaseCommunicator):
         self._pg_gather = getattr(pg, "all_gather_single", None) or pg._allgather_base
         self._pg_scatter = getattr(pg, "reduce_scatter_single", None) or pg._reduce_scatter_base
         self._pg_all_to_all = getattr(pg, "all_to_all_single", None) or pg.alltoall_base
+        self._pg_send, self._pg_recv, self._pg_recv_any = pg.send, pg.recv, pg.recv_anysource
         self._opts_sum = _options(AllreduceOptions, reduceOp=_SUM)
         self._opts_gather = _options(AllgatherOptions)
         self._opts_scatter = _options(ReduceScatterOptions, reduceOp=_SUM)
@@ -285,6 +286,11 @@ class TorchCommunicator(BaseCommunicator):
         self._plain_moved = _torch_dtypes(self._kit_native_dtypes)
         self._plain_summed = _torch_dtypes(self._kit_direct_dtypes)  # not bool: its SUM is OR
         self._plain_cpu = "cpu" in self.devices
+        #: The messages' shortcuts move CPU memory only (gloo's): NCCL's messages, on the
+        #: group's streams, go through the pipeline. Group ranks found at the first message.
+        self._plain_any_source = self.capabilities.any_source
+        self._plain_peers: list[int] = []  # this communicator's rank r is torch's peers[r]
+        self._plain_senders: dict[int, int] = {}  # and back
 
     @property
     def native(self) -> Any:
@@ -443,6 +449,42 @@ class TorchCommunicator(BaseCommunicator):
             return False
         return self._plain_run(self._pg_all_to_all, *pair, _EVEN, _EVEN, self._opts_all_to_all)
 
+    # Blocking messages (distcomm.backend._pipeline.p2p): the kit has checked the rank and the
+    # tag. The group's own send, recv or recv_anysource runs, and torch's Work is waited for as
+    # the pipeline's TorchWork is (:meth:`_plain_message`).
+    def _send_plain(self, tensor: Any, dst: int, tag: int) -> bool:
+        t = self._plain_of(tensor, self._plain_moved) if self._plain_cpu else None
+        if t is None:
+            return False
+        peers = self._plain_peers or self._plain_ranks()
+        self._plain_message(self._pg_send, ([t], peers[dst], tag), "send to", dst, tag)
+        return True
+
+    def _recv_plain(self, tensor: Any, src: int | None, tag: int) -> int | None:
+        t = self._plain_of(tensor, self._plain_moved) if self._plain_cpu else None
+        if t is None:
+            return None
+        peers = self._plain_peers or self._plain_ranks()
+        if src is not None:
+            self._plain_message(self._pg_recv, ([t], peers[src], tag), "recv from", src, tag)
+            return src
+        if not self._plain_any_source:  # the pipeline refuses it, saying why
+            return None
+        work = self._plain_message(self._pg_recv_any, ([t], tag), "recv from", None, tag)
+        return self._plain_senders[int(work._source_rank())]
+
+    def _plain_ranks(self) -> list[int]:
+        """Torch's group rank of each rank of this communicator, found once (the inverse in
+        ``_plain_senders``), as the pipeline's ``dist.isend`` / ``TorchWork.source`` map them."""
+        pg = self.native
+        if self._group is None:
+            peers = list(self.global_ranks)
+        else:
+            peers = [dist.get_group_rank(pg, g) for g in self.global_ranks]
+        self._plain_senders = {p: r for r, p in enumerate(peers)}
+        self._plain_peers = peers
+        return peers
+
     def _plain_of(self, x: Any, dtypes: frozenset[torch.dtype]) -> Any:
         """``x`` as the tensor torch moves, if torch takes it as it is: a torch tensor (that
         class exactly) or a numpy array (a view of its memory, as :func:`as_torch` makes),
@@ -501,6 +543,26 @@ class TorchCommunicator(BaseCommunicator):
                 raise self.engine_failed(self.op, self.seq, exc) from exc
             raise
         return True
+
+    def _plain_message(
+        self, start: Callable[..., Any], args: tuple[Any, ...], way: str, peer: Any, tag: int
+    ) -> Any:
+        """``start(*args)``, a message of the group, waited for as :meth:`_plain_run` waits
+        for a collective (the group's timeout, as :meth:`TorchWork._block`); its Work. torch's
+        errors become distcomm's naming the message as the pipeline's Work names it (``way``
+        "send to" or "recv from" rank ``peer``, None: any rank, with ``tag``): a timeout the
+        communicator's DistTimeoutError, another failure EngineError; the tensors of a message
+        that did not complete are kept."""
+        try:
+            work = start(*args)
+            work.wait()
+        except BaseException as exc:  # a Ctrl-C too, as BaseWork.wait
+            retained().append(args)
+            if isinstance(exc, RuntimeError):
+                sender = "any rank" if peer is None else f"rank {peer}"
+                raise self.engine_failed(f"{way} {sender} (tag {tag})", None, exc) from exc
+            raise
+        return work
 
     # -- primitives ---------------------------------------------------------------------------
     # torch is always called with async_op=True: a blocking call would wait with torch's own

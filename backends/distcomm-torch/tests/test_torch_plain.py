@@ -8,8 +8,13 @@ the instance), and checks every result: runs of one op and interleaved ops, nump
 torch tensors of float32, int64 and float64. Arrays the engine does not take as they are (not
 contiguous, overlapping, a dtype gloo lacks), a wrong-size output and a bool root go through the
 pipeline.
+Blocking messages alike (``_send_plain``, ``_recv_plain``, counted the same way): ping-pongs of
+numpy arrays and torch tensors of five dtypes on three tags, rank 0 receiving from any rank;
+strided views and int16 through the pipeline; bad ranks and tags refused by the pipeline,
+sending nothing; a group of split whose ranks are not the world's.
 Last, rank 1 skips an all_reduce: rank 0's shortcut ends in distcomm's DistTimeoutError naming
-rank 1, not in torch's error and not in a hang.
+rank 1, not in torch's error and not in a hang; in a run of its own, rank 0's recv from rank 1,
+which never sends, ends the same way.
 """
 
 from __future__ import annotations
@@ -42,8 +47,13 @@ PLAIN = {
     "reduce_scatter_tensor": "_reduce_scatter_plain",
     "all_to_all_single": "_all_to_all_plain",
 }
+#: The shortcuts of blocking messages.
+MESSAGES = {"send": "_send_plain", "recv": "_recv_plain"}
 LIBS = ("numpy", "torch")
 DTYPES = ("float32", "int64", "float64")
+#: The dtypes of the messages (gloo moves them all as they are), and their tags.
+MESSAGE_DTYPES = ("float32", "int64", "float64", "uint8", "bool")
+TAGS = (0, 7, 2**30 - 1)
 #: Calls in each run of one kind of call.
 RUN = 4
 #: The collectives checked first, where no shortcut is asked (agreement.SAMPLED_FIRST).
@@ -58,7 +68,7 @@ class Ledger:
 
     def __init__(self, comm: Any) -> None:
         self.said: list[tuple[str, Any]] = []
-        for name in PLAIN.values():
+        for name in (*PLAIN.values(), *MESSAGES.values()):
             setattr(comm, name, self._counted(name, getattr(comm, name)))
 
     def _counted(self, name: str, plain: Callable[..., bool]) -> Callable[..., bool]:
@@ -242,6 +252,135 @@ class Program:
         return found
 
 
+def payload(dtype: str, sender: int, i: int) -> np.ndarray:
+    """What rank ``sender`` sends in message ``i``: sender-dependent (bools mixed)."""
+    return ((np.arange(5) * 3 + 10 * sender + i) % 7).astype(dtype)
+
+
+def spread(lib: str, values: np.ndarray) -> tuple[Any, Any]:
+    """``values`` as every other element (a strided view) of an array twice its size, 99
+    between: (the whole array, the view)."""
+    holder = np.full(2 * values.size, 99, values.dtype)
+    holder[::2] = values
+    whole = array(lib, holder)
+    return whole, whole[::2]
+
+
+def as_is(lib: str, values: np.ndarray) -> tuple[Any, Any]:
+    made = array(lib, values)
+    return made, made
+
+
+class Messages:
+    """Blocking messages between ranks 0 and 1 of ``comm``, whose ``_send_plain`` and
+    ``_recv_plain`` ``ledger`` counts; each result a dict (:meth:`checked`)."""
+
+    def __init__(self, comm: Any, ledger: Ledger) -> None:
+        self.comm, self.ledger = comm, ledger
+
+    def checked(
+        self, label: str, call: Call, got: Any = None, want: Any = None, source: Any = None
+    ) -> dict[str, Any]:
+        """Run ``call``: what the shortcuts said, whether ``got`` holds ``want`` (a strided
+        view's holder: the elements between kept), what it returned against ``source``, its
+        distcomm error, and the "blocked in" mark after it."""
+        start, error, returned = len(self.ledger.said), None, None
+        try:
+            returned = call()
+        except distcomm.DistcommError as exc:
+            error = type(exc).__name__
+        right = want is None or bool(np.array_equal(host(got), want))
+        return {
+            "label": label,
+            "said": self.ledger.said[start:],
+            "right": right,
+            "got": None if got is None else host(got).tolist(),
+            "want": None if want is None else np.asarray(want).tolist(),
+            "returned": returned,
+            "source": source,
+            "error": error,
+            "blocked": (self.comm.blocked_seq, self.comm.blocked_op),
+        }
+
+    def ping(
+        self, label: str, lib: str, dtype: str, tag: int, i: int, place: Any = as_is
+    ) -> list[dict[str, Any]]:
+        """Rank 0 sends to rank 1, which receives from rank 0, then sends back; rank 0 receives
+        from any rank. Arrays placed by ``place`` (the received one's holder is checked)."""
+        comm, rank = self.comm, self.comm.rank
+        peer = 1 - rank
+        x = place(lib, payload(dtype, rank, i))[1]
+        theirs = payload(dtype, peer, i)
+        holder, out = place(lib, np.zeros_like(theirs))
+        want = theirs if holder is out else np.stack([theirs, np.full_like(theirs, 99)], 1).ravel()
+        send = functools.partial(
+            self.checked, f"{label} send", functools.partial(comm.send, x, peer, tag)
+        )
+        src = None if rank == 0 else 0
+        recv = functools.partial(
+            self.checked,
+            f"{label} recv",
+            functools.partial(comm.recv, out, src, tag),
+            holder,
+            want,
+            peer,
+        )
+        return [send(), recv()] if rank == 0 else [recv(), send()]
+
+    def plain(self) -> list[dict[str, Any]]:
+        """Ping-pongs of every library, dtype and tag: the shortcuts take them all."""
+        done = []
+        for lib in LIBS:
+            for dtype in MESSAGE_DTYPES:
+                for i, tag in enumerate(TAGS):
+                    done += self.ping(f"{lib} {dtype} tag {tag}", lib, dtype, tag, i)
+        return done
+
+    def not_plain(self) -> list[dict[str, Any]]:
+        """Strided views (sent, received into) and int16 (gloo moves none): the shortcuts say
+        no, the pipeline moves them."""
+        done = []
+        for lib in LIBS:
+            done += self.ping(f"{lib} strided", lib, "float32", 3, 1, spread)
+            done += self.ping(f"{lib} int16", lib, "int16", 3, 2)
+        return done
+
+    def refused(self) -> list[dict[str, Any]]:
+        """Bad ranks and tags (``True`` is rank 1's equal): the pipeline's InvalidArgumentError,
+        no shortcut asked; then a ping-pong on tag 0 gets its own data (nothing was sent)."""
+        comm, peer = self.comm, 1 - self.comm.rank
+        bad = np.full(5, -1.0, np.float32)
+        calls = {
+            "send: dst=2": functools.partial(comm.send, bad, 2),
+            "send: dst=-1": functools.partial(comm.send, bad, -1),
+            "send: dst=True": functools.partial(comm.send, bad, True),
+            "send: tag=-1": functools.partial(comm.send, bad, peer, -1),
+            "send: tag=2**30": functools.partial(comm.send, bad, peer, 2**30),
+            "recv: src=2": functools.partial(comm.recv, bad, 2),
+            "recv: src=True": functools.partial(comm.recv, bad, True),
+            "recv: tag=-1": functools.partial(comm.recv, bad, peer, -1),
+            "recv: tag=2**30": functools.partial(comm.recv, bad, None, 2**30),
+        }
+        done = [self.checked(label, call) for label, call in calls.items()]
+        return done + self.ping("after", "numpy", "float32", 0, 4)
+
+
+def message_program(comm: Any, ledger: Ledger) -> dict[str, Any]:
+    """The messages' checks on ``comm`` (the world, then a group of split whose rank 0 is the
+    world's rank 1)."""
+    m = Messages(comm, ledger)
+    found: dict[str, Any] = {"plain": m.plain(), "not plain": m.not_plain()}
+    found["refused"] = m.refused()
+    group = comm.split(0, key=-comm.rank)
+    try:
+        g = Messages(group, Ledger(group))
+        found["group"] = g.ping("group", "torch", "float32", 5, 3) + g.plain()[:10]
+        found["group ranks"] = (group.rank, list(group.global_ranks))
+    finally:
+        group.finalize()
+    return found
+
+
 def program(workdir: str) -> dict[str, Any]:
     """Every check, in order, on one rank (module docstring)."""
     p = Program()
@@ -254,8 +393,36 @@ def program(workdir: str) -> dict[str, Any]:
         "not plain": p.not_plain(),
         "refused": p.refused(),
         "last seq": p.comm.seq,
+        "messages": message_program(p.comm, p.ledger),
         "skipped": p.skipped(Path(workdir) / "rank-0-timed-out"),
     }
+
+
+def never_sent(workdir: str) -> dict[str, Any]:
+    """A ping-pong (the shortcuts taken), then rank 0 receives from rank 1, which never sends:
+    it waits for rank 0's error (``signal``), then finalizes (rank 0, retired, never votes)."""
+    comm: Any = distcomm.get_communicator()
+    ledger = Ledger(comm)
+    found: dict[str, Any] = {"ping": Messages(comm, ledger).ping("ping", "numpy", "int64", 3, 0)}
+    signal = Path(workdir) / "rank-0-timed-out"
+    if comm.rank == 1:
+        deadline = time.monotonic() + 6 * TIMEOUT
+        while not signal.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found["signalled"] = signal.exists()
+        with contextlib.suppress(distcomm.DistcommError):
+            distcomm.finalize()
+        return found
+    start, began = len(ledger.said), time.monotonic()
+    try:
+        comm.recv(np.zeros(3), 1, 3)
+    except Exception as exc:  # which one is the point
+        found.update(error=type(exc).__name__, message=str(exc), op=getattr(exc, "op", None))
+        found.update(seq=getattr(exc, "seq", None), cause=type(exc.__cause__).__name__)
+    found.update(elapsed=time.monotonic() - began, said=ledger.said[start:])
+    found.update(unusable=comm.unusable, blocked=(comm.blocked_seq, comm.blocked_op))
+    signal.touch()
+    return found
 
 
 # -- the tests ----------------------------------------------------------------------------------
@@ -269,6 +436,18 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
                 env.delenv(name)
         env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
         return spawn(program, 2, str(workdir), backend="gloo", timeout=120)
+
+
+@pytest.fixture(scope="module")
+def silent(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """:func:`never_sent`'s results on ranks 0 and 1 (a run of its own)."""
+    workdir = tmp_path_factory.mktemp("silent")
+    with pytest.MonkeyPatch.context() as env:
+        for name in list(os.environ):
+            if name.startswith("DISTCOMM_"):
+                env.delenv(name)
+        env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
+        return spawn(never_sent, 2, str(workdir), backend="gloo", timeout=60)
 
 
 def said(check: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -367,4 +546,103 @@ def test_a_skipped_all_reduce_past_the_check_points_times_out_in_the_shortcut(
     assert "ranks that had not arrived: [1]" in message, message
     assert timed_out["unusable"] == f"all_reduce (operation #{seq}) timed out after {TIMEOUT} s"
     # the timeout, then a few monitor ticks to read the ranks' progress and ask where rank 1 is
+    assert timed_out["elapsed"] < TIMEOUT + 4, f"rank 0 waited {timed_out['elapsed']:.1f} s"
+
+
+# -- messages -----------------------------------------------------------------------------------
+def message_problems(checks: list[dict[str, Any]]) -> list[str]:
+    """What went wrong in message ``checks``: a wrong result, a receive that returned another
+    sender, a distcomm error, or a "blocked in" mark left set."""
+    found = []
+    for c in checks:
+        if not c["right"]:
+            found.append(f"{c['label']}: got {c['got']}, expected {c['want']}")
+        if c["label"].endswith("recv") and c["returned"] != c["source"]:
+            found.append(f"{c['label']}: returned {c['returned']}, the sender is {c['source']}")
+        if c["error"] is not None:
+            found.append(f"{c['label']}: {c['error']}")
+        if tuple(c["blocked"]) != (0, ""):
+            found.append(f"{c['label']}: still marked blocked in {c['blocked']}")
+    return found
+
+
+def took(check: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the shortcut of ``check``'s message says when it takes it: True, the sender."""
+    if check["label"].endswith("send"):
+        return [("_send_plain", True)]
+    return [("_recv_plain", check["source"])]
+
+
+def test_messages_take_the_shortcuts_with_right_results(ranks: list[dict[str, Any]]) -> None:
+    """Every ping-pong of numpy and torch, five dtypes, three tags (the largest a user's) takes
+    the shortcuts from the first message (no check points for messages): the right data, rank
+    0's receive from any rank returns 1, and the mark is cleared after each."""
+    for rank, seen in enumerate(ranks):
+        checks = seen["messages"]["plain"]
+        assert len(checks) == 2 * len(LIBS) * len(MESSAGE_DTYPES) * len(TAGS)
+        assert message_problems(checks) == [], f"rank {rank}"
+        for check in checks:
+            assert said(check) == took(check), f"rank {rank}: {check['label']}: {said(check)}"
+
+
+def test_messages_gloo_does_not_take_as_they_are_go_through_the_pipeline(
+    ranks: list[dict[str, Any]],
+) -> None:
+    """Strided views (the elements between kept) and int16: each shortcut asked once says no
+    (False, None), having sent nothing, and the pipeline's result is right."""
+    for rank, seen in enumerate(ranks):
+        checks = seen["messages"]["not plain"]
+        assert message_problems(checks) == [], f"rank {rank}"
+        for check in checks:
+            name = took(check)[0][0]
+            declined = [(name, False if name == "_send_plain" else None)]
+            assert said(check) == declined, f"rank {rank}: {check['label']}: {said(check)}"
+
+
+def test_bad_messages_get_the_pipelines_error_and_send_nothing(
+    ranks: list[dict[str, Any]],
+) -> None:
+    for rank, seen in enumerate(ranks):
+        checks = list(seen["messages"]["refused"])
+        after = checks[-2:]
+        for check in checks[:-2]:
+            assert check["error"] == "InvalidArgumentError", f"rank {rank}: {check}"
+            assert said(check) == [], f"rank {rank}: {check['label']} asked {said(check)}"
+            assert tuple(check["blocked"]) == (0, ""), f"rank {rank}: {check}"
+        # a bad message sent after all would be received here instead of the peer's data
+        assert message_problems(after) == [], f"rank {rank}"
+        assert [said(c) for c in after] == [took(c) for c in after], f"rank {rank}: {after}"
+
+
+def test_messages_on_a_group_of_split_use_its_ranks(ranks: list[dict[str, Any]]) -> None:
+    """In a group of split whose order is the world's reversed, ranks and the sender returned
+    are the group's; the shortcuts take every message."""
+    for rank, seen in enumerate(ranks):
+        assert seen["messages"]["group ranks"] == (1 - rank, [1, 0]), f"rank {rank}"
+        checks = seen["messages"]["group"]
+        assert message_problems(checks) == [], f"rank {rank}"
+        for check in checks:
+            assert said(check) == took(check), f"rank {rank}: {check['label']}: {said(check)}"
+
+
+def test_a_recv_whose_sender_never_sends_times_out_in_the_shortcut(
+    silent: list[dict[str, Any]],
+) -> None:
+    """Rank 0's recv from rank 1, which never sends: after the world's timeout, distcomm's
+    DistTimeoutError naming the message and rank 1 (torch's error its cause), raised in the
+    shortcut, not torch's error nor a hang; the world is retired and the mark cleared."""
+    timed_out, quiet = silent
+    assert quiet["signalled"], "rank 0 never said it was done"
+    for rank, seen in enumerate(silent):
+        assert message_problems(seen["ping"]) == [], f"rank {rank}"
+        assert [said(c) for c in seen["ping"]] == [took(c) for c in seen["ping"]], rank
+    message = timed_out.get("message", "")
+    assert timed_out.get("error") == "DistTimeoutError", timed_out
+    assert said(timed_out) == [("_recv_plain", "raised")], "not in the shortcut"
+    assert (timed_out["op"], timed_out["seq"]) == ("recv from rank 1 (tag 3)", None), message
+    assert "recv from rank 1 (tag 3) on gloo 'world' (2 ranks)" in message, message
+    assert f"did not complete within {TIMEOUT} s" in message, message
+    assert timed_out["cause"] == "RuntimeError", "torch's error is the cause"
+    assert timed_out["unusable"] == f"recv from rank 1 (tag 3) timed out after {TIMEOUT} s"
+    assert tuple(timed_out["blocked"]) == (0, ""), timed_out["blocked"]
     assert timed_out["elapsed"] < TIMEOUT + 4, f"rank 0 waited {timed_out['elapsed']:.1f} s"

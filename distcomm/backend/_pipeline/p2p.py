@@ -153,7 +153,10 @@ class PointToPoint(Steps):
         are (it explains anything else), on a usable communicator."""
         return (
             self.unusable is None
-            and (peer is None or (peer.__class__ is int and 0 <= peer < self._kit_world_size))
+            and (
+                (peer.__class__ is int and 0 <= peer < self._kit_world_size)
+                or (peer is None and self.capabilities.any_source)  # a receive from any rank
+            )
             and tag.__class__ is int
             and 0 <= tag < INTERNAL_TAG
             and (tag == 0 or self.capabilities.p2p_tags)
