@@ -52,6 +52,9 @@ _OPS = {
 }
 #: numpy dtypes MPI reduces natively (the shortcut of ``all_reduce``).
 _DIRECT = frozenset(np.dtype(name) for name in MPI_CAPABILITIES.dtypes)
+#: The same, by identity: numpy's built-in dtypes are singletons, and an id is cheaper to look
+#: up than a dtype's hash (a byte-swapped dtype is another object: not found, the pipeline's).
+_DIRECT_IDS = frozenset(id(dtype) for dtype in _DIRECT)
 # The shortcut's constants, bound once (an attribute lookup per call is measurable there).
 _SUM, _MPI_SUM, _IN_PLACE, _ndarray = ReduceOp.SUM, MPI.SUM, MPI.IN_PLACE, np.ndarray
 _fromaddress = MPI.buffer.fromaddress
@@ -88,7 +91,8 @@ def _plain_buf(x: Any) -> Any:
     buffer at its address with its MPI type; None: anything else (the pipeline takes it)."""
     cls = x.__class__
     if cls is _ndarray:  # C order: mpi4py takes a Fortran-ordered one too, in memory order
-        return x if x.dtype in _DIRECT and x.flags.c_contiguous else None
+        ok = id(x.dtype) in _DIRECT_IDS and (x.ndim < 2 or x.flags.c_contiguous)
+        return x if ok else None
     if cls is _torch.tensor or _torch.bind(cls):
         mpi_type = _torch.types.get(x.dtype)
         if mpi_type is None or not x.is_cpu or not x.is_contiguous():
@@ -296,7 +300,9 @@ class MpiCommunicator(BaseCommunicator):
         address (not ``.numpy()``)."""
         cls = tensor.__class__
         if cls is _ndarray:
-            if tensor.dtype not in _DIRECT or not tensor.flags.c_contiguous:
+            if id(tensor.dtype) not in _DIRECT_IDS or not (
+                tensor.ndim < 2 or tensor.flags.c_contiguous
+            ):
                 return False
             b: Any = tensor
         elif cls is _torch.tensor or _torch.bind(cls):
