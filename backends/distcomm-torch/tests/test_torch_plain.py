@@ -426,28 +426,30 @@ def never_sent(workdir: str) -> dict[str, Any]:
 
 
 # -- the tests ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The program's results on ranks 0 and 1 (one run for the module)."""
-    workdir = tmp_path_factory.mktemp("plain")
+def _run(
+    factory: pytest.TempPathFactory, fn: Callable[..., Any], timeout: float
+) -> list[dict[str, Any]]:
+    """``fn``'s results on 2 gloo ranks, with no DISTCOMM_* setting of the caller's and the
+    module's short timeout."""
+    workdir = factory.mktemp(fn.__name__)
     with pytest.MonkeyPatch.context() as env:
         for name in list(os.environ):
             if name.startswith("DISTCOMM_"):
                 env.delenv(name)
         env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
-        return spawn(program, 2, str(workdir), backend="gloo", timeout=120)
+        return spawn(fn, 2, str(workdir), backend="gloo", timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The program's results on ranks 0 and 1 (one run for the module)."""
+    return _run(tmp_path_factory, program, 120)
 
 
 @pytest.fixture(scope="module")
 def silent(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """:func:`never_sent`'s results on ranks 0 and 1 (a run of its own)."""
-    workdir = tmp_path_factory.mktemp("silent")
-    with pytest.MonkeyPatch.context() as env:
-        for name in list(os.environ):
-            if name.startswith("DISTCOMM_"):
-                env.delenv(name)
-        env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
-        return spawn(never_sent, 2, str(workdir), backend="gloo", timeout=60)
+    return _run(tmp_path_factory, never_sent, 60)
 
 
 def said(check: dict[str, Any]) -> list[tuple[str, Any]]:
