@@ -15,20 +15,26 @@ mpi4py's pkl5 does: no packing copy).
 The first exchange of each collective is a fixed 2 KiB *slot* per rank carrying the payload's
 size and, when it fits, the payload itself: an object of up to about 2 KiB costs one engine
 operation; a larger one costs the slot, then the payload (a variable-size all-gather,
-``_all_gather_v``, where the engine has one), then its direct buffers.
+``_all_gather_v``, where the engine has one), then its direct buffers. A payload of
+:data:`~distcomm._node_memory.NODE_BYTES` or more, when every rank is a process of one node,
+waits in its writer's node memory instead (:mod:`~distcomm._node_memory`; broadcast_object,
+all_gather_object, gather_object): its slot says where, the readers copy it from there, and a
+vote ends the collective (or sends it through the engine where a rank could not read it).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 import pickle
 import struct
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from distcomm import _node_memory as node
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 
@@ -59,6 +65,11 @@ HEAD = _ALIGN
 INBAND_BYTES = 1024
 #: Out-of-band buffers of at least this many bytes are broadcast on their own, not copied.
 DIRECT_BYTES = 256 * 1024
+#: A slot's mode, its second int64: the payload comes through the engine (or is in the slot);
+#: its writer asks every rank to learn whether they share a node first; or it is in the
+#: writer's node memory, whose place (:data:`~distcomm._node_memory.WHERE`) follows at _WHERE.
+_PLAIN, _ASK, _SHARED = 0, 1, 2
+_WHERE = 16
 
 
 def _aligned(n: int) -> int:
@@ -77,59 +88,76 @@ def _empty(n: int) -> Any:
 def pack(obj: Any, head: int = 0) -> Any:
     """Pickle ``obj`` into one buffer (a bytearray, or a memoryview when large), ``head`` bytes
     reserved at its start (module docstring)."""
-    return split(obj, head)[0]
+    return Pickled(obj).split(head)[0]
 
 
-def split(
-    obj: Any, head: int = 0, direct_bytes: int | None = None, room: int = 0
-) -> tuple[Any, int, list[Any]]:
-    """:func:`pack`, returning ``(payload, size, directs)``: with ``direct_bytes``, writable
-    out-of-band buffers of at least that size stay out of the payload and are returned in order
-    as ``directs``; a payload that fits in ``room`` bytes is allocated with ``room`` bytes (its
-    ``size`` first ones used)."""
-    buffers: list[pickle.PickleBuffer] = []
+class Pickled:
+    """An object pickled with protocol 5: its stream and its out-of-band buffers (the
+    *segments*), laid out as a payload on demand, in a buffer of its own (:meth:`split`) or as
+    pieces for node memory to write (:meth:`pieces`)."""
 
-    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < INBAND_BYTES:
-            return True  # in band: a small buffer costs less copied than sent beside
-        buffers.append(buffer)
+    __slots__ = ("segments",)
+
+    def __init__(self, obj: Any) -> None:
+        self.segments: list[Any] = [None]  # the stream, once pickled
+        try:
+            stream = pickle.dumps(obj, protocol=5, buffer_callback=self._out_of_band)
+        except BufferError:  # a non-contiguous buffer: pickle it in-band instead
+            del self.segments[1:]
+            stream = pickle.dumps(obj, protocol=5)
+        self.segments[0] = memoryview(stream)
+
+    def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
+        """Keep a buffer beside the stream; a small one costs less copied into it (True)."""
+        raw = buffer.raw()
+        if raw.nbytes < INBAND_BYTES:
+            return True
+        self.segments.append(raw)
         return False
 
-    try:
-        stream = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
-    except BufferError:  # a non-contiguous buffer: pickle it in-band instead
-        stream, buffers = pickle.dumps(obj, protocol=5), []
-    if not buffers and head + _ALIGN + len(stream) <= room:  # the common small object
-        out = bytearray(room)
-        _PAIR.pack_into(out, head, 1, len(stream))
-        out[head + _ALIGN : head + _ALIGN + len(stream)] = stream
-        return out, head + _ALIGN + _aligned(len(stream)), []
-    segments = [memoryview(stream), *(b.raw() for b in buffers)]
-    direct = [
-        direct_bytes is not None and i > 0 and s.nbytes >= direct_bytes and not s.readonly
-        for i, s in enumerate(segments)
-    ]
-    table = _aligned(8 * (len(segments) + 1))
-    size = (
-        head
-        + table
-        + sum(_aligned(s.nbytes) for s, d in zip(segments, direct, strict=True) if not d)
-    )
-    out = bytearray(room) if size <= room else _empty(size)
-    view = memoryview(out)
-    if type(out) is not bytearray:  # not zeroed: no stale memory in the head and table
-        view[: head + table] = bytes(head + table)
-    lengths = [-s.nbytes if d else s.nbytes for s, d in zip(segments, direct, strict=True)]
-    struct.pack_into(f"<q{len(segments)}q", out, head, len(segments), *lengths)
-    offset = head + table
-    for segment, is_direct in zip(segments, direct, strict=True):
-        if not is_direct:  # a memoryview copy: a bytearray slice assignment is ten times slower
-            end = offset + segment.nbytes
-            view[offset:end] = segment.cast("B")
-            offset = _aligned(end)
-            if type(out) is not bytearray:
-                view[end:offset] = bytes(offset - end)
-    return out, size, [s.cast("B") for s, d in zip(segments, direct, strict=True) if d]
+    def size(self, head: int, direct: Sequence[bool] = ()) -> int:
+        """The payload's size in bytes, ``head`` included, ``direct`` segments left out."""
+        inline = (
+            [s for s, d in zip(self.segments, direct, strict=True) if not d] if direct else None
+        )
+        table = _aligned(8 * (len(self.segments) + 1))
+        return head + table + sum(_aligned(s.nbytes) for s in inline or self.segments)
+
+    def split(
+        self, head: int = 0, direct_bytes: int | None = None, room: int = 0
+    ) -> tuple[Any, int, list[Any]]:
+        """The payload, ``head`` bytes reserved at its start, as ``(payload, size, directs)``:
+        with ``direct_bytes``, writable out-of-band buffers of at least that size stay out of
+        the payload and are returned in order as ``directs``; a payload that fits in ``room``
+        bytes is allocated with ``room`` bytes (its ``size`` first ones used)."""
+        segments = self.segments
+        stream = segments[0].nbytes
+        if len(segments) == 1 and head + _ALIGN + stream <= room:  # the common small object
+            out = bytearray(room)
+            _PAIR.pack_into(out, head, 1, stream)
+            out[head + _ALIGN : head + _ALIGN + stream] = segments[0]
+            return out, head + _ALIGN + _aligned(stream), []
+        direct = [
+            direct_bytes is not None and i > 0 and s.nbytes >= direct_bytes and not s.readonly
+            for i, s in enumerate(segments)
+        ]
+        size = self.size(head, direct)
+        out = bytearray(room) if size <= room else _empty(size)
+        node.lay_out(memoryview(out), self.pieces(head, direct), size, type(out) is bytearray)
+        return out, size, [s.cast("B") for s, d in zip(segments, direct, strict=True) if d]
+
+    def pieces(self, head: int, direct: Sequence[bool] = ()) -> list[tuple[int, Any]]:
+        """The payload from byte ``head`` on as ``(offset, bytes)`` pieces: the table, then each
+        segment (``direct`` ones left out) at its 64-byte aligned offset."""
+        flags = [*direct] or [False] * len(self.segments)
+        lengths = [-s.nbytes if d else s.nbytes for s, d in zip(self.segments, flags, strict=True)]
+        found = [(head, memoryview(struct.pack(f"<q{len(lengths)}q", len(lengths), *lengths)))]
+        offset = head + _aligned(8 * (len(lengths) + 1))
+        for segment, is_direct in zip(self.segments, flags, strict=True):
+            if not is_direct:
+                found.append((offset, segment.cast("B")))
+                offset += _aligned(segment.nbytes)
+        return found
 
 
 def direct_lengths(payload: memoryview) -> list[int]:
@@ -157,20 +185,41 @@ def unpack(payload: memoryview, directs: Sequence[Any] = ()) -> Any:
 
 
 def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
-    """``src``'s object on every rank: the slot, the payload if it did not fit, each direct
-    buffer."""
-    if comm.rank == src:
-        payload, size, sent = split(obj, HEAD, DIRECT_BYTES, SLOT)
-        _SIZE.pack_into(payload, 0, size)
-        comm._kit_call(comm._broadcast, False, payload if size <= SLOT else _slot(payload), src)
-        if size > SLOT:
-            comm._kit_call(comm._broadcast, False, payload, src)
-        for buffer in sent:
-            comm._kit_call(comm._broadcast, False, buffer, src)
-        return obj
+    """``src``'s object on every rank: the slot, then the payload from node memory (and the
+    vote), or through the engine: the payload if it did not fit, each direct buffer."""
+    if comm.rank != src:
+        return _broadcast_to(comm, src)
+    pickled = Pickled(obj)
+    while True:  # a question (then learning), or node memory that a rank could not read
+        offer = _offer(comm, pickled, SLOT, DIRECT_BYTES)
+        comm._kit_call(comm._broadcast, False, offer.slot, src)
+        if offer.mode == _PLAIN:
+            break
+        if offer.mode == _ASK:
+            node.learn(comm)
+        elif node.fetch(comm, {}, _empty) is not None:  # every rank has read it
+            return obj
+    if offer.size > SLOT:
+        comm._kit_call(comm._broadcast, False, offer.payload, src)
+    for buffer in offer.directs:
+        comm._kit_call(comm._broadcast, False, buffer, src)
+    return obj
+
+
+def _broadcast_to(comm: BaseCommunicator, src: int) -> Any:
+    """:func:`broadcast_object` on a rank other than ``src``."""
     slot = bytearray(SLOT)
-    comm._kit_call(comm._broadcast, False, slot, src)
-    (size,) = _SIZE.unpack_from(slot, 0)
+    while True:
+        comm._kit_call(comm._broadcast, False, slot, src)
+        size, mode = _PAIR.unpack_from(slot, 0)
+        if mode == _PLAIN:
+            break
+        if mode == _ASK:
+            node.learn(comm)
+            continue
+        got = node.fetch(comm, {src: _place(slot)}, _empty)
+        if got is not None:
+            return unpack(memoryview(got[src])[HEAD:size])
     if size <= SLOT:
         payload = slot
     else:
@@ -184,35 +233,33 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
 
 
 def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
-    """Every rank's object, in rank order, on every rank: the slots, then (when some payload
-    did not fit in its slot) the payloads, through ``_all_gather_v``."""
-    payload, size, sizes, slots, width = _gather_slots(comm, obj)
-    if max(sizes) <= width:
-        return _from_slots(slots, sizes, width)
-    out = _empty(sum(sizes))
-    comm._kit_call(comm._all_gather_v, False, out, sizes, memoryview(payload)[:size])
-    view, at, objs = memoryview(out), 0, []
-    for n in sizes:
-        objs.append(unpack(view[at + HEAD : at + n]))
-        at += n
-    return objs
+    """Every rank's object, in rank order, on every rank: the slots, the payloads in node
+    memory (and the vote), then, when another payload did not fit in its slot, the payloads
+    that came through neither, through ``_all_gather_v`` (node memory's send none)."""
+    offer, slots, width, sizes, rest, got = _gather_slots(comm, Pickled(obj), True)
+    if max(rest) <= width:
+        return _objects(sizes, got, memoryview(slots), range(0, len(slots), width))
+    out = _empty(sum(rest))
+    mine = memoryview(offer.payload if rest[comm.rank] else bytearray())[: rest[comm.rank]]
+    comm._kit_call(comm._all_gather_v, False, out, rest, mine)
+    return _objects(sizes, got, memoryview(out), itertools.accumulate(rest, initial=0))
 
 
 def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | None:
     """Every rank's object on ``dst``; None elsewhere: the slots (all-gathered, so that every
-    rank knows whether a second round follows), then the payloads padded to the largest."""
-    payload, size, sizes, slots, width = _gather_slots(comm, obj)
-    if max(sizes) <= width:
-        return _from_slots(slots, sizes, width) if comm.rank == dst else None
-    width = max(sizes)
-    padded = bytearray(width)
-    memoryview(padded)[:size] = memoryview(payload)[:size]
-    out = _empty(width * comm.world_size) if comm.rank == dst else None
-    comm._kit_call(comm._gather, False, out, padded, dst)
-    if out is None:
-        return None
-    view = memoryview(out)
-    return [unpack(view[r * width + HEAD : r * width + n]) for r, n in enumerate(sizes)]
+    rank knows what follows), the payloads in node memory (read by ``dst``, and the vote), then
+    the others padded to the largest."""
+    here = comm.rank == dst
+    offer, slots, width, sizes, rest, got = _gather_slots(comm, Pickled(obj), here)
+    out: Any = slots
+    if max(rest) > width:
+        width = max(rest)
+        padded = bytearray(width)
+        if rest[comm.rank]:
+            memoryview(padded)[: offer.size] = memoryview(offer.payload)[: offer.size]
+        out = _empty(width * comm.world_size) if here else None
+        comm._kit_call(comm._gather, False, out, padded, dst)
+    return _objects(sizes, got, memoryview(out), range(0, len(out), width)) if here else None
 
 
 def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int) -> Any:
@@ -262,35 +309,99 @@ def slot_bytes(world_size: int) -> int:
 
 
 def _slot(payload: Any, width: int = SLOT) -> bytearray:
-    """The first exchange's message for a payload too large for it: the payload's head (its
-    size)."""
+    """The slot of a payload too large for it: the payload's head (its size)."""
     slot = bytearray(width)
     memoryview(slot)[:HEAD] = memoryview(payload)[:HEAD]
     return slot
 
 
-def _gather_slots(comm: BaseCommunicator, obj: Any) -> tuple[Any, int, list[int], bytearray, int]:
-    """Pickle ``obj`` and all-gather the slots: ``(payload, size, every rank's size, slots,
-    slot width)``."""
-    width = slot_bytes(comm.world_size)
-    payload, size, _ = split(obj, HEAD, room=width)
+class _Offer(NamedTuple):
+    """This rank's part of a collective: its slot, mode, payload size, and, when the payload
+    goes through the engine, the payload and its direct buffers."""
+
+    slot: Any
+    mode: int
+    size: int
+    payload: Any = None
+    directs: Sequence[Any] = ()
+
+
+def _offer(
+    comm: BaseCommunicator, pickled: Pickled, room: int, direct_bytes: int | None = None
+) -> _Offer:
+    """This rank's slot of ``room`` bytes: for a large payload, when the ranks share a node,
+    where it is in node memory (written there now), and while that is not known, a question;
+    else today's (the payload whole when it fits)."""
+    segments = pickled.segments
+    size = 0 if len(segments) == 1 and segments[0].nbytes < room else pickled.size(HEAD)
+    if (
+        size > room
+        and size >= node.NODE_BYTES
+        and comm._node_memory
+        and (shared := node.local(comm)) is not False
+    ):
+        where = None
+        if shared:
+            where = node.publish(comm, size, pickled.pieces(HEAD))
+        if where is not None or shared is None:
+            mode = _ASK if where is None else _SHARED
+            slot = bytearray(room)
+            _PAIR.pack_into(slot, 0, size, mode)
+            slot[_WHERE : _WHERE + node.WHERE.size] = where or bytes(node.WHERE.size)
+            return _Offer(slot, mode, size)
+    payload, size, directs = pickled.split(HEAD, direct_bytes, room)
     _SIZE.pack_into(payload, 0, size)
+    return _Offer(payload if size <= room else _slot(payload, room), _PLAIN, size, payload, directs)
+
+
+def _gather_slots(
+    comm: BaseCommunicator, pickled: Pickled, reader: bool
+) -> tuple[_Offer, bytearray, int, list[int], list[int], dict[int, Any]]:
+    """All-gather the slots and, if ``reader``, read the payloads in node memory: ``(this rank's
+    offer, slots, slot width, every rank's payload size, the bytes each still sends (none from
+    node memory), payloads read by rank)``. A question makes every rank learn and offer again;
+    so does a failed vote (node memory is then off)."""
+    width = slot_bytes(comm.world_size)
     slots = bytearray(width * comm.world_size)
-    comm._kit_call(
-        comm._all_gather_into, False, slots, payload if size <= width else _slot(payload, width)
-    )
-    return (
-        payload,
-        size,
-        [_SIZE.unpack_from(slots, r * width)[0] for r in range(comm.world_size)],
-        slots,
-        width,
-    )
+    offer = _offer(comm, pickled, width)
+    while True:
+        comm._kit_call(comm._all_gather_into, False, slots, offer.slot)
+        pairs = [_PAIR.unpack_from(slots, at) for at in range(0, len(slots), width)]
+        sizes = [n for n, _ in pairs]
+        modes = [mode for _, mode in pairs]
+        if not any(modes):  # the common case: every payload through the engine
+            return offer, slots, width, sizes, sizes, {}
+        if _ASK in modes:
+            node.learn(comm)
+        else:
+            got = node.fetch(comm, _places(slots, width, modes) if reader else {}, _empty)
+            if got is not None:
+                rest = [0 if mode == _SHARED else n for n, mode in pairs]
+                return offer, slots, width, sizes, rest, got
+        if offer.mode != _PLAIN:
+            offer = _offer(comm, pickled, width)
 
 
-def _from_slots(slots: bytearray, sizes: list[int], width: int) -> list[Any]:
-    view = memoryview(slots)
-    return [unpack(view[r * width + HEAD : r * width + n]) for r, n in enumerate(sizes)]
+def _places(slots: bytearray, width: int, modes: list[int]) -> dict[int, tuple[bytes, int]]:
+    """Where each payload in node memory is and its size, by rank, as the slots say."""
+    return {r: _place(slots, r * width) for r, mode in enumerate(modes) if mode == _SHARED}
+
+
+def _place(slot: bytearray, at: int = 0) -> tuple[bytes, int]:
+    return bytes(slot[at + _WHERE : at + _WHERE + node.WHERE.size]), _SIZE.unpack_from(slot, at)[0]
+
+
+def _objects(
+    sizes: list[int], got: dict[int, Any], view: memoryview, starts: Iterable[int]
+) -> list[Any]:
+    """Every rank's object: rank r's read from node memory (``got``), else its payload in
+    ``view``, which starts at the r-th of ``starts``."""
+    if not got:
+        return [unpack(view[at + HEAD : at + n]) for n, at in zip(sizes, starts, strict=False)]
+    return [
+        unpack(memoryview(got[r])[HEAD:n]) if r in got else unpack(view[at + HEAD : at + n])
+        for r, (n, at) in enumerate(zip(sizes, starts, strict=False))
+    ]
 
 
 def check_scatter_list(objs: Any, world_size: int) -> None:

@@ -200,6 +200,9 @@ class MpiCommunicator(BaseCommunicator):
     """A distcomm communicator over an mpi4py ``Comm`` (``native``)."""
 
     backend_name: ClassVar[str] = "mpi"
+    #: MPI's own shared-memory transport moves large object payloads on one node as fast as
+    #: node memory (a 16 MiB broadcast_object at 2 ranks: 2.5 ms against 3.9).
+    _node_memory: ClassVar[bool] = False
     capabilities: ClassVar[Capabilities] = MPI_CAPABILITIES
     engine_errors: ClassVar[tuple[type[BaseException], ...]] = (MPI.Exception,)
     devices = frozenset({"cpu"})
