@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from checkouts import run_job
-from timing import cell, interleaved, ratio
+from timing import cell, comparison_table, interleaved
 
 MARKER = "NODE-OBJECTS-RESULT "
 OBJECT_MIB = 16
@@ -195,20 +195,6 @@ def job(engine: str, nprocs: int, tail: list[str]) -> Any:
     raise SystemExit(f"{engine}: no result in the job's output:\n{out[-3000:]}")
 
 
-def objects_table(results: dict[str, dict[str, dict[str, list[float]]]]) -> list[str]:
-    lines = [
-        f"{'engine':<6} {'case':<26} {'implementation':<18} {'per call: median (min-max)':>30} "
-        f"{'other / distcomm':>22}"
-    ]
-    for engine, by_case in results.items():
-        for case, found in by_case.items():
-            ours = found["distcomm"]
-            for name, samples in found.items():
-                versus = "" if name == "distcomm" else ratio(samples, ours)
-                lines.append(f"{engine:<6} {case:<26} {name:<18} {cell(samples):>30} {versus:>22}")
-    return lines
-
-
 def state_dict_table(engine: str, gib: float, rounds: int, kind: str) -> list[str]:
     lines = [
         f"{engine}, 4 ranks, {gib:g} GiB state dict of {kind} arrays from rank 0 ({rounds} "
@@ -248,7 +234,7 @@ def main() -> None:
         tail = ["--rounds", str(args.rounds), "--child"]
         results = {engine: job(engine, 2, [*tail, engine, mode]) for engine in ("gloo", "mpi")}
         print(f"{args.rounds} rounds after a warm-up; 2 ranks")
-        print("\n".join(objects_table(results)))
+        print("\n".join(comparison_table(results)))
     if args.state_dict_gib:
         for engine in args.state_dict_backends.split(","):
             found = state_dict_table(engine, args.state_dict_gib, args.rounds, args.state_dict_kind)

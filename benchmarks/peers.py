@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from checkouts import run_job
-from timing import cell, interleaved, ratio
+from timing import comparison_table, interleaved
 
 from distcomm._bench.operations import OPERATIONS
 
@@ -352,20 +352,6 @@ def job(engine: str, rounds: int, ops: list[str]) -> dict[str, dict[str, list[fl
 Results = dict[str, dict[str, dict[str, list[float]]]]  # engine -> case -> side -> samples
 
 
-def table(results: Results) -> list[str]:
-    lines = [
-        f"{'engine':<6} {'case':<26} {'implementation':<18} {'per call: median (min-max)':>30} "
-        f"{'other / distcomm':>22}"
-    ]
-    for engine, by_case in results.items():
-        for case, sides in by_case.items():
-            ours = sides["distcomm"]
-            for name, samples in sides.items():
-                versus = "" if name == "distcomm" else ratio(samples, ours)
-                lines.append(f"{engine:<6} {case:<26} {name:<18} {cell(samples):>30} {versus:>22}")
-    return lines
-
-
 def peers() -> dict[str, list[str]]:
     """Each engine's peers that are installed here (the ones a job may time)."""
     import importlib.util
@@ -464,7 +450,7 @@ def main() -> None:
     start = time.monotonic()
     results = {engine: job(engine, args.rounds, args.ops) for engine in ("gloo", "mpi")}
     print(f"{args.rounds} rounds after a warm-up, {time.monotonic() - start:.0f} s; 2 ranks")
-    print("\n".join(table(results)))
+    print("\n".join(comparison_table(results)))
     print("barrier: per barrier; sendrecv: per message, half a round trip between ranks 0 and 1")
     print("Operations not compared with a peer (it has no such call, or none this script times):")
     print("\n".join(not_compared(results, args.ops)))

@@ -50,3 +50,19 @@ def ratio(ours: list[float], theirs: list[float]) -> str:
     """The median (min-max) of the per-round ratios ``ours / theirs``."""
     ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+
+
+def comparison_table(results: dict[str, dict[str, dict[str, list[float]]]]) -> list[str]:
+    """The lines of a table of ``results`` (engine -> case -> implementation -> per-round
+    seconds): each implementation's time per call, and its ratio over distcomm's."""
+    lines = [
+        f"{'engine':<6} {'case':<26} {'implementation':<18} {'per call: median (min-max)':>30} "
+        f"{'other / distcomm':>22}"
+    ]
+    for engine, by_case in results.items():
+        for case, sides in by_case.items():
+            ours = sides["distcomm"]
+            for name, samples in sides.items():
+                versus = "" if name == "distcomm" else ratio(samples, ours)
+                lines.append(f"{engine:<6} {case:<26} {name:<18} {cell(samples):>30} {versus:>22}")
+    return lines
