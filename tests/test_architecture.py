@@ -49,6 +49,7 @@ LAYERS = (
         "distcomm._settings",
         "distcomm._operations",
         "distcomm._object_codec",
+        "distcomm._payloads",
         "distcomm._node_memory",
         "distcomm._device_clock",
         "distcomm._divergence",

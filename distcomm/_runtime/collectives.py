@@ -348,13 +348,15 @@ def all_reduce_coalesced(
     ``bucket_bytes``; see :meth:`~distcomm.backend.BaseCommunicator.all_reduce_coalesced`).
 
     The tensors are grouped by library, dtype and device; each group is cut into buckets of
-    at most ``bucket_bytes``, and each bucket is flattened into a buffer the communicator keeps
-    for the next call (fresh memory costs page faults), all-reduced once (checked and seen by
-    hooks like any ``all_reduce``) and copied back. Python's cyclic garbage collector is paused
+    at most ``bucket_bytes``, and each bucket is all-reduced once (checked and seen by hooks
+    like any ``all_reduce``): in place when its torch tensors are consecutive contiguous views
+    of one buffer (as ``flat.split(sizes)`` makes them, or DDP's ``gradient_as_bucket_view``),
+    with no copy; else flattened into a buffer the communicator keeps for the next call (fresh
+    memory costs page faults) and copied back. Python's cyclic garbage collector is paused
     during the call (the views it makes die by reference count). Blocking only. 1000 tensors
     of 1 KiB against 1000 ``all_reduce`` calls (``benchmarks/coalesced.py``, 2 ranks): about
-    190x on gloo; on mpi, where one call costs only about 6 us, 2.6x to 2.9x for torch tensors
-    and 2.8x to 3.4x for numpy arrays.
+    190x on gloo; on mpi, where one call costs only a few us, see the measured ratios in
+    ``docs/backends.md``.
 
     Args:
         tensors: torch tensors and numpy arrays of any dtypes and shapes, the same on every

@@ -8,8 +8,9 @@ Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``
 ``_reduce_scatter_v``, ``_gather``, ``_scatter``, ``_all_to_all``, ``_all_to_all_v``,
 ``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and the shortcuts of blocking calls
 like the ones before them, ``_all_reduce_plain``, ``_broadcast_plain``, ``_reduce_plain``,
-``_all_gather_into_plain``, ``_reduce_scatter_plain``, ``_all_to_all_plain``, ``_send_plain``,
-``_recv_plain`` (no default: the general pipeline).
+``_all_gather_into_plain``, ``_reduce_scatter_plain``, ``_all_to_all_plain``,
+``_gather_plain``, ``_scatter_plain``, ``_send_plain``, ``_recv_plain`` (no default: the general
+pipeline).
 Not a primitive but overridable the same way: ``_native_call``, the engine's own API for an
 operation, which ``distcomm bench --compare raw`` times beside distcomm's.
 
@@ -65,6 +66,16 @@ class Primitives:
     _all_gather_into_plain: Callable[[Any, Any], bool] | None = None
     _reduce_scatter_plain: Callable[[Any, Any], bool] | None = None
     _all_to_all_plain: Callable[[Any, Any], bool] | None = None
+    #: Optional shortcuts of a blocking ``gather`` and ``scatter``, alike:
+    #: ``_gather_plain(tensor, gather_list, dst)`` and ``_scatter_plain(tensor, scatter_list,
+    #: src)``. The list is given on the root only (None elsewhere), and the kit has checked it:
+    #: a list or tuple of world_size arrays of exactly ``tensor``'s class, dtype and byte size.
+    #: A primitive looks at what its engine needs (each array contiguous, in its memory, a
+    #: dtype it moves) and at arrays that share memory (``tensor`` may be one of the list's):
+    #: it copies through a buffer of its own or returns False, having sent nothing. Results
+    #: are the pipeline's: entry r of the list is rank r's tensor, in the entry's own shape.
+    _gather_plain: Callable[[Any, Any, int], bool] | None = None
+    _scatter_plain: Callable[[Any, Any, int], bool] | None = None
     #: Optional shortcuts of a blocking ``send`` and ``recv`` of a plain array:
     #: ``_send_plain(tensor, dst, tag) -> bool`` and ``_recv_plain(tensor, src, tag)`` -> the
     #: sender's rank (``src`` None: any rank), or None having received nothing. The kit has

@@ -128,3 +128,93 @@ def test_the_garbage_collector_is_left_as_it_was(enabled: bool) -> None:
         assert run_threads(body, 1) == [(True, enabled)]
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_views_of_one_buffer_are_reduced_where_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive contiguous views of one buffer (as flat.split gives, some reshaped), from an
+    offset into it: one all-reduce of their memory, no flattening (patched to fail), and the
+    buffer outside them untouched."""
+    from distcomm.backend._pipeline import coalesced
+
+    def no_copy(*args: Any) -> None:
+        raise AssertionError("views of one buffer were flattened")
+
+    monkeypatch.setattr(coalesced, "_flatten", no_copy)
+
+    def body() -> tuple[list[float], list[int | None]]:
+        rank = distcomm.get_rank()
+        base = torch.full((20,), float(rank + 1))
+        a, b, c = base[2:15].split([3, 4, 6])
+        seen: list[int | None] = []
+        comm = distcomm.get_communicator()
+        with distcomm.add_hook(before=lambda e: seen.append(e.numel) if e.group is comm else None):
+            distcomm.all_reduce_coalesced([a, b.view(2, 2), c.view(3, 2)])
+        return base.tolist(), seen
+
+    for rank, (values, seen) in enumerate(run_threads(body, 2)):
+        mine = rank + 1.0
+        assert values == [mine] * 2 + [3.0] * 13 + [mine] * 5, values
+        assert seen == [13], f"expected one all-reduce of the 13 elements, saw {seen}"
+
+
+def test_views_that_are_not_end_to_end_are_copied() -> None:
+    """Views out of order, with a gap, strided, repeated, or of a tensor that requires grad take
+    the copying path, with right results."""
+
+    def body() -> list[list[float]]:
+        rank = distcomm.get_rank()
+        out = []
+        for case in ("order", "gap", "strided", "twice", "grad"):
+            base = torch.arange(12, dtype=torch.float32) + 100 * rank
+            if case == "grad":
+                base.requires_grad_(True)
+            views = {
+                "order": [base[6:12], base[0:6]],
+                "gap": [base[0:5], base[6:12]],
+                "strided": [base[0:2], base[2:10:2]],
+                "twice": [base[0:6], base[0:6]],
+                "grad": [base[0:6], base[6:12]],
+            }[case]
+            distcomm.all_reduce_coalesced(views)
+            out.append(base.detach().tolist())
+        return out
+
+    reduced = [2.0 * i + 100 for i in range(12)]
+    for rank, (order, gap, strided, twice, grad) in enumerate(run_threads(body, 2)):
+        mine = [i + 100.0 * rank for i in range(12)]
+        assert order == reduced and grad == reduced
+        assert gap == [*reduced[:5], mine[5], *reduced[6:]], gap
+        picked = (0, 1, 2, 4, 6, 8)
+        assert strided == [reduced[i] if i in picked else mine[i] for i in range(12)], strided
+        assert twice == [*reduced[:6], *mine[6:]], twice
+
+
+def test_views_on_one_rank_and_separate_tensors_on_another() -> None:
+    def body() -> list[float]:
+        rank = distcomm.get_rank()
+        if rank == 0:
+            tensors = list(torch.ones(8).split(4))
+        else:
+            tensors = [torch.full((4,), 2.0), torch.full((4,), 2.0)]
+        distcomm.all_reduce_coalesced(tensors)
+        return torch.cat(tensors).tolist()
+
+    assert run_threads(body, 2) == [[3.0] * 8, [3.0] * 8]
+
+
+def test_shapes_that_change_between_calls_of_the_same_sizes() -> None:
+    """The scratch's shaped views are kept while the shapes repeat: shapes (2, 3) then (3, 2)
+    then (6,), of the same sizes, all right."""
+
+    def body() -> bool:
+        rank = distcomm.get_rank()
+        for shape in ((2, 3), (3, 2), (6,), (2, 3)):
+            tensors = [torch.arange(6.0).reshape(shape) + rank + i for i in range(4)]
+            distcomm.all_reduce_coalesced(tensors)
+            for i, t in enumerate(tensors):
+                want = (2 * torch.arange(6.0) + 1 + 2 * i).reshape(shape)
+                if not torch.equal(t, want):
+                    return False
+        return True
+
+    assert run_threads(body, 2) == [True, True]

@@ -7,7 +7,9 @@ here: a shortcut is taken only past the check points; the kinds of call are reme
 (op, class, dtype, byte size, root), so interleaved ops are taken; a new kind goes through the
 pipeline first; a policy change and a collective mismatch forget them; the history's running
 value is what it would be with no shortcuts; a primitive returning False leaves ``seq`` alone
-and the pipeline answers.
+and the pipeline answers. gather and scatter are kinds alike; a list the pipeline would refuse
+(its length, an entry's dtype, class or size, a list off the root, none on it) never reaches
+their shortcuts.
 
 The shortcuts of blocking messages alike (``_send_plain``, ``_recv_plain``, here built on the
 communicator's own ``_isend`` / ``_irecv`` waited for): taken for every good message, under a
@@ -27,6 +29,7 @@ import torch
 
 import distcomm
 from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.backend.arrays import adapter_for
 from distcomm.errors import (
     CollectiveMismatchError,
     DistTimeoutError,
@@ -44,6 +47,8 @@ OPS = (
     "reduce_scatter_tensor",
     "all_to_all_single",
     "all_reduce",
+    "gather",
+    "scatter",
 )
 #: The first check point past the first 64 under the default policy.
 NEXT_CHECK = SAMPLED_FIRST + SAMPLE_EVERY
@@ -73,6 +78,8 @@ class Plain:
             "all_to_all_single", lambda o, i: c._all_to_all(o, i, False)
         )
         c._all_reduce_plain = self._wrap("all_reduce", lambda t: c._all_reduce(t, SUM, False))
+        c._gather_plain = self._wrap("gather", lambda t, parts, d: plain_gather(c, t, parts, d))
+        c._scatter_plain = self._wrap("scatter", lambda t, parts, s: plain_scatter(c, t, parts, s))
 
     def _wrap(self, op: str, call: Callable[..., Any]) -> Callable[..., bool]:
         def plain(*args: Any) -> bool:
@@ -84,6 +91,26 @@ class Plain:
             return True
 
         return plain
+
+
+def plain_gather(comm: Any, tensor: Any, parts: Any, dst: int) -> None:
+    """gather through the blocking ``_gather``, copied out into ``parts`` on ``dst``."""
+    adapter = adapter_for(tensor)
+    numel = adapter.numel(tensor)
+    out = None if parts is None else adapter.empty(tensor, numel * comm.world_size)
+    comm._gather(out, tensor, dst, False)
+    for r, part in enumerate(parts or ()):
+        adapter.copy_(part, adapter.flat(out)[r * numel : (r + 1) * numel])
+
+
+def plain_scatter(comm: Any, tensor: Any, parts: Any, src: int) -> None:
+    """scatter through the blocking ``_scatter``, ``parts`` copied in on ``src``."""
+    adapter = adapter_for(tensor)
+    numel = adapter.numel(tensor)
+    full = None if parts is None else adapter.empty(tensor, numel * comm.world_size)
+    for r, part in enumerate(parts or ()):
+        adapter.copy_(adapter.flat(full)[r * numel : (r + 1) * numel], part)
+    comm._scatter(tensor, full, src, False)
 
 
 def fill(comm: Any) -> None:
@@ -116,7 +143,13 @@ KINDS = [
     ("all_gather_into_tensor", "numpy", "float32", 4, None),
     ("reduce_scatter_tensor", "numpy", "float32", 4, None),
     ("all_to_all_single", "numpy", "float32", 4, None),
+    ("gather", "numpy", "float32", 4, 0),
+    ("gather", "torch", "int32", 4, 1),
+    ("scatter", "numpy", "float32", 4, 1),
+    ("scatter", "torch", "float64", 2, 0),
 ]
+#: The ops whose list of world_size arrays is given on the root only.
+ROOTED = ("gather", "scatter")
 
 
 def call_kind(comm: Any, kind: tuple[Any, ...], step: int) -> bool:
@@ -132,6 +165,9 @@ def call_kind(comm: Any, kind: tuple[Any, ...], step: int) -> bool:
     make = torch.from_numpy if lib == "torch" else np.asarray
     x = make(everyone[r].copy())
     seq = comm.seq
+    if op in ROOTED:
+        right = call_rooted(comm, op, make, everyone, root, step)
+        return comm.seq == seq + 1 and right
     if op in ("broadcast", "reduce"):
         getattr(comm, op)(x, root)
         want = everyone[root] if op == "broadcast" else total if r == root else None
@@ -149,6 +185,34 @@ def call_kind(comm: Any, kind: tuple[Any, ...], step: int) -> bool:
         got = make(np.full(want.size, -1, dtype))
         getattr(comm, op)(got, x)
     return comm.seq == seq + 1 and (want is None or np.array_equal(np.asarray(got), want))
+
+
+def rooted_parts(make: Callable[[Any], Any], arrays: list[Any], shared: bool) -> list[Any]:
+    """Copies of ``arrays`` (of one size): views of one buffer (``shared``), or of their own."""
+    if not shared:
+        return [make(a.copy()) for a in arrays]
+    whole = make(np.concatenate(arrays))
+    n = arrays[0].size
+    return [whole[i * n : (i + 1) * n] for i in range(len(arrays))]
+
+
+def call_rooted(
+    comm: Any, op: str, make: Callable[[Any], Any], everyone: list[Any], root: int, step: int
+) -> bool:
+    """A gather to or scatter from ``root`` of rank r's ``everyone[r]`` (scatter: the root's
+    entry r is ``everyone[r] + root``), the root's list views of one buffer at even steps, of
+    their own at odd ones; whether the result is right."""
+    r, shared = comm.rank, step % 2 == 0
+    if op == "gather":
+        parts = rooted_parts(make, [np.full_like(e, -1) for e in everyone], shared)
+        comm.gather(make(everyone[r].copy()), parts if r == root else None, root)
+        return r != root or all(
+            np.array_equal(np.asarray(p), e) for p, e in zip(parts, everyone, strict=True)
+        )
+    parts = rooted_parts(make, [e + root for e in everyone], shared)
+    got = make(np.full_like(everyone[r], -1))
+    comm.scatter(got, parts if r == root else None, root)
+    return bool(np.array_equal(np.asarray(got), everyone[r] + root))
 
 
 @pytest.mark.parametrize(
@@ -319,14 +383,46 @@ def _bad_calls(comm: Any) -> dict[str, tuple[tuple[Any, ...], Callable[[], Any]]
         "torch output": (gather, lambda: comm.all_gather_into_tensor(torch.zeros(K * n), x)),
         "src=True": (KINDS[1], lambda: comm.broadcast(x, True)),
         "dst=True": (KINDS[7], lambda: comm.reduce(x, True)),
+        **_bad_rooted_calls(comm, x),
     }
+
+
+def _bad_rooted_calls(comm: Any, x: Any) -> dict[str, tuple[tuple[Any, ...], Callable[[], Any]]]:
+    """gathers to rank 0 and scatters from rank 1 the pipeline refuses on every rank: a bad list
+    on the root, a list (of good arrays) on the others, or a root of True."""
+    n = comm.world_size
+    gather = ("gather", "numpy", "float32", K, 0)
+    scatter = ("scatter", "numpy", "float32", K, 1)
+
+    def z(size: int = K, dtype: Any = np.float32) -> Any:
+        return np.zeros(size, dtype)
+
+    def listed(root: int, bad: Any) -> Any:
+        return bad if comm.rank == root else [z() for _ in range(n)]
+
+    lists = {
+        "one short": [z() for _ in range(n - 1)],
+        "one long": [z() for _ in range(n + 1)],
+        "int32 in it": [z(), z(K, np.int32), *[z() for _ in range(n - 2)]],
+        "a torch tensor in it": [torch.zeros(K), *[z() for _ in range(n - 1)]],
+        "a larger array in it": [z(), *[z() for _ in range(n - 2)], z(K + 1)],
+        "None on the root": None,
+        "a generator": (z() for _ in range(n)),
+    }
+    calls = {}
+    for what, bad in lists.items():
+        calls[f"gather: list {what}"] = (gather, lambda b=bad: comm.gather(x, listed(0, b), 0))
+        calls[f"scatter: list {what}"] = (scatter, lambda b=bad: comm.scatter(x, listed(1, b), 1))
+    calls["gather: dst=True"] = (gather, lambda: comm.gather(x, listed(1, None), True))
+    calls["scatter: src=True"] = (scatter, lambda: comm.scatter(x, listed(1, None), True))
+    return calls
 
 
 def test_bad_calls_of_a_known_kind_are_left_to_the_pipeline() -> None:
     """Past the check points, right after a good call of its op (the shortcut open), a call with
-    an output unlike the input (size, dtype of the same byte size, class) or a root of True (a
-    rank's equal) takes no shortcut: the pipeline raises InvalidArgumentError, counting
-    nothing."""
+    an output unlike the input (size, dtype of the same byte size, class), a root of True (a
+    rank's equal) or a bad list (:func:`_bad_rooted_calls`) takes no shortcut: the pipeline
+    raises InvalidArgumentError, counting nothing."""
 
     def body() -> dict[str, str]:
         comm: Any = distcomm.get_communicator()

@@ -59,6 +59,12 @@ _DIRECT_IDS = frozenset(id(dtype) for dtype in _DIRECT)
 _SUM, _MPI_SUM, _IN_PLACE, _ndarray = ReduceOp.SUM, MPI.SUM, MPI.IN_PLACE, np.ndarray
 _fromaddress = MPI.buffer.fromaddress
 _ANY_SOURCE = MPI.ANY_SOURCE
+_mpi_buffer = MPI.buffer
+#: The MPI datatype of each numpy dtype MPI moves, by the dtype's id (as :data:`_DIRECT_IDS`).
+_NUMPY_TYPES = {id(dtype): MPI.Datatype.fromcode(dtype.char) for dtype in _DIRECT}
+#: The largest scratch buffer a communicator keeps for the rooted shortcuts (:class:`_Scratch`);
+#: a larger one is made for its call only (its copy costs more than the allocation then).
+_SCRATCH_KEPT = 64 << 20
 
 
 class _TorchTypes:
@@ -99,6 +105,114 @@ def _plain_buf(x: Any) -> Any:
             return None
         return [_fromaddress(x.data_ptr(), x.nbytes), mpi_type]
     return None
+
+
+def _mpi_type(x: Any) -> Any:
+    """The MPI datatype of a numpy array or torch tensor; None: a dtype MPI lacks, or
+    another class."""
+    cls = x.__class__
+    if cls is _ndarray:
+        return _NUMPY_TYPES.get(id(x.dtype))
+    if cls is _torch.tensor or _torch.bind(cls):
+        return _torch.types.get(x.dtype)
+    return None
+
+
+def _address(x: Any, writable: bool) -> int | None:
+    """Where a numpy array or torch tensor's memory starts, if it is contiguous (C order) in
+    CPU memory (and, ``writable``, may be written); None otherwise."""
+    if x.__class__ is _ndarray:  # (MPI.buffer takes a Fortran-ordered array too)
+        if not x.flags.c_contiguous:
+            return None
+        b = _mpi_buffer(x)
+        return None if writable and b.readonly else int(b.address)
+    if not x.is_cpu or not x.is_contiguous():
+        return None
+    return int(x.data_ptr())
+
+
+def _region(parts: Any, nbytes: int, writable: bool) -> int | None:
+    """Where the memory of ``parts`` starts when they are consecutive contiguous chunks of
+    ``nbytes`` bytes each (``big.chunk(n)``, ``np.split(big, n)``): one buffer MPI takes as
+    it is; None otherwise."""
+    start = end = -1
+    for p in parts:
+        at = _address(p, writable)
+        if at is None or (end >= 0 and at != end):
+            return None
+        if start < 0:
+            start = at
+        end = at + nbytes
+    return start
+
+
+class _Views:
+    """Memory seen as ``world`` arrays like ``x``: ``flat`` (1-D), ``stacked`` (``world`` rows
+    of ``x``'s shape), ``rows`` (each row), ``buf`` (MPI's buffer of it)."""
+
+    __slots__ = ("buf", "flat", "rows", "stacked")
+
+    def __init__(self, memory: Any, x: Any, world: int, mpi_type: Any) -> None:
+        if x.__class__ is _ndarray:
+            self.flat = memory.view(x.dtype)
+        else:
+            self.flat = sys.modules["torch"].from_numpy(memory).view(x.dtype)
+        self.stacked = self.flat.reshape((world, *x.shape))
+        self.rows = tuple(self.stacked)
+        self.buf = [_fromaddress(memory.ctypes.data, memory.nbytes), mpi_type]
+
+    def copy_in(self, parts: Any) -> None:
+        """Scatter's list into the memory: numpy's in one ``concatenate``, torch's in one
+        ``stack`` when every part has the rows' shape (else part by part)."""
+        if self.flat.__class__ is _ndarray:
+            np.concatenate(parts, axis=None, out=self.flat)
+            return
+        torch = sys.modules["torch"]
+        shape = self.stacked.shape[1:]
+        with torch.no_grad():
+            if all(p.shape == shape for p in parts):
+                torch.stack(parts, out=self.stacked)
+                return
+            for row, p in zip(self.rows, parts, strict=True):
+                row.copy_(p.reshape(shape))
+
+    def copy_out(self, parts: Any) -> None:
+        """Gather's memory into its list: row r into part r, in the part's shape."""
+        if self.flat.__class__ is _ndarray:
+            for row, p in zip(self.rows, parts, strict=True):
+                p[...] = row.reshape(p.shape)
+            return
+        with sys.modules["torch"].no_grad():
+            for row, p in zip(self.rows, parts, strict=True):
+                p.copy_(row if p.shape == row.shape else row.view(p.shape))
+
+
+class _Scratch:
+    """A communicator's buffer for the rooted shortcuts whose list is not one buffer: the list
+    is copied into it (scatter) or out of it (gather) around the MPI call. It grows as needed
+    (kept up to :data:`_SCRATCH_KEPT`); its views are made once per kind of call."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.memory = np.empty(0, np.uint8)
+        self.views: dict[Any, _Views] = {}
+
+    def of(self, x: Any, mpi_type: Any) -> _Views:
+        """The scratch as world_size arrays like ``x``."""
+        key = (x.__class__, x.dtype, x.shape)
+        found = self.views.get(key)
+        if found is not None:
+            return found
+        total = x.nbytes * self.world
+        if total > _SCRATCH_KEPT:
+            return _Views(np.empty(total, np.uint8), x, self.world, mpi_type)
+        if total > self.memory.nbytes:
+            self.memory = np.empty(max(total, 2 * self.memory.nbytes), np.uint8)
+            self.views.clear()
+        if len(self.views) >= 64:
+            self.views.clear()
+        found = self.views[key] = _Views(self.memory[:total], x, self.world, mpi_type)
+        return found
 
 
 def _overlap(a: Any, b: Any) -> bool:
@@ -231,6 +345,8 @@ class MpiCommunicator(BaseCommunicator):
         self._bcast, self._reduce_call, self._allgather = comm.Bcast, comm.Reduce, comm.Allgather
         self._reduce_scatter_block, self._alltoall = comm.Reduce_scatter_block, comm.Alltoall
         self._send, self._recv = comm.Send, comm.Recv
+        self._gather_call, self._scatter_call = comm.Gather, comm.Scatter
+        self._scratch = _Scratch(self.world_size)
         self._side = side
         self._key = side.register(self)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
@@ -355,6 +471,62 @@ class MpiCommunicator(BaseCommunicator):
 
     def _all_to_all_plain(self, output: Any, input: Any) -> bool:
         return self._pair(self._alltoall, input, output)
+
+    def _gather_plain(self, tensor: Any, gather_list: Any, dst: int) -> bool:
+        if gather_list is not None:
+            return self._rooted_plain(True, tensor, gather_list, dst)
+        b = _plain_buf(tensor)
+        if b is None:
+            return False
+        try:
+            self._gather_call(b, None, dst)
+        except BufferError:
+            return False
+        return True
+
+    def _scatter_plain(self, tensor: Any, scatter_list: Any, src: int) -> bool:
+        if scatter_list is not None:
+            return self._rooted_plain(False, tensor, scatter_list, src)
+        b = _plain_buf(tensor)
+        if b is None:
+            return False
+        try:
+            self._scatter_call(None, b, src)
+        except BufferError:
+            return False
+        return True
+
+    def _rooted_plain(self, gather: bool, tensor: Any, parts: Any, root: int) -> bool:
+        """The root's ``Gather`` into ``parts`` or ``Scatter`` from them. Where they are one
+        buffer (consecutive chunks) MPI takes it as it is, the tensor being its own chunk of it
+        ``MPI_IN_PLACE``; otherwise (or where the tensor is another part of it: MPI forbids
+        aliased buffers) the parts are copied through the communicator's scratch."""
+        mpi_type, nbytes = _mpi_type(tensor), tensor.nbytes
+        mine = None if mpi_type is None or not nbytes else _address(tensor, not gather)
+        if mine is None:
+            return False
+        own: Any = [_fromaddress(mine, nbytes), mpi_type]
+        start = _region(parts, nbytes, gather)
+        if start is not None:
+            slot = start + root * nbytes
+            if mine == slot or not start - nbytes < mine < start + nbytes * len(parts):
+                whole = [_fromaddress(start, nbytes * len(parts)), mpi_type]
+                own = _IN_PLACE if mine == slot else own
+                if gather:
+                    self._gather_call(own, whole, root)
+                else:
+                    self._scatter_call(whole, own, root)
+                return True
+        if tensor.__class__ is not _ndarray and not all(p.is_cpu for p in parts):
+            return False  # the pipeline copies across devices
+        scratch = self._scratch.of(tensor, mpi_type)
+        if gather:
+            self._gather_call(own, scratch.buf, root)
+            scratch.copy_out(parts)
+        else:
+            scratch.copy_in(parts)
+            self._scatter_call(scratch.buf, own, root)
+        return True
 
     def _send_plain(self, tensor: Any, dst: int, tag: int) -> bool:
         b = _plain_buf(tensor)
@@ -516,6 +688,7 @@ class MpiCommunicator(BaseCommunicator):
 
     def _finalize(self) -> None:
         monitor.unwatch(self)
+        self._scratch = _Scratch(self.world_size)  # its memory freed
         if self._owns and self._comm != MPI.COMM_NULL:
             self._comm.Free()
 

@@ -3,14 +3,17 @@
 Past the mismatch check's check points (the default policy checks collectives 1..64, then every
 1024th), a blocking call like one the pipeline took goes to the backend's plain primitive
 (``_broadcast_plain``, ``_reduce_plain``, ``_all_gather_into_plain``, ``_reduce_scatter_plain``,
-``_all_to_all_plain``, ``_all_reduce_plain``; counted here on the instance, where the kit reads
-them). As a careless user would call them:
+``_all_to_all_plain``, ``_all_reduce_plain``, ``_gather_plain``, ``_scatter_plain``; counted here
+on the instance, where the kit reads them). As a careless user would call them:
 
 - every shortcut taken, counted, with the right results (numpy and torch, five dtypes,
   rank-dependent values, a root that is not 0), in runs of one op and interleaved, under the
   default policy and ``off``; and the result check shown to catch a wrong shortcut;
-- bad calls refused by the pipeline alike on every rank; strided views, an in-place gather and
-  async calls through the pipeline, right;
+- gather and scatter to and from the first and the last rank, the root's list chunks of one
+  buffer, arrays of their own or strided views, and its tensor one of the list's entries: taken,
+  right;
+- bad calls (bad lists too) refused by the pipeline alike on every rank; strided views, an
+  in-place gather and async calls through the pipeline, right;
 - groups made by ``split`` and ``new_group``;
 - a mismatch between check points named at the next one (seq 1088), on every rank;
 - hooks see every call: the shortcuts are bypassed while hooks are registered.
@@ -49,6 +52,8 @@ OPS = (
     "reduce_scatter_tensor",
     "all_to_all_single",
     "all_reduce",
+    "gather",
+    "scatter",
 )
 PLAIN = dict(
     zip(
@@ -60,12 +65,16 @@ PLAIN = dict(
             "_reduce_scatter_plain",
             "_all_to_all_plain",
             "_all_reduce_plain",
+            "_gather_plain",
+            "_scatter_plain",
         ),
         strict=True,
     )
 )
 #: The ops whose input holds one chunk per rank.
 CHUNKED = ("reduce_scatter_tensor", "all_to_all_single")
+#: The ops whose list of world_size arrays is given on the root only.
+ROOTED = ("gather", "scatter")
 #: Elements of one rank's chunk.
 K = 4
 #: Calls of each op per library and dtype.
@@ -92,10 +101,18 @@ class Counted:
             done = plain(*args)
             self.taken[op] += bool(done)
             if done and op in self.spoil:
-                self.spoil[op](*args)
+                self.spoil[op](written(op, args))
             return done
 
         return counted
+
+
+def written(op: str, args: tuple[Any, ...]) -> Any:
+    """What the plain primitive of ``op`` called with ``args`` wrote on this rank: the tensor
+    (in place, or scatter's), the output, gather's last part on the root (None elsewhere)."""
+    if op == "gather":
+        return None if args[1] is None else args[1][-1]
+    return args[0]
 
 
 def fill(group: Any) -> None:
@@ -142,7 +159,34 @@ def _wants(op: str, everyone: list[Any], rank: int, root: int) -> Any:
         "all_gather_into_tensor": lambda: np.concatenate(everyone),
         "reduce_scatter_tensor": lambda: total[mine],
         "all_to_all_single": lambda: np.concatenate([e[mine] for e in everyone]),
+        "gather": lambda: np.concatenate(everyone) if rank == root else None,
+        "scatter": lambda: everyone[rank] + root,
     }[op]()
+
+
+def listed(lib: str, arrays: list[Any], how: str) -> list[Any]:
+    """Copies of ``arrays`` (of one size) as a root's list: ``chunks`` of one buffer, arrays of
+    their own (``separate``), or every other element of arrays twice their size (``strided``)."""
+    if how == "chunks":
+        whole = make(lib, np.concatenate(arrays))
+        n = arrays[0].size
+        return [whole[i * n : (i + 1) * n] for i in range(len(arrays))]
+    return [(spread if how == "strided" else as_is)(lib, a.copy())[1] for a in arrays]
+
+
+def run_rooted(
+    group: Any, op: str, x: Any, everyone: list[Any], how: str, root: int, **options: Any
+) -> tuple[Any, Any]:
+    """gather ``x`` to, or scatter into ``x`` from, ``root``, whose list is as ``how`` says
+    (:func:`listed`; scatter's entry r: ``everyone[r] + root``): (the Work, what holds the
+    result: the gathered list on the root, None elsewhere, or ``x``)."""
+    lib = "torch" if isinstance(x, torch.Tensor) else "numpy"
+    arrays = [np.full_like(e, -1) if op == "gather" else e + root for e in everyone]
+    parts = listed(lib, arrays, how) if group.rank == root else None
+    work = getattr(group, op)(x, parts, root, **options)
+    if op == "scatter":
+        return work, x
+    return work, None if parts is None else [np.asarray(p).reshape(-1) for p in parts]
 
 
 def _output(op: str, dtype: str, n: int) -> Any:
@@ -188,18 +232,27 @@ def run_op(
     step: int,
     place: Place = as_is,
     place_out: Place = as_is,
+    root: int | None = None,
+    how: str | None = None,
     **options: Any,
 ) -> bool:
-    """Run ``op`` once on ``group`` (root: the last rank) with rank-dependent values, its input
-    and output placed by ``place`` and ``place_out``; whether its result is right and it counted
-    one operation. ``options`` go to the call (async_op: the Work is waited for)."""
-    n, r, root = group.world_size, group.rank, group.world_size - 1
+    """Run ``op`` once on ``group`` (root: the last rank unless given) with rank-dependent
+    values, its input and output placed by ``place`` and ``place_out`` (a rooted op's list as
+    ``how`` says, :func:`listed`; by default chunks of one buffer at even steps, arrays of their
+    own at odd ones); whether its result is right and it counted one operation. ``options`` go
+    to the call (async_op: the Work is waited for)."""
+    n, r = group.world_size, group.rank
+    root = n - 1 if root is None else root
     everyone = [values(dtype, s, step, K * n if op in CHUNKED else K) for s in range(n)]
     held, x = place(lib, everyone[r].copy())
     empty = _output(op, dtype, n)
     held_out, out = (None, None) if empty is None else place_out(lib, empty)
     seq = group.seq
-    if op in ("broadcast", "reduce"):
+    rooted = None
+    if op in ROOTED:
+        how = how or ("separate" if step % 2 else "chunks")
+        work, rooted = run_rooted(group, op, x, everyone, how, root, **options)
+    elif op in ("broadcast", "reduce"):
         work = getattr(group, op)(x, root, **options)
     elif op == "all_reduce":
         work = group.all_reduce(x, **options)
@@ -208,7 +261,10 @@ def run_op(
     if work is not None:
         work.wait()
     want = _wants(op, everyone, r, root)
-    got = np.asarray(x if out is None else out).reshape(-1)
+    if op == "gather":
+        got = None if rooted is None else np.concatenate(rooted)
+    else:
+        got = np.asarray(x if out is None else out).reshape(-1)
     right = want is None or np.array_equal(got, want)
     kept = _untouched(held, x) and (out is None or _untouched(held_out, out))
     return group.seq == seq + 1 and right and kept
@@ -267,14 +323,15 @@ def test_every_shortcut_is_taken_past_the_check_points_and_right(
 def _shortcut_steps(ops: tuple[str, ...], group: Any) -> list[tuple[str, str, str, int]]:
     """The (lib, dtype, op, step) that take the shortcut in a "runs" program over ``ops`` (of
     float32 and int64), in the program's order: every step but the first (all_reduce's first
-    too where nothing is recorded: a world of 1); a reduce's result is checked on its root."""
+    too where nothing is recorded: a world of 1); a reduce's and a gather's result is checked on
+    the root."""
     rank, root, size = group.rank, group.world_size - 1, group.world_size
     return [
         (lib, dtype, op, step)
         for lib in LIBS
         for dtype in ("float32", "int64")
         for op in OPS
-        if op in ops and (op != "reduce" or rank == root)
+        if op in ops and (op not in ("reduce", "gather") or rank == root)
         for step in range(0 if op == "all_reduce" and size == 1 else 1, STEPS)
     ]
 
@@ -293,12 +350,13 @@ def test_the_result_check_catches_shortcuts_that_reduce_by_max(
 
 @pytest.mark.parametrize("op", OPS)
 def test_the_result_check_catches_a_shortcut_that_writes_wrong_data(group: Any, op: str) -> None:
-    """A primitive that corrupts one element of what it wrote (the tensor, or the output) is
-    caught at exactly the calls that took it."""
+    """A primitive that corrupts one element of what it wrote (the tensor, the output, or
+    gather's last part on the root) is caught at exactly the calls that took it."""
     counted = Counted(group)
 
-    def spoil(target: Any, *rest: Any) -> None:
-        target[0] += 1
+    def spoil(target: Any) -> None:
+        if target is not None:
+            target[0] += 1
 
     counted.spoil[op] = spoil
     wrong = _program(group, "runs", dtypes=("float32", "int64"))
@@ -330,12 +388,43 @@ def _bad_calls(group: Any, lib: str) -> dict[str, Callable[[], Any]]:
         "broadcast: src=-1": lambda: group.broadcast(x, -1),
         "reduce: dst=True": lambda: group.reduce(x, True),
         "reduce: dst=world_size": lambda: group.reduce(x, n),
+        **_bad_rooted_calls(group, lib, x),
     }
+
+
+def _bad_rooted_calls(group: Any, lib: str, x: Any) -> dict[str, Callable[[], Any]]:
+    """gathers to the last rank and scatters from rank 0 that the pipeline refuses on every
+    rank: a bad list on the root, a list (of good arrays) on the others, or a bad root."""
+    n, last = group.world_size, group.world_size - 1
+    other = "numpy" if lib == "torch" else "torch"
+
+    def z(size: int = K, dtype: str = "float32", of: str = lib) -> Any:
+        return make(of, np.zeros(size, dtype))
+
+    def listed_bad(root: int, bad: Any) -> Any:
+        return bad if group.rank == root else [z() for _ in range(n)]
+
+    lists = {
+        "one short": [z() for _ in range(n - 1)],
+        "one long": [z() for _ in range(n + 1)],
+        "int32 in it": [*[z() for _ in range(n - 1)], z(K, "int32")],
+        "one of the other library in it": [z(of=other), *[z() for _ in range(n - 1)]],
+        "a larger array in it": [*[z() for _ in range(n - 1)], z(K + 1)],
+        "None on the root": None,
+    }
+    calls: dict[str, Callable[[], Any]] = {}
+    for what, bad in lists.items():
+        calls[f"gather: list {what}"] = lambda b=bad: group.gather(x, listed_bad(last, b), last)
+        calls[f"scatter: list {what}"] = lambda b=bad: group.scatter(x, listed_bad(0, b), 0)
+    calls["gather: dst=True"] = lambda: group.gather(x, listed_bad(1 % n, None), True)
+    calls["scatter: src=world_size"] = lambda: group.scatter(x, listed_bad(0, None), n)
+    return calls
 
 
 def _good_call(group: Any, what: str, lib: str) -> None:
     """A good call of the op of bad call ``what`` (src and dst 1 where the world has a rank 1:
-    True would be that rank), so that the bad one comes in a run of its op."""
+    True would be that rank; gather to the last rank, scatter from 0), so that the bad one comes
+    in a run of its op."""
     n = group.world_size
     x = make(lib, np.ones(K, np.float32))
     full = make(lib, np.ones(K * n, np.float32))
@@ -347,6 +436,10 @@ def _good_call(group: Any, what: str, lib: str) -> None:
         group.reduce_scatter_tensor(zeros[:K], full)
     elif op == "all_to_all":
         group.all_to_all_single(zeros, full)
+    elif op in ROOTED:  # to the last rank, from rank 0
+        root = n - 1 if op == "gather" else 0
+        parts = list(zeros.chunk(n) if lib == "torch" else np.split(zeros, n))
+        getattr(group, op)(x, parts if group.rank == root else None, root)
     else:
         getattr(group, op)(x, 1 % n)
 
@@ -457,6 +550,74 @@ def test_an_in_place_gather_goes_through_the_pipeline_and_is_right(group: Any, l
             wrong.append((step, "taken"))
     assert not wrong, f"rank {r}: in-place gathers {wrong}"
     assert counted.taken["all_gather_into_tensor"] == 3, counted.taken
+
+
+@pytest.mark.parametrize("how", ["chunks", "separate", "strided"])
+@pytest.mark.parametrize("root", ["first", "last"])
+def test_gather_and_scatter_take_the_shortcut_for_every_list_and_root(
+    group: Any, root: str, how: str
+) -> None:
+    """Past the check points, gathers to and scatters from rank 0 or the last rank, numpy and
+    torch, five dtypes, the root's list chunks of one buffer (MPI takes it as it is), arrays of
+    their own or strided views (both copied through the communicator's scratch): every call but
+    the first of its kind takes the shortcut, right."""
+    at = 0 if root == "first" else group.world_size - 1
+    counted = Counted(group)
+    wrong = [
+        (lib, dtype, op, step)
+        for lib in LIBS
+        for dtype in DTYPES
+        for op in ROOTED
+        for step in range(STEPS)
+        if not run_op(group, op, lib, dtype, step, root=at, how=how)
+    ]
+    kinds = len(LIBS) * len(DTYPES)
+    assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
+    taken = {op: counted.taken[op] for op in ROOTED}
+    assert taken == dict.fromkeys(ROOTED, kinds * (STEPS - 1)), taken
+
+
+def _aliased(group: Any, op: str, lib: str, step: int, how: str, slot: int) -> bool:
+    """A gather to or scatter from the last rank whose tensor, on the root, is entry ``slot``
+    of its list (``how``: :func:`listed`); whether the result is right (the pipeline's: the
+    gathered list; a scatter's tensor gets the root's own entry)."""
+    n, r, root = group.world_size, group.rank, group.world_size - 1
+    everyone = [values("float32", s, step) for s in range(n)]
+    if r != root:
+        x = make(lib, everyone[r].copy())
+        getattr(group, op)(x, None, root)
+        return op == "gather" or bool(np.array_equal(np.asarray(x), everyone[r] + root))
+    arrays = [np.full_like(e, -1) if op == "gather" else e + root for e in everyone]
+    parts = listed(lib, arrays, how)
+    x = parts[slot]
+    if op == "gather":
+        x[:] = make(lib, everyone[root].copy())
+    getattr(group, op)(x, parts, root)
+    if op == "scatter":
+        return bool(np.array_equal(np.asarray(x), everyone[root] + root))
+    return all(np.array_equal(np.asarray(p), e) for p, e in zip(parts, everyone, strict=True))
+
+
+@pytest.mark.parametrize("how", ["chunks", "separate"])
+@pytest.mark.parametrize("lib", LIBS)
+def test_rooted_calls_whose_tensor_is_in_the_list_are_right(group: Any, lib: str, how: str) -> None:
+    """On the root, the tensor is an entry of its own list: its own slot (a chunk of the
+    buffer: MPI_IN_PLACE) or another rank's (MPI forbids aliased buffers: through the scratch),
+    after calls like it (the shortcut open). Every result is the pipeline's, and MPI takes
+    every call."""
+    counted = Counted(group)
+    n, root = group.world_size, group.world_size - 1
+    wrong = []
+    for op in ROOTED:
+        run_op(group, op, lib, "float32", 0)  # the kind known: its shortcut open
+        for step in range(1, 3):
+            for slot in sorted({root, (root + 1) % n}):
+                if not _aliased(group, op, lib, step, how, slot):
+                    wrong.append((op, step, slot))
+    calls = 2 * len({root, (root + 1) % n})
+    assert not wrong, f"rank {group.rank}: in-place rooted calls {wrong}"
+    taken = {op: counted.taken[op] for op in ROOTED}
+    assert taken == dict.fromkeys(ROOTED, calls), taken
 
 
 @pytest.mark.parametrize("lib", LIBS)

@@ -16,6 +16,7 @@ import gc
 import inspect
 import math
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from typing import Any, ClassVar
 
 import torch
@@ -24,8 +25,10 @@ from torch.distributed import (
     AllreduceOptions,
     AllToAllOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
 )
 from torch.distributed.distributed_c10d import AllgatherOptions  # type: ignore[attr-defined]
 
@@ -146,6 +149,7 @@ def _numpy_arrays() -> Any:
 _ndarray = _numpy_arrays()
 _Tensor, _from_numpy, _SUM = torch.Tensor, torch.from_numpy, dist.ReduceOp.SUM
 _EVEN: list[int] = []  # all_to_all's split sizes: even chunks
+_NO_INPUTS: list[Any] = []  # scatter's inputs off the root
 
 
 @functools.cache
@@ -170,6 +174,12 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether tensors ``a`` and ``b`` share memory (on the same device)."""
     start, other = a.data_ptr(), b.data_ptr()
     return other < start + a.nbytes and start < other + b.nbytes
+
+
+def _disjoint(tensors: list[torch.Tensor], nbytes: int) -> bool:
+    """Whether ``tensors`` of ``nbytes`` bytes each (contiguous) share no memory."""
+    starts = sorted(t.data_ptr() for t in tensors)
+    return all(b - a >= nbytes for a, b in pairwise(starts))
 
 
 def flat(x: Any) -> torch.Tensor:
@@ -278,11 +288,16 @@ class TorchCommunicator(BaseCommunicator):
         self._pg_scatter = getattr(pg, "reduce_scatter_single", None) or pg._reduce_scatter_base
         self._pg_all_to_all = getattr(pg, "all_to_all_single", None) or pg.alltoall_base
         self._pg_send, self._pg_recv, self._pg_recv_any = pg.send, pg.recv, pg.recv_anysource
+        self._pg_gather_to, self._pg_scatter_from = pg.gather, pg.scatter
+        #: gather's outputs off the root: none, or one empty list where torch's calls go to
+        #: torchcomms (its gather wants one entry on every rank), as ``dist.gather`` passes.
+        uses_torchcomms = getattr(dist.distributed_c10d, "_use_torchcomms_enabled", None)
+        self._plain_no_outputs: list[Any] = [[]] if uses_torchcomms and uses_torchcomms() else []
         self._opts_sum = _options(AllreduceOptions, reduceOp=_SUM)
         self._opts_gather = _options(AllgatherOptions)
         self._opts_scatter = _options(ReduceScatterOptions, reduceOp=_SUM)
         self._opts_all_to_all = _options(AllToAllOptions)
-        self._opts_rooted: dict[int, tuple[Any, Any]] = {}
+        self._opts_rooted: dict[int, tuple[Any, ...]] = {}
         self._plain_moved = _torch_dtypes(self._kit_native_dtypes)
         self._plain_summed = _torch_dtypes(self._kit_direct_dtypes)  # not bool: its SUM is OR
         self._plain_cpu = "cpu" in self.devices
@@ -449,6 +464,34 @@ class TorchCommunicator(BaseCommunicator):
             return False
         return self._plain_run(self._pg_all_to_all, *pair, _EVEN, _EVEN, self._opts_all_to_all)
 
+    def _gather_plain(self, tensor: Any, gather_list: Any, dst: int) -> bool:
+        t = self._plain_of(tensor, self._plain_moved)
+        if t is None:
+            return False
+        outputs: Any = self._plain_no_outputs
+        if gather_list is not None:
+            both = self._plain_parts(t, gather_list, True)
+            if both is None:
+                return False
+            t, parts = both
+            outputs = [parts]
+        opts = self._opts_rooted.get(dst) or self._rooted(dst)
+        return self._plain_run(self._pg_gather_to, outputs, [t], opts[2])
+
+    def _scatter_plain(self, tensor: Any, scatter_list: Any, src: int) -> bool:
+        t = self._plain_of(tensor, self._plain_moved)
+        if t is None:
+            return False
+        inputs: Any = _NO_INPUTS
+        if scatter_list is not None:
+            both = self._plain_parts(t, scatter_list, False)
+            if both is None:
+                return False
+            t, parts = both
+            inputs = [parts]
+        opts = self._opts_rooted.get(src) or self._rooted(src)
+        return self._plain_run(self._pg_scatter_from, [t], inputs, opts[3])
+
     # Blocking messages (distcomm.backend._pipeline.p2p): the kit has checked the rank and the
     # tag. The group's own send, recv or recv_anysource runs, and torch's Work is waited for as
     # the pipeline's TorchWork is (:meth:`_plain_message`).
@@ -517,16 +560,36 @@ class TorchCommunicator(BaseCommunicator):
         # 1-D, as the pipeline's (flat): torch wants the input's dims to divide the output's
         return (out if out.dim() == 1 else out.view(-1)), (inp if inp.dim() == 1 else inp.view(-1))
 
-    def _rooted(self, root: int) -> tuple[Any, Any]:
-        """The options of a broadcast from and a SUM reduce to rank ``root``, made at its first
-        call (torch takes its rank in the group)."""
+    def _plain_parts(
+        self, t: torch.Tensor, parts: Any, written: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """The root's list of a rooted shortcut (world_size arrays like ``t``: the kit checked)
+        and ``t`` as torch takes them: each part as :meth:`_plain_of`, none sharing memory with
+        ``t``, nor (``written``: a gather's) with another part (the pipeline handles those); all
+        1-D where the parts' shapes differ from ``t``'s (torch wants one shape). None where a
+        part is not plain."""
+        taken = [self._plain_of(p, self._plain_moved) for p in parts]
+        if any(q is None or _overlap(q, t) for q in taken):
+            return None
+        if written and not _disjoint(taken, t.nbytes):
+            return None
+        shape = t.shape
+        if all(q.shape == shape for q in taken):
+            return t, taken
+        return t.view(-1), [q.view(-1) for q in taken]
+
+    def _rooted(self, root: int) -> tuple[Any, ...]:
+        """The options of a broadcast from, a SUM reduce to, a gather to and a scatter from
+        rank ``root``, made at its first call (torch takes its rank in the group)."""
         group_rank = dist.get_group_rank(self.native, self.global_ranks[root])
-        both = (
+        made = (
             _options(BroadcastOptions, rootRank=group_rank, rootTensor=0),
             _options(ReduceOptions, rootRank=group_rank, rootTensor=0, reduceOp=_SUM),
+            _options(GatherOptions, rootRank=group_rank),
+            _options(ScatterOptions, rootRank=group_rank),
         )
-        self._opts_rooted[root] = both
-        return both
+        self._opts_rooted[root] = made
+        return made
 
     def _plain_run(self, start: Callable[..., Any], *args: Any) -> bool:
         """``start(*args)``, a collective of the group, waited for as the pipeline waits for its

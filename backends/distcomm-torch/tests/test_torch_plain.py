@@ -1,13 +1,14 @@
-"""gloo's shortcuts of blocking calls (``TorchCommunicator._all_reduce_plain`` and the five
+"""gloo's shortcuts of blocking calls (``TorchCommunicator._all_reduce_plain`` and the seven
 others), in one program of 2 ranks run once for the module.
 
 Past the first 64 collectives (all checked: the pipeline only), a blocking call like the ones
 before it goes to the shortcut (``distcomm.backend._pipeline.shortcuts``). The program counts
 what each shortcut said, by wrapping the world's ``_*_plain`` attributes (the kit reads them on
 the instance), and checks every result: runs of one op and interleaved ops, numpy arrays and
-torch tensors of float32, int64 and float64. Arrays the engine does not take as they are (not
-contiguous, overlapping, a dtype gloo lacks), a wrong-size output and a bool root go through the
-pipeline.
+torch tensors of float32, int64 and float64; gather and scatter to and from either rank, the
+root's list views of one buffer and arrays of their own. Arrays the engine does not take as they
+are (not contiguous, overlapping, a dtype gloo lacks, a root's list holding its tensor or
+transposed entries), a wrong-size output, a bool root and bad lists go through the pipeline.
 Blocking messages alike (``_send_plain``, ``_recv_plain``, counted the same way): ping-pongs of
 numpy arrays and torch tensors of five dtypes on three tags, rank 0 receiving from any rank;
 strided views and int16 through the pipeline; bad ranks and tags refused by the pipeline,
@@ -46,6 +47,8 @@ PLAIN = {
     "all_gather_into_tensor": "_all_gather_into_plain",
     "reduce_scatter_tensor": "_reduce_scatter_plain",
     "all_to_all_single": "_all_to_all_plain",
+    "gather": "_gather_plain",
+    "scatter": "_scatter_plain",
 }
 #: The shortcuts of blocking messages.
 MESSAGES = {"send": "_send_plain", "recv": "_recv_plain"}
@@ -108,6 +111,8 @@ def case(op: str, lib: str, dtype: str, i: int) -> tuple[Call, Any, np.ndarray |
         dst = (i + 1) % size
         x = array(lib, base * (rank + 1))
         return lambda: distcomm.reduce(x, dst=dst), x, base * total if rank == dst else None
+    if op in ("gather", "scatter"):
+        return rooted_case(op, lib, base, i)
     out = array(lib, np.zeros((2 * size, 3) if op != "reduce_scatter_tensor" else (2, 3), dtype))
     if op == "all_gather_into_tensor":
         x = array(lib, base + 100 * rank)
@@ -119,6 +124,36 @@ def case(op: str, lib: str, dtype: str, i: int) -> tuple[Call, Any, np.ndarray |
     x = array(lib, big + 100 * rank)
     want = np.concatenate([big[2 * rank : 2 * rank + 2] + 100 * r for r in range(size)])
     return lambda: distcomm.all_to_all_single(out, x), out, want
+
+
+def listed(lib: str, arrays: list[np.ndarray], shared: bool) -> list[Any]:
+    """Copies of ``arrays`` (of one shape) as a root's list: views of one buffer (``shared``),
+    or arrays of their own."""
+    if not shared:
+        return [array(lib, a.copy()) for a in arrays]
+    whole = array(lib, np.concatenate(arrays))
+    rows = arrays[0].shape[0]
+    return [whole[r * rows : (r + 1) * rows] for r in range(len(arrays))]
+
+
+def rooted_case(op: str, lib: str, base: np.ndarray, i: int) -> tuple[Call, Any, Any]:
+    """Call ``i`` of gather (to rank (i + 1) % size) or scatter (from rank i % size), as
+    :func:`case`; the root's list views of one buffer at even ``i``, of their own at odd ones.
+    A gather's result is its list (None off the root), stacked."""
+    rank, size = distcomm.get_rank(), distcomm.get_world_size()
+    shared = i % 2 == 0
+    if op == "gather":
+        dst = (i + 1) % size
+        zeros = [np.zeros_like(base) for _ in range(size)]
+        parts = listed(lib, zeros, shared) if rank == dst else None
+        want = np.stack([base + 100 * r for r in range(size)]) if rank == dst else None
+        x = array(lib, base + 100 * rank)
+        return lambda: distcomm.gather(x, parts, dst=dst), parts, want
+    src = i % size
+    given = [base + 100 * r + 10 * src for r in range(size)]
+    parts = listed(lib, given, shared) if rank == src else None
+    out = array(lib, np.zeros_like(base))
+    return lambda: distcomm.scatter(out, parts, src=src), out, given[rank]
 
 
 class Program:
@@ -195,11 +230,36 @@ class Program:
         call = functools.partial(distcomm.all_gather_into_tensor, out, mine)
         want = np.concatenate([base + 100 * r for r in range(size)])
         done.append(self.checked("gather in place", call, out, want))
+        done += self.rooted_not_plain(base)
         for dtype in ("int16", "bool"):  # gloo moves no int16; a sum of bools is their OR
             for i in range(3):
                 z = np.array([rank + 1, 0, rank], dtype=dtype)
                 call = functools.partial(distcomm.all_reduce, z)
                 done.append(self.checked(f"{dtype} #{i}", call, z, np.array([3, 0, 1], dtype)))
+        return done
+
+    def rooted_not_plain(self, base: np.ndarray) -> list[dict[str, Any]]:
+        """Rooted calls (to and from rank 0) whose root's list gloo does not take as it is: the
+        tensor is one of its entries (in place), or an entry is transposed. The root's shortcut
+        says False, the others' take the call, and the pipeline's results are right."""
+        rank, size = self.rank, self.size
+        done = self.run("gather", "torch", "float32", "gather", i=1)  # to rank 0
+        done += self.run("scatter", "torch", "float32", "scatter", i=0)  # from rank 0
+        every = np.stack([base + 100 * r for r in range(size)])
+        parts = listed("torch", list(np.zeros_like(every)), True) if rank == 0 else None
+        x = parts[0] if parts is not None else torch.from_numpy(base + 100 * rank)
+        if parts is not None:
+            x.copy_(torch.from_numpy(base))
+        call = functools.partial(distcomm.gather, x, parts, dst=0)
+        done.append(self.checked("gather in its list", call, parts, every if rank == 0 else None))
+        given = listed("torch", list(every), True) if rank == 0 else None
+        out = given[0] if given is not None else torch.zeros(2, 3)
+        call = functools.partial(distcomm.scatter, out, given, src=0)
+        done.append(self.checked("scatter in its list", call, out, every[rank]))
+        turned = [torch.from_numpy(np.ascontiguousarray(e.T)).T for e in every]
+        out = torch.zeros(2, 3)
+        call = functools.partial(distcomm.scatter, out, turned if rank == 0 else None, src=0)
+        done.append(self.checked("scatter of transposed entries", call, out, every[rank]))
         return done
 
     def refused(self) -> list[dict[str, Any]]:
@@ -211,6 +271,14 @@ class Program:
         done.append(self.checked("wrong-size output", wrong_size))
         done += self.run("broadcast", "torch", "float32", "broadcast", i=1)  # from rank 1
         done.append(self.checked("bool root", functools.partial(distcomm.broadcast, x, src=True)))
+        done += self.run("gather", "torch", "float32", "gather", i=1)  # to rank 0
+        short = [torch.zeros(2, 3) for _ in range(self.size - 1)]  # a list off the root too
+        call = functools.partial(distcomm.gather, x, short, dst=0)
+        done.append(self.checked("gather list one short", call))
+        done += self.run("scatter", "torch", "float32", "scatter", i=0)  # from rank 0
+        ints = [torch.zeros(2, 3, dtype=torch.int32) for _ in range(self.size)]  # everywhere
+        call = functools.partial(distcomm.scatter, x, ints, src=0)
+        done.append(self.checked("scatter list of int32", call))
         call, got, want = case("broadcast", "torch", "float32", 1)
         done.append(self.checked("broadcast after", call, got, want))
         return done
@@ -343,6 +411,30 @@ class Messages:
         for lib in LIBS:
             done += self.ping(f"{lib} strided", lib, "float32", 3, 1, spread)
             done += self.ping(f"{lib} int16", lib, "int16", 3, 2)
+        return done
+
+    def rooted_not_plain(self, base: np.ndarray) -> list[dict[str, Any]]:
+        """Rooted calls (to and from rank 0) whose root's list gloo does not take as it is: the
+        tensor is one of its entries (in place), or an entry is transposed. The root's shortcut
+        says False, the others' take the call, and the pipeline's results are right."""
+        rank, size = self.rank, self.size
+        done = self.run("gather", "torch", "float32", "gather", i=1)  # to rank 0
+        done += self.run("scatter", "torch", "float32", "scatter", i=0)  # from rank 0
+        every = np.stack([base + 100 * r for r in range(size)])
+        parts = listed("torch", list(np.zeros_like(every)), True) if rank == 0 else None
+        x = parts[0] if parts is not None else torch.from_numpy(base + 100 * rank)
+        if parts is not None:
+            x.copy_(torch.from_numpy(base))
+        call = functools.partial(distcomm.gather, x, parts, dst=0)
+        done.append(self.checked("gather in its list", call, parts, every if rank == 0 else None))
+        given = listed("torch", list(every), True) if rank == 0 else None
+        out = given[0] if given is not None else torch.zeros(2, 3)
+        call = functools.partial(distcomm.scatter, out, given, src=0)
+        done.append(self.checked("scatter in its list", call, out, every[rank]))
+        turned = [torch.from_numpy(np.ascontiguousarray(e.T)).T for e in every]
+        out = torch.zeros(2, 3)
+        call = functools.partial(distcomm.scatter, out, turned if rank == 0 else None, src=0)
+        done.append(self.checked("scatter of transposed entries", call, out, every[rank]))
         return done
 
     def refused(self) -> list[dict[str, Any]]:
@@ -499,12 +591,21 @@ def test_interleaved_ops_each_take_their_shortcut(ranks: list[dict[str, Any]]) -
             assert said(check) == took, f"rank {rank}: {check['label']}: {said(check)}"
 
 
+#: The rooted calls the root's shortcut declines (:meth:`Program.rooted_not_plain`).
+ROOTED_DECLINED = {
+    "gather in its list": "_gather_plain",
+    "scatter in its list": "_scatter_plain",
+    "scatter of transposed entries": "_scatter_plain",
+}
+
+
 def test_arrays_gloo_does_not_take_as_they_are_go_through_the_pipeline(
     ranks: list[dict[str, Any]],
 ) -> None:
     """Not contiguous (numpy, torch), overlapping (an all-gather in place), int16 (not moved by
     gloo), bool (a sum is an OR): the shortcut says False, having sent nothing, and the
-    pipeline's result is right."""
+    pipeline's result is right. A root's list gloo does not take (its tensor in it, transposed
+    entries): the root's shortcut says False, the other rank's takes the call."""
     declined = {"numpy transposed", "torch transposed", "gather in place"}
     declined |= {f"{dtype} #{i}" for dtype in ("int16", "bool") for i in (1, 2)}
     for rank, seen in enumerate(ranks):
@@ -513,6 +614,9 @@ def test_arrays_gloo_does_not_take_as_they_are_go_through_the_pipeline(
         for label in sorted(declined):
             ways = said(by_label[label])
             assert len(ways) == 1 and ways[0][1] is False, f"rank {rank}: {label}: {ways}"
+        for label, name in ROOTED_DECLINED.items():  # by the root, rank 0, alone
+            ways = said(by_label[label])
+            assert ways == [(name, rank != 0)], f"rank {rank}: {label}: {ways}"
 
 
 def test_a_wrong_size_output_and_a_bool_root_get_the_pipelines_error(
@@ -520,7 +624,8 @@ def test_a_wrong_size_output_and_a_bool_root_get_the_pipelines_error(
 ) -> None:
     for rank, seen in enumerate(ranks):
         by_label = {check["label"]: check for check in seen["refused"]}
-        for label in ("wrong-size output", "bool root"):
+        refused = ("wrong-size output", "bool root", "gather list one short")
+        for label in (*refused, "scatter list of int32"):
             check = by_label.pop(label)
             assert check["error"] == "InvalidArgumentError", f"rank {rank}: {label}: {check}"
             assert said(check) == [] and check["counted"] == 0, f"rank {rank}: {label}: {check}"

@@ -3,15 +3,24 @@
 Objects travel as pickle protocol 5 bytes with out-of-band buffers
 (:mod:`~distcomm._object_codec`), on the communicator's object channel (itself, or a
 CPU side channel for a GPU engine). Each counts as one collective, whatever it sends inside.
+
+A call like one the pipeline took before (the same op and root) skips the kit's steps outside
+the mismatch check's points, with no hooks, on a communicator that is its own object channel
+(:meth:`ObjectCollectives._kit_object_shortcut`): nothing is left to check or record but its
+fingerprint, as for the tensors' shortcuts (:mod:`~distcomm.backend._pipeline.shortcuts`). Its
+bytes move as the pipeline's would, so that ranks may take either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distcomm import _object_codec as objects
 from distcomm.backend._pipeline.steps import Steps
+
+if TYPE_CHECKING:
+    from distcomm.backend.communicator import BaseCommunicator
 
 __all__ = ["ObjectCollectives"]
 
@@ -21,6 +30,9 @@ class ObjectCollectives(Steps):
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
+        fast = self._kit_object_shortcut("broadcast_object", src)
+        if fast is not None:
+            return objects.broadcast_object(fast, obj, src)
         self._kit_check_usable()
         self._kit_check_rank(src, "src")
         channel = self._kit_objects("broadcast_object", src)
@@ -28,12 +40,18 @@ class ObjectCollectives(Steps):
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
+        fast = self._kit_object_shortcut("all_gather_object")
+        if fast is not None:
+            return objects.all_gather_object(fast, obj)
         self._kit_check_usable()
         channel = self._kit_objects("all_gather_object")
         return [obj] if channel is None else objects.all_gather_object(channel, obj)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
+        fast = self._kit_object_shortcut("gather_object", dst)
+        if fast is not None:
+            return objects.gather_object(fast, obj, dst)
         self._kit_check_usable()
         self._kit_check_rank(dst, "dst")
         channel = self._kit_objects("gather_object", dst)
@@ -41,6 +59,11 @@ class ObjectCollectives(Steps):
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
+        if self._kit_rank == src and self.unusable is None:
+            objects.check_scatter_list(objs, self._kit_world_size)
+        fast = self._kit_object_shortcut("scatter_object", src)
+        if fast is not None:
+            return objects.scatter_object(fast, objs, src)
         self._kit_check_usable()
         self._kit_check_rank(src, "src")
         if self._kit_rank == src:
@@ -50,3 +73,30 @@ class ObjectCollectives(Steps):
             assert objs is not None
             return objs[0]
         return objects.scatter_object(channel, objs, src)
+
+    def _kit_object_shortcut(self, op: str, root: int | None = None) -> BaseCommunicator | None:
+        """Count object collective ``op`` if it may skip the kit's steps (module docstring):
+        a kind (op, root) the pipeline took before (:meth:`_kit_objects` remembers it) and the
+        ranks agreed on, outside the check points, with no hooks. Returns the communicator to
+        run it on (this one) if it did; None: nothing happened, and the pipeline takes it."""
+        seq = self.seq + 1
+        if (
+            seq >= self._kit_next_check
+            or self._kit_observing
+            or self.unusable is not None
+            or (root is not None and (root.__class__ is not int or root < 0))
+        ):
+            return None
+        fp = self._kit_plain_fps.get((op, None, None, None, root))
+        h = self._kit_history
+        channel = self._object_channel()
+        if fp is None or channel is not self:
+            return None
+        if h is not None and fp != h.run_fp:
+            if fp not in h.agreed:
+                return None
+            h.start_run(seq, fp)
+            self._kit_plain_op = None  # the tensors' shortcuts' run is interrupted
+        self.op = op
+        self.seq = seq
+        return channel

@@ -10,6 +10,11 @@ and calls the primitive under the call's ``seq`` and "blocked in" mark. The prim
 at what its engine needs (contiguous, in its memory, a dtype it moves) and returns False having
 sent nothing otherwise; the pipeline then takes the call.
 
+gather and scatter (:data:`ROOTED`) are of a kind by their tensor and root alike; their list,
+given on the root only, must also be what the pipeline takes without a word (:func:`_list_fits`):
+world_size arrays of the tensor's class, dtype and byte size, None off the root. Anything else
+goes to the pipeline, which says what is wrong with it.
+
 The current run is also kept in the communicator's ``_kit_plain_*`` attributes, which
 ``all_reduce`` (the commonest call) and the uneven all-to-all (:data:`UNEVEN`) test inline.
 """
@@ -26,7 +31,7 @@ if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
 
-__all__ = ["SHORTCUTS", "UNEVEN", "mark", "run"]
+__all__ = ["ROOTED", "SHORTCUTS", "UNEVEN", "mark", "run"]
 
 #: The operations with a shortcut.
 SHORTCUTS = frozenset(
@@ -37,8 +42,13 @@ SHORTCUTS = frozenset(
         "all_gather_into_tensor",
         "reduce_scatter_tensor",
         "all_to_all_single",
+        "gather",
+        "scatter",
     }
 )
+#: The rooted ops: the list of world_size arrays like the tensor is given on the root only, and
+#: the primitive is ``plain(x, parts, root)`` (``parts`` None off the root).
+ROOTED = ("gather", "scatter")
 #: ``_kit_plain_nbytes`` in a run of uneven all-to-alls (their sizes vary) of a dtype the engine
 #: moves: a call of the run's class and dtype takes the shortcut of ``all_to_all_single``
 #: (:func:`~distcomm.backend._pipeline.splits.shortcut`) without a record.
@@ -88,11 +98,12 @@ def run(
     comm: Steps, op: str, plain: Callable[..., bool], x: Any, root: Any = None, out: Any = None
 ) -> bool:
     """Run a blocking ``op`` through the backend's ``plain`` primitive (``plain(x)``,
-    ``plain(x, root)``, or ``plain(out, x)`` for an op with an output) if the call is of a kind
-    :func:`mark` remembered and nothing else need happen (module docstring); the output must
-    have ``x``'s class and dtype and the size ``x`` implies. Returns whether it ran; False:
-    nothing was sent, nothing recorded, and the pipeline takes the call (and says what is wrong
-    with it)."""
+    ``plain(x, root)``, ``plain(out, x)`` for an op with an output, ``plain(x, out, root)`` for
+    a rooted op, whose ``out`` is the list) if the call is of a kind :func:`mark` remembered
+    and nothing else need happen (module docstring); the output must have ``x``'s class and
+    dtype and the size ``x`` implies, the list be as :func:`_list_fits` says. Returns whether it
+    ran; False: nothing was sent, nothing recorded, and the pipeline takes the call (and says
+    what is wrong with it)."""
     seq = comm.seq + 1
     if seq >= comm._kit_next_check or comm._kit_observing or comm.unusable is not None:
         return False
@@ -108,8 +119,11 @@ def run(
     fp = None if current else _known(comm, op, x, root)
     if not current and fp is None:
         return False
-    size = _OUTPUTS.get(op)
-    if size is not None and (
+    rooted = op in ROOTED
+    if rooted:
+        if not _list_fits(comm, x, out, root):
+            return False
+    elif (size := _OUTPUTS.get(op)) is not None and (
         out is None
         or out.__class__ is not x.__class__
         or out.dtype is not x.dtype
@@ -121,7 +135,12 @@ def run(
     comm.op = op  # the call, inside seq and the "blocked in" mark, as the pipeline's
     comm.blocked_seq = comm.seq = seq
     try:
-        done = plain(out, x) if out is not None else plain(x) if root is None else plain(x, root)
+        if rooted:
+            done = plain(x, out, root)
+        elif out is not None:
+            done = plain(out, x)
+        else:
+            done = plain(x) if root is None else plain(x, root)
     except DistcommError:  # distcomm's own: never wrapped as an engine's
         raise
     except comm.engine_errors as exc:
@@ -131,6 +150,22 @@ def run(
     if not done:
         comm.seq = seq - 1  # nothing was sent: the pipeline counts the call
     return bool(done)
+
+
+def _list_fits(comm: Steps, x: Any, parts: Any, root: Any) -> bool:
+    """Whether a rooted call's list ``parts`` is one the pipeline takes as it is: None off the
+    root; on it, a list or tuple of world_size arrays of exactly ``x``'s class and dtype and
+    its byte size (so its element count)."""
+    if comm._kit_rank != root:
+        return parts is None
+    cls = parts.__class__
+    if (cls is not list and cls is not tuple) or len(parts) != comm._kit_world_size:
+        return False
+    cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
+    for p in parts:
+        if p.__class__ is not cls or p.dtype is not dtype or p.nbytes != nbytes:
+            return False
+    return True
 
 
 def _known(comm: Steps, op: str, x: Any, root: Any) -> int | None:

@@ -371,10 +371,16 @@ class Steps(ArgumentChecks, Failures, Primitives):
 
     def _kit_objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` here (and on the object channel); return the channel
-        its bytes travel on, or None in a world of 1."""
+        its bytes travel on, or None in a world of 1. The kind (op, root) is remembered for the
+        object shortcut (:mod:`~distcomm.backend._pipeline.object_collectives`)."""
         self._kit_count(op, root=root)
         if self._kit_solo:
             return None
+        h = self._kit_history
+        known = self._kit_plain_fps
+        if len(known) >= 256:
+            known.clear()
+        known[op, None, None, None, root] = 0 if h is None else h.run_fp
         channel = self._object_channel()
         if channel is not self:
             channel._kit_check_usable()

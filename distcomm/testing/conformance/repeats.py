@@ -2,7 +2,8 @@
 earlier one skips the pipeline and takes the backend's shortcut (its ``_broadcast_plain``,
 ``_all_reduce_plain``, ... where it has them: :mod:`distcomm.backend.primitives`).
 
-The calls interleave the collectives that have shortcuts, with values that depend on the rank,
+The calls interleave the collectives that have shortcuts (gather and scatter with the root's
+list as views of one buffer and as arrays of their own), with values that depend on the rank,
 the root and the round, so that a shortcut that moves the wrong data, the wrong reduction or
 from the wrong root is caught. Where the backend has a shortcut, the check also proves that it
 is taken.
@@ -34,6 +35,8 @@ PLAIN = (
     "_all_gather_into_plain",
     "_reduce_scatter_plain",
     "_all_to_all_plain",
+    "_gather_plain",
+    "_scatter_plain",
 )
 N = 4
 ROUNDS = 6
@@ -98,6 +101,34 @@ def _round(lib: str, dtype: str, r: int) -> None:
     distcomm.all_to_all_single(out, make(lib, dtype, every[rank]))
     got = [v for e in every for v in e[rank * N : (rank + 1) * N]]
     expect_values(out, got, f"all_to_all_single, {what}")
+    _rooted(lib, dtype, root, what, every)
+
+
+def _rooted(lib: str, dtype: str, root: int, what: str, every: list[list[Any]]) -> None:
+    """gather to and scatter from ``root``, each twice: the root's list views of one buffer,
+    then arrays of their own (the shortcuts' two cases); each result checked."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for shared in (True, False):
+        how = f"{what}, {'views of one buffer' if shared else 'arrays of their own'}"
+        parts = _parts(lib, dtype, [[0] * N] * world, shared)
+        distcomm.gather(make(lib, dtype, every[rank][:N]), parts if rank == root else None, root)
+        if rank == root:
+            for s, part in enumerate(parts):
+                expect_values(part, every[s][:N], f"gather to {root}, rank {s}'s, {how}")
+        chunks = [every[root][s * N : (s + 1) * N] for s in range(world)]
+        parts = _parts(lib, dtype, chunks, shared)
+        t = empty(lib, dtype, (N,))
+        distcomm.scatter(t, parts if rank == root else None, root)
+        expect_values(t, chunks[rank], f"scatter from {root}, {how}")
+
+
+def _parts(lib: str, dtype: str, chunks: list[list[Any]], shared: bool) -> list[Any]:
+    """``chunks`` as arrays: views of one buffer (``shared``), or arrays of their own."""
+    if not shared:
+        return [make(lib, dtype, chunk) for chunk in chunks]
+    whole = make(lib, dtype, [v for chunk in chunks for v in chunk])
+    n = len(chunks[0])
+    return [whole[i * n : (i + 1) * n] for i in range(len(chunks))]
 
 
 def _dtypes() -> list[str]:
@@ -107,9 +138,9 @@ def _dtypes() -> list[str]:
 
 @check
 def long_runs_of_interleaved_collectives_move_the_right_data() -> None:
-    """Rounds of all_reduce, broadcast, reduce, all_gather_into_tensor, reduce_scatter_tensor
-    and all_to_all_single in turn, each result checked, with no check points (policy ``off``)
-    and under the default; each shortcut the backend has is taken."""
+    """Rounds of all_reduce, broadcast, reduce, all_gather_into_tensor, reduce_scatter_tensor,
+    all_to_all_single, gather and scatter in turn, each result checked, with no check points
+    (policy ``off``) and under the default; each shortcut the backend has is taken."""
     c: Any = comm()
     with _counting(c) as taken, check_policy("off"):
         for lib in libraries():
