@@ -132,12 +132,12 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
         out.write(f"error:     {info['error']}\n")
     out.write("backends:\n")
     width = max((len(b["name"]) for b in info["backends"]), default=8)
+    dists = max((len(b["distribution"]) for b in info["backends"]), default=8)
     for b in info["backends"]:
         mark = "*" if b["selected"] else " "
         state = "available" if b["available"] else "unavailable"
-        out.write(
-            f"  {mark} {b['name']:<{width}}  {b['distribution']:<18} {state}: {b['reason']}\n"
-        )
+        name, dist = f"{b['name']:<{width}}", f"{b['distribution']:<{dists}}"
+        out.write(f"  {mark} {name}  {dist}  {state}: {b['reason']}\n")
     envs = ", ".join(f"{e['name']} ({e['distribution']})" for e in info["environments"])
     out.write(f"environments: {envs}\n")
     out.write("plugins:\n")

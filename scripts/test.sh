@@ -53,6 +53,11 @@ if [ "$#" -eq 0 ]; then
         check "$status" "mpirun -n $n pytest"
     done
 
+    # What a user of released packages gets: every distribution built, installed from its wheels
+    # into a fresh venv outside the checkout, and run there (hello, the kit, bench --plot).
+    echo "scripts/test.sh: the wheel job (scripts/wheels.sh)"
+    bash scripts/wheels.sh
+
     # The API reference, generated from the docstrings of every public module's __all__: a
     # warning (a docstring naming a parameter that does not exist, a broken link, a name of
     # __all__ the reference does not show) fails the run. Installs the docs extra if missing.

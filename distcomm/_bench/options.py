@@ -183,7 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot",
         metavar="FILE.png",
-        help="draw time and bus bandwidth against size to FILE.png (needs matplotlib: "
-        "pip install 'distcomm[bench]')",
+        help="draw time and bus bandwidth against size to FILE.png (needs matplotlib, in "
+        "distcomm's bench extra)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress display")

@@ -17,9 +17,11 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
+        from distcomm._plugins.names import extra_hint
+
         raise DistcommError(
             "distcomm bench --plot needs matplotlib, which is not installed. HINT: "
-            "pip install 'distcomm[bench]', or drop --plot (--json FILE keeps the numbers)."
+            f"{extra_hint('bench')}, or drop --plot (--json FILE keeps the numbers)."
         ) from exc
 
 

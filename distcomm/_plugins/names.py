@@ -1,14 +1,20 @@
 """The first-party backends: their names, distributions and places in the automatic order.
 
-Only to say what to install ("gloo: not installed (pip install ./backends/distcomm-torch)") and
-to spell a requested backend name one way everywhere.
+Only to say what to install, for how distcomm was installed (:func:`install_hint`: "gloo: not
+installed (pip install 'distcomm[torch]')", or from a checkout "(pip install
+./backends/distcomm-torch)"), and to spell a requested backend name one way everywhere.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 __all__ = [
+    "EXTRAS",
     "FIRST_PARTY_BACKENDS",
     "FIRST_PARTY_PRIORITIES",
+    "extra_hint",
     "install_hint",
     "normalise_backend",
 ]
@@ -24,9 +30,49 @@ FIRST_PARTY_BACKENDS: dict[str, str] = {
 FIRST_PARTY_PRIORITIES: dict[str, int] = {"nccl": 300, "mpi": 200, "gloo": 100, "linklink": 0}
 
 
+#: distcomm's extra that installs each first-party distribution (pyproject.toml).
+EXTRAS: dict[str, str] = {
+    "distcomm-torch": "torch",
+    "distcomm-mpi": "mpi",
+    "distcomm-linklink": "linklink",
+}
+
+
 def install_hint(distribution: str) -> str:
-    """Return how to install a first-party distribution from a distcomm checkout."""
-    return f"pip install ./backends/{distribution}"
+    """How to install a first-party distribution, for how distcomm was installed: from a
+    checkout (distcomm imported from a source tree that holds ``backends/``), the path to its
+    folder; from wheels or an index, distcomm's extra (``pip install 'distcomm[torch]'``)."""
+    root = checkout()
+    if root is not None:
+        return f"pip install {_shown(root / 'backends' / distribution)}"
+    extra = EXTRAS.get(distribution)
+    return f"pip install 'distcomm[{extra}]'" if extra else f"pip install {distribution}"
+
+
+def extra_hint(extra: str) -> str:
+    """How to install one of distcomm's extras (``bench``), for how distcomm was installed."""
+    root = checkout()
+    if root is not None:
+        return f"pip install '{_shown(root)}[{extra}]'"
+    return f"pip install 'distcomm[{extra}]'"
+
+
+def checkout() -> Path | None:
+    """The source tree distcomm is imported from (an editable install, or run from it), or
+    None when it was installed from a wheel or an sdist."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "backends").is_dir():
+        return root
+    return None
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user types it: relative to the working directory when inside it."""
+    try:
+        relative = path.relative_to(Path(os.getcwd()).resolve())
+    except (ValueError, OSError):
+        return str(path)
+    return "." if not relative.parts else f"./{relative}"
 
 
 def normalise_backend(name: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from distcomm import _settings
 from distcomm._logs import logger
+from distcomm._plugins.names import install_hint
 from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.ports import free_port
 from distcomm.backend.registry import Registry
@@ -133,7 +134,7 @@ def _missing(choice: str | bool, why: str) -> tuple[None, None, str]:
     if choice is True:
         raise BackendUnavailableError(
             f"init(torch_group=True) cannot make torch's default process group: {why}. HINT: "
-            "pip install distcomm-torch (it brings torch), or torch_group='auto'.",
+            f"{install_hint('distcomm-torch')} (it brings torch), or torch_group='auto'.",
             reason=why,
         )
     return None, None, f"torch group: none ({why})"

@@ -73,7 +73,7 @@ def test_no_group_when_off_alone_or_torch_not_imported(monkeypatch: pytest.Monke
 
 
 def test_asked_for_without_the_torch_plugin_says_what_to_install() -> None:
-    with pytest.raises(BackendUnavailableError, match="pip install distcomm-torch"):
+    with pytest.raises(BackendUnavailableError, match=r"pip install \./backends/distcomm-torch"):
         torch_group.make(True, World(), LAUNCH, Registry(), 60, None)
     made, group, why = torch_group.make("auto", World(), LAUNCH, Registry(), 60, None)
     assert (made, group) == (None, None)

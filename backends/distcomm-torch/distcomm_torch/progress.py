@@ -204,9 +204,19 @@ class StoreProgress:
             asked = {
                 member: int(self._store.add(_asked(rank), 1)) for member, rank in ranks.items()
             }
+            self._store.add(_LISTENING, 1)  # rank 0 waits for the askers too before it leaves
+            try:
+                wait_for(asked)
+            finally:
+                self._store.add(_LISTENING, -1)
+
+        def wait_for(asked: dict[int, int]) -> None:
             deadline = time.monotonic() + wait
             while asked and time.monotonic() < deadline and not monitor.stopping():
                 time.sleep(0.05)
+                if self._store.check([_CLOSING]):  # rank 0 leaves: no more answers
+                    self._server_gone = True
+                    return
                 for member, question in list(asked.items()):
                     key = _answer(ranks[member])
                     if not self._store.check([key]):
