@@ -335,7 +335,8 @@ def job(engine: str, rounds: int, ops: list[str]) -> dict[str, dict[str, list[fl
     bin_dir = Path(sys.executable).parent
     tail = [__file__, "--child", engine, "--rounds", str(rounds), "--ops", ",".join(ops)]
     if engine == "mpi":
-        argv = [str(bin_dir / "mpirun"), "-n", "2", sys.executable, *tail]
+        mpirun = bin_dir / "mpirun"  # the venv's MPICH, else the system's MPI
+        argv = [str(mpirun) if mpirun.exists() else "mpirun", "-n", "2", sys.executable, *tail]
     else:
         argv = [sys.executable, "-m", "distcomm", "run", "-n", "2", "--backend", "gloo", *tail]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}

@@ -168,18 +168,20 @@ def _one_group(tensors: Sequence[Any]) -> _Groups | None:
     if not tensors:
         return None
     torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
-    if numpy is not None and all(t.__class__ is numpy.ndarray for t in tensors):
+    classes = {t.__class__ for t in tensors}  # (sets of one attribute: tuples cost twice)
+    if numpy is not None and classes == {numpy.ndarray}:
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
             return None
         dtype = dtypes.pop()
         return {("numpy", dtype.str): (dtype.itemsize, list(tensors), [t.size for t in tensors])}
-    if torch is None or not all(isinstance(t, torch.Tensor) for t in tensors):
+    if torch is None or not all(issubclass(c, torch.Tensor) for c in classes):
         return None
-    kinds = {(t.dtype, t.get_device()) for t in tensors}  # device -1: the CPU
-    if len(kinds) != 1:
+    dtypes = {t.dtype for t in tensors}
+    devices = {t.get_device() for t in tensors}  # -1: the CPU
+    if len(dtypes) != 1 or len(devices) != 1:
         return None
-    key = kinds.pop()
+    key = (dtypes.pop(), devices.pop())
     return {key: (tensors[0].element_size(), list(tensors), [t.numel() for t in tensors])}
 
 

@@ -1,0 +1,165 @@
+"""Every command and program that README.md and docs/*.md show runs, and prints what they show.
+
+The blocks are collected from the markdown (tests/support/doc_blocks.py says how a doc marks a
+block that cannot run here, visibly, with its reason, and how it says to run one: a launcher,
+variables, the exit status it shows). Each runs from the checkout's root, with the test
+environment's ``bin`` first on PATH (its ``distcomm``, ``mpirun``) and no launcher variables
+inherited, and must leave no file behind. The API reference's examples have their own test
+(test_docs_examples.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from doc_blocks import ROOT, RUNNABLE, Block, blocks, commands, docs, shown_in
+
+#: Pages whose blocks are not yet made runnable (issue 32 is open; their edit was under way when
+#: this landed): listed here, counted apart, and not run.
+PENDING = ("docs/plugins.md", "docs/testing.md", "docs/backends.md")
+ALL = [
+    b
+    for path in docs()
+    if str(path.relative_to(ROOT)) not in PENDING
+    for b in blocks(path)
+    if b.lang in RUNNABLE
+]
+RUN = [b for b in ALL if b.skip is None]
+MARKED = [b for b in ALL if b.skip is not None]
+BIN = Path(sys.executable).parent
+_INHERITED = ("DISTCOMM_", "MASTER_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "TORCHELASTIC_")
+_LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
+
+
+def test_the_docs_show_blocks_to_run_and_say_why_others_do_not_run() -> None:
+    pending = sum(b.lang in RUNNABLE for p in PENDING for b in blocks(ROOT / p))
+    print(
+        f"docs check: {len(RUN)} blocks run, {len(MARKED)} marked not to run, {pending} in "
+        f"pages not yet checked ({', '.join(PENDING)})"
+    )
+    assert len(RUN) >= 40, f"only {len(RUN)} runnable blocks found in the docs"
+    for block in MARKED:
+        assert len(block.skip or "") >= 12, f"{block.name}: the marker gives no reason"
+    known = {"launch", "env", "status", "timeout", "compare", "cwd"}
+    unknown = {k for b in ALL for k in b.options} - known
+    assert not unknown, f"unknown docs-check directives: {unknown}"
+
+
+def _environment(block: Block, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED) and k not in _LAUNCH}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["MPLCONFIGDIR"] = str(tmp_path / "matplotlib")
+    env["PYTHONUNBUFFERED"] = "1"
+    for item in shlex.split(block.options.get("env", "")):
+        name, _, value = item.partition("=")
+        env[name] = value
+    return env
+
+
+def _untracked() -> set[str]:
+    done = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--ignored=no"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    return {line[3:] for line in done.stdout.splitlines() if line.startswith("??")}
+
+
+def _copy(tmp_path: Path) -> Path:
+    """A copy of the checkout's files (tracked and untracked, not the ignored ones: no .venv),
+    for a block that sets a checkout up (``cwd=copy``: the README's first command)."""
+    copy = tmp_path / "checkout"
+    copy.mkdir()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    files = [f for f in listed.decode().split("\0") if f and (ROOT / f).is_file()]
+    packed = subprocess.run(
+        ["tar", "-cf", "-", "-T", "-"],
+        input="\n".join(files).encode(),
+        capture_output=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-xf", "-"], input=packed, cwd=copy, check=True)
+    return copy
+
+
+def _run(
+    argv: list[str] | str, block: Block, env: dict[str, str], cwd: Path = ROOT
+) -> tuple[int, str]:
+    try:
+        done = subprocess.run(
+            argv,
+            shell=isinstance(argv, str),
+            executable="/bin/bash" if isinstance(argv, str) else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # in the order a terminal shows them
+            text=True,
+            cwd=cwd,
+            env=env,
+            timeout=float(block.options.get("timeout", 180)),
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"{block.name}: still running after {exc.timeout} s:\n{out[-3000:]}")
+    return done.returncode, done.stdout
+
+
+def _check(block: Block, what: str, status: int, output: str, shown: str | None) -> None:
+    want = int(block.options.get("status", 0))
+    assert status == want, (
+        f"{block.name}: {what} exited {status} (the doc expects {want}):\n{output[-4000:]}"
+    )
+    if shown and block.options.get("compare") != "no":
+        missing = shown_in(shown, output)
+        assert missing is None, (
+            f"{block.name}: {what} did not print the line the doc shows:\n  {missing!r}\n"
+            f"it printed:\n{output[-4000:]}"
+        )
+
+
+def _launcher(launch: str) -> list[str]:
+    argv = shlex.split(launch)
+    if argv[0] == "distcomm":
+        return [sys.executable, "-m", "distcomm", *argv[1:]]
+    if argv[0] == "mpirun":
+        return [str(BIN / "mpirun"), *argv[1:], sys.executable]
+    raise AssertionError(f"unknown launch {launch!r} (distcomm run ... or mpirun ...)")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("block", RUN, ids=[b.name for b in RUN])
+def test_a_block_runs_as_the_doc_shows(block: Block, tmp_path: Path) -> None:
+    env = _environment(block, tmp_path)
+    before = _untracked()
+    cwd = _copy(tmp_path) if block.options.get("cwd") == "copy" else ROOT
+    if block.lang == "python":
+        script = tmp_path / "block.py"
+        script.write_text(block.text)
+        launch = block.options.get("launch")
+        argv = [*_launcher(launch), str(script)] if launch else [sys.executable, str(script)]
+        status, output = _run(argv, block, env, cwd)
+        _check(block, "the program", status, output, block.shown)
+    elif block.lang == "bash":
+        status, output = _run(f"set -euo pipefail\n{block.text}", block, env, cwd)
+        _check(block, "the script", status, output, None)
+    else:
+        pairs = commands(block.text)
+        assert pairs, f"{block.name}: a console block without a `$ ` command"
+        for command, shown in pairs:
+            status, output = _run(command, block, env, cwd)
+            _check(block, f"`{command}`", status, output, shown)
+    left = _untracked() - before
+    assert not left, f"{block.name}: left files in the checkout: {sorted(left)}"
