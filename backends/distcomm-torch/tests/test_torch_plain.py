@@ -413,30 +413,6 @@ class Messages:
             done += self.ping(f"{lib} int16", lib, "int16", 3, 2)
         return done
 
-    def rooted_not_plain(self, base: np.ndarray) -> list[dict[str, Any]]:
-        """Rooted calls (to and from rank 0) whose root's list gloo does not take as it is: the
-        tensor is one of its entries (in place), or an entry is transposed. The root's shortcut
-        says False, the others' take the call, and the pipeline's results are right."""
-        rank, size = self.rank, self.size
-        done = self.run("gather", "torch", "float32", "gather", i=1)  # to rank 0
-        done += self.run("scatter", "torch", "float32", "scatter", i=0)  # from rank 0
-        every = np.stack([base + 100 * r for r in range(size)])
-        parts = listed("torch", list(np.zeros_like(every)), True) if rank == 0 else None
-        x = parts[0] if parts is not None else torch.from_numpy(base + 100 * rank)
-        if parts is not None:
-            x.copy_(torch.from_numpy(base))
-        call = functools.partial(distcomm.gather, x, parts, dst=0)
-        done.append(self.checked("gather in its list", call, parts, every if rank == 0 else None))
-        given = listed("torch", list(every), True) if rank == 0 else None
-        out = given[0] if given is not None else torch.zeros(2, 3)
-        call = functools.partial(distcomm.scatter, out, given, src=0)
-        done.append(self.checked("scatter in its list", call, out, every[rank]))
-        turned = [torch.from_numpy(np.ascontiguousarray(e.T)).T for e in every]
-        out = torch.zeros(2, 3)
-        call = functools.partial(distcomm.scatter, out, turned if rank == 0 else None, src=0)
-        done.append(self.checked("scatter of transposed entries", call, out, every[rank]))
-        return done
-
     def refused(self) -> list[dict[str, Any]]:
         """Bad ranks and tags (``True`` is rank 1's equal): the pipeline's InvalidArgumentError,
         no shortcut asked; then a ping-pong on tag 0 gets its own data (nothing was sent)."""
