@@ -14,6 +14,7 @@ job instead, with the same diagnostic.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,9 +28,22 @@ def load_a_huge_shard(flags: Path, expected: int) -> None:
 
 
 def wait_for(flags: Path, pattern: str, expected: int) -> None:
-    deadline = time.monotonic() + 60
-    while len(list(flags.glob(pattern))) < expected and time.monotonic() < deadline:
-        time.sleep(0.05)
+    """Block in one call until ``expected`` flags match (60 s at most).
+
+    A thread polls the folder while this thread waits on an event, so every late rank's stack,
+    whenever it is sampled, ends on the same line (a rank caught in ``glob`` and another in
+    ``sleep`` would be shown apart instead of as "ranks 1, 3").
+    """
+    arrived = threading.Event()
+
+    def poll() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(flags.glob(pattern))) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        arrived.set()
+
+    threading.Thread(target=poll, name="straggler-flags", daemon=True).start()
+    arrived.wait()
 
 
 def late_ranks(folder: str) -> str | None:
