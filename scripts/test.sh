@@ -4,10 +4,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each stage says how long it took, and the run ends with a summary of them.
+started=$SECONDS stage_name="install" stage_start=$SECONDS timings=""
+stage() {
+    local took=$((SECONDS - stage_start))
+    timings+="$(printf '  %-44s %4d s' "$stage_name" "$took")"$'\n'
+    echo "scripts/test.sh: $stage_name took ${took} s"
+    stage_name=$1 stage_start=$SECONDS
+}
+summary() {
+    stage "done"
+    printf 'scripts/test.sh: stages\n%s  %-44s %4d s\n' "$timings" "total" "$((SECONDS - started))"
+}
+
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
+# setuptools tells each editable install to beware of same-named folders in the working
+# directory (an information note, not a problem here): silenced so the run prints only our own.
+PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
     -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi \
     -e ./backends/distcomm-linklink ./examples/plugin ./examples/distcomm-zmq
 
@@ -27,12 +43,14 @@ check() {
     [ "$status" -eq 0 ] || exit "$status"
 }
 
+stage "pytest"
 status=0
 if [ "$#" -eq 0 ]; then
     # The launcher tests (real srun/sbatch jobs, two network namespaces) run on their own with
     # -v, so that the log names each one and says it passed (or why it skipped: not root).
     .venv/bin/python -m pytest --ignore=tests/launchers || status=$?
     check "$status" "pytest"
+    stage "pytest tests/launchers"
     echo "scripts/test.sh: pytest -v tests/launchers (Slurm and several hosts; root only)"
     .venv/bin/python -m pytest -v -rs -p no:cacheprovider tests/launchers || status=$?
     check "$status" "pytest tests/launchers"
@@ -46,6 +64,7 @@ fi
 # chose its own pytest arguments.
 if [ "$#" -eq 0 ]; then
     for n in 1 2 4; do
+        stage "mpirun -n $n pytest --with-mpi"
         echo "scripts/test.sh: mpirun -n $n python -m pytest --with-mpi backends/distcomm-mpi/mpi_tests"
         status=0
         .venv/bin/mpirun -n "$n" .venv/bin/python -m pytest --with-mpi -q -p no:cacheprovider \
@@ -55,12 +74,15 @@ if [ "$#" -eq 0 ]; then
 
     # What a user of released packages gets: every distribution built, installed from its wheels
     # into a fresh venv outside the checkout, and run there (hello, the kit, bench --plot).
+    stage "the wheel job"
     echo "scripts/test.sh: the wheel job (scripts/wheels.sh)"
     bash scripts/wheels.sh
 
     # The API reference, generated from the docstrings of every public module's __all__: a
     # warning (a docstring naming a parameter that does not exist, a broken link, a name of
     # __all__ the reference does not show) fails the run. Installs the docs extra if missing.
+    stage "the API reference"
     echo "scripts/test.sh: the API reference (mkdocs build --strict)"
     bash scripts/docs.sh
 fi
+summary
