@@ -19,7 +19,8 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 if ! .venv/bin/python -c 'import griffe, mkdocs, mkdocstrings, mkdocstrings_handlers.python' \
     2>/dev/null; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[docs]'
+    PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q \
+        --disable-pip-version-check -c constraints.txt -e '.[docs]'
 fi
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/distcomm-docs-XXXXXX")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNNABLE = ("bash", "console", "python")
 MARKER = re.compile(r"^\*Not run by the docs check: (.+)\*$")
 DIRECTIVE = re.compile(r"^<!-- docs-check: (.*) -->$")
-FENCE = re.compile(r"^(`{3,})(\w*)\s*$")
+FENCE = re.compile(r"^( *)(`{3,})(\w*)\s*$")  # indented in a list item too
 
 
 @dataclass
@@ -62,11 +62,15 @@ def blocks(path: Path) -> list[Block]:
         if not opening:
             i += 1
             continue
-        fence, lang = opening.groups()
+        indent, fence, lang = opening.groups()
         end = i + 1
-        while end < len(lines) and lines[end].rstrip() != fence:
+        while end < len(lines) and lines[end].strip() != fence:
             end += 1
-        block = Block(path, i + 1, lang, "\n".join(lines[i + 1 : end]) + "\n")
+        body = [
+            line[len(indent) :] if line.startswith(indent) else line.lstrip()
+            for line in lines[i + 1 : end]
+        ]
+        block = Block(path, i + 1, lang, "\n".join(body) + "\n")
         _read_above(block, lines, i)
         if (
             found
