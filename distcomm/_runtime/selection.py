@@ -38,6 +38,9 @@ class Candidate:
     selected: bool = False
     priority: int = 0
     description: str = ""
+    #: For a first-party backend that is not registered: what to do about it (install it, take
+    #: it out of DISTCOMM_DISABLE_PLUGINS, fix its import error).
+    hint: str = ""
 
 
 @dataclasses.dataclass
@@ -122,7 +125,7 @@ def _automatic(
 def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
     out = []
     failed = {p.distribution: p.error for p in registry.plugins if p.error}
-    blocked = {p.distribution for p in registry.plugins if p.blocked}
+    blocked = {p.distribution: p.name for p in registry.plugins if p.blocked}
     for name, spec in sorted(registry.backends.items()):
         distribution = registry.distribution_of(name) or "?"
         if ("backend", name) in registry.conflicts:
@@ -145,16 +148,31 @@ def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
     for name, distribution in FIRST_PARTY_BACKENDS.items():
         if name in registry.backends:
             continue
-        if distribution in failed:
-            reason = f"{distribution} is installed but failed to load: {failed[distribution]}"
-        elif distribution in blocked:
-            reason = f"{distribution} is blocked by DISTCOMM_DISABLE_PLUGINS"
-        else:
-            reason = f"not installed ({install_hint(distribution)})"
+        reason, hint = _missing(distribution, failed, blocked)
         out.append(
-            Candidate(name, distribution, False, reason, priority=FIRST_PARTY_PRIORITIES[name])
+            Candidate(
+                name, distribution, False, reason, priority=FIRST_PARTY_PRIORITIES[name], hint=hint
+            )
         )
     return out
+
+
+def _missing(distribution: str, failed: dict[str, str], blocked: dict[str, str]) -> tuple[str, str]:
+    """Why a first-party distribution registered no backend, and the fix: installing it helps
+    only when it is not installed."""
+    install = install_hint(distribution)
+    if distribution in failed:
+        return (
+            f"{distribution} is installed but failed to load: {failed[distribution]}",
+            f"fix what importing it raised, or reinstall it ({install})",
+        )
+    if distribution in blocked:
+        plugin = blocked[distribution]
+        return (
+            f"{distribution} is blocked by DISTCOMM_DISABLE_PLUGINS",
+            f"take {plugin!r} out of DISTCOMM_DISABLE_PLUGINS (or unset it)",
+        )
+    return f"not installed ({install})", install
 
 
 def _chosen(
@@ -248,25 +266,29 @@ def _not_found(
     guess = hint.split("'")[1] if hint else name
     if name in FIRST_PARTY_BACKENDS and name not in specs:
         dist = FIRST_PARTY_BACKENDS[name]
-        why = by_name[name].reason if name in by_name else "not installed"
+        why, fix = _why_absent(name, by_name)
         return BackendNotFoundError(
             f"backend {_named(name, origin)} is provided by {dist}: {why}; available: "
-            f"{available}. HINT: {install_hint(dist)}"
+            f"{available}. HINT: {fix}"
         )
-    missing = sorted({d for b, d in FIRST_PARTY_BACKENDS.items() if b not in specs})
-    not_installed = "; ".join(
-        f"{', '.join(sorted(b for b, d in FIRST_PARTY_BACKENDS.items() if d == dist))} ({dist})"
-        for dist in missing
+    # Installed but blocked or broken is told apart from not installed (installing would not help).
+    absent = [b for b in FIRST_PARTY_BACKENDS if b not in specs]
+    uninstalled = [b for b in absent if _why_absent(b, by_name)[1] == _install(b)]
+    grouped = "; ".join(
+        f"{', '.join(sorted(b for b in uninstalled if FIRST_PARTY_BACKENDS[b] == dist))} ({dist})"
+        for dist in sorted({FIRST_PARTY_BACKENDS[b] for b in uninstalled})
     )
     parts = [f"unknown backend {_named(name, origin)}; available: {available}."]
-    if not_installed:
-        parts.append(f"Not installed: {not_installed}.")
-    if guess in FIRST_PARTY_BACKENDS and guess not in specs:
+    if grouped:
+        parts.append(f"Not installed: {grouped}.")
+    if guess in absent:
         dist = FIRST_PARTY_BACKENDS[guess]
         lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"
-        parts.append(
-            f"{lead} is provided by {dist}, which is not installed ({install_hint(dist)})."
-        )
+        why, fix = _why_absent(guess, by_name)
+        if guess in uninstalled:
+            parts.append(f"{lead} is provided by {dist}, which is not installed ({fix}).")
+        else:
+            parts.append(f"{lead} is provided by {dist}: {why}; {fix}.")
     elif hint:
         parts.append(f"HINT: {hint}")
     else:
@@ -274,6 +296,18 @@ def _not_found(
             "HINT: run `distcomm info` to see every backend and why it is (not) available."
         )
     return BackendNotFoundError(" ".join(parts))
+
+
+def _install(name: str) -> str:
+    return install_hint(FIRST_PARTY_BACKENDS[name])
+
+
+def _why_absent(name: str, by_name: dict[str, Candidate]) -> tuple[str, str]:
+    """Why the first-party backend ``name`` is not registered, and what to do about it."""
+    candidate = by_name.get(name)
+    if candidate is None or not candidate.hint:
+        return "not installed", _install(name)
+    return candidate.reason, candidate.hint
 
 
 def _torch_default_backend() -> str | None:

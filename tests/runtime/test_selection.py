@@ -12,6 +12,7 @@ from distcomm._plugins.loader import PluginRegistry
 from distcomm._plugins.names import FIRST_PARTY_BACKENDS
 from distcomm._runtime.selection import select_backend
 from distcomm.backend.hooks import hookimpl
+from distcomm.backend.registry import PluginRecord
 from distcomm.backend.specs import BackendSpec
 from distcomm.environment import LaunchInfo
 from distcomm.errors import BackendNotFoundError, BackendUnavailableError
@@ -259,3 +260,34 @@ def test_without_a_torch_process_group_nothing_is_adopted() -> None:
     selection = select_backend(make_registry(spec("gloo", 100)), single_node_launch(), environ={})
     assert selection.backend == "fakelink"
     assert not any("torch default process group" in line for line in selection.trace)
+
+
+def test_a_blocked_or_broken_backend_distribution_gets_its_fix_not_an_install_hint() -> None:
+    """Installing distcomm-torch again would not help when DISTCOMM_DISABLE_PLUGINS blocks it or
+    when it is installed but fails to import: the hint says what would."""
+    blocked = make_registry()
+    blocked.plugins.append(PluginRecord("torch", "distcomm-torch", "0.1.0", blocked=True))
+    broken = make_registry()
+    broken.plugins.append(
+        PluginRecord("torch", "distcomm-torch", "0.1.0", error="ImportError: libc10.so")
+    )
+    fixes = {
+        "blocked": (blocked, "HINT: take 'torch' out of DISTCOMM_DISABLE_PLUGINS (or unset it)"),
+        "broken": (broken, "HINT: fix what importing it raised, or reinstall it (pip install"),
+    }
+    for what, (registry, fix) in fixes.items():
+        asked = select_backend(registry, env_launch(), requested="gloo")
+        message = str(asked.error)
+        assert isinstance(asked.error, BackendNotFoundError), what
+        assert fix in message, (what, message)
+        assert what != "blocked" or "pip install" not in message, message
+        assert what != "broken" or "failed to load: ImportError: libc10.so" in message, message
+        misspelt = str(select_backend(registry, env_launch(), requested="glo").error)
+        assert "did you mean 'gloo'?" in misspelt and fix.removeprefix("HINT: ") in misspelt, (
+            what,
+            misspelt,
+        )
+        assert "which is not installed" not in misspelt, misspelt
+        not_installed = misspelt.split("Not installed: ")[1].split(".")[0]
+        assert "distcomm-torch" not in not_installed, (what, misspelt)
+        assert "distcomm-mpi" in not_installed, misspelt
