@@ -80,6 +80,7 @@ def _environment(block: Block, tmp_path: Path, page_tmp: Path) -> dict[str, str]
     env = {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED) and k not in _LAUNCH}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["TMPDIR"] = str(page_tmp)
+    env["PYTEST_ADDOPTS"] = "-p no:cacheprovider"  # a block's pytest leaves no .pytest_cache
     env["MPLCONFIGDIR"] = str(tmp_path / "matplotlib")
     env["PYTHONUNBUFFERED"] = "1"
     for item in shlex.split(block.options.get("env", "")):
@@ -142,8 +143,17 @@ def _run(
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         pytest.fail(f"{block.name}: still running after {exc.timeout} s:\n{out[-3000:]}")
-    tmp = env["TMPDIR"]
-    return done.returncode, done.stdout.replace(os.path.realpath(tmp), "/tmp").replace(tmp, "/tmp")
+    return done.returncode, _as_tmp(done.stdout, env["TMPDIR"], cwd)
+
+
+def _as_tmp(output: str, tmp: str, cwd: Path) -> str:
+    """``output`` with the page's TMPDIR shown as /tmp, however a program wrote its path
+    (pytest writes a path relative to the working directory when that is shorter)."""
+    real = os.path.realpath(tmp)
+    forms = {real, tmp, os.path.relpath(real, cwd), os.path.relpath(tmp, cwd)}
+    for form in sorted(forms, key=len, reverse=True):
+        output = output.replace(form, "/tmp")
+    return output
 
 
 def _check(block: Block, what: str, status: int, output: str, shown: str | None) -> None:
