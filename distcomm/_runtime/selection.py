@@ -264,16 +264,16 @@ def _not_found(
     available = ", ".join(sorted(specs)) or "none"
     hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
     guess = hint.split("'")[1] if hint else name
-    if name in FIRST_PARTY_BACKENDS and name not in specs:
-        dist = FIRST_PARTY_BACKENDS[name]
-        why, fix = _why_absent(name, by_name)
+    # _candidates gave every first-party backend that is not registered its reason and fix.
+    absent = {b: by_name[b] for b in FIRST_PARTY_BACKENDS if b not in specs}
+    if name in absent:
+        missing = absent[name]
         return BackendNotFoundError(
-            f"backend {_named(name, origin)} is provided by {dist}: {why}; available: "
-            f"{available}. HINT: {fix}"
+            f"backend {_named(name, origin)} is provided by {missing.distribution}: "
+            f"{missing.reason}; available: {available}. HINT: {missing.hint}"
         )
     # Installed but blocked or broken is told apart from not installed (installing would not help).
-    absent = [b for b in FIRST_PARTY_BACKENDS if b not in specs]
-    uninstalled = [b for b in absent if _why_absent(b, by_name)[1] == _install(b)]
+    uninstalled = [b for b, c in absent.items() if c.hint == install_hint(c.distribution)]
     grouped = "; ".join(
         f"{', '.join(sorted(b for b in uninstalled if FIRST_PARTY_BACKENDS[b] == dist))} ({dist})"
         for dist in sorted({FIRST_PARTY_BACKENDS[b] for b in uninstalled})
@@ -282,13 +282,17 @@ def _not_found(
     if grouped:
         parts.append(f"Not installed: {grouped}.")
     if guess in absent:
-        dist = FIRST_PARTY_BACKENDS[guess]
+        missing = absent[guess]
         lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"
-        why, fix = _why_absent(guess, by_name)
         if guess in uninstalled:
-            parts.append(f"{lead} is provided by {dist}, which is not installed ({fix}).")
+            parts.append(
+                f"{lead} is provided by {missing.distribution}, which is not installed "
+                f"({missing.hint})."
+            )
         else:
-            parts.append(f"{lead} is provided by {dist}: {why}; {fix}.")
+            parts.append(
+                f"{lead} is provided by {missing.distribution}: {missing.reason}; {missing.hint}."
+            )
     elif hint:
         parts.append(f"HINT: {hint}")
     else:
@@ -296,18 +300,6 @@ def _not_found(
             "HINT: run `distcomm info` to see every backend and why it is (not) available."
         )
     return BackendNotFoundError(" ".join(parts))
-
-
-def _install(name: str) -> str:
-    return install_hint(FIRST_PARTY_BACKENDS[name])
-
-
-def _why_absent(name: str, by_name: dict[str, Candidate]) -> tuple[str, str]:
-    """Why the first-party backend ``name`` is not registered, and what to do about it."""
-    candidate = by_name.get(name)
-    if candidate is None or not candidate.hint:
-        return "not installed", _install(name)
-    return candidate.reason, candidate.hint
 
 
 def _torch_default_backend() -> str | None:
