@@ -24,11 +24,12 @@ import pytest
 
 import distcomm
 from distcomm._plugins.loader import PluginRegistry, set_registry
+from distcomm.testing import WarmWorld
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "support"))  # jobs, multirank
-from jobs import find_mpirun, job_environment
+from jobs import find_mpirun, in_use, job_environment
 
-pytest_plugins = ("pytester",)  # for testing distcomm's own pytest plugin
+pytest_plugins = ("pytester", "scheduling")  # pytester: for testing distcomm's own pytest plugin
 
 #: "Test requires": pytest-mpi's min_size; "needs root": the Slurm and netns tests (CI is root).
 ALLOWED_SKIPS = ("needs CUDA", "needs world size", "Test requires", "needs root")
@@ -79,6 +80,33 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
     """A module skipped as a whole (``pytest.importorskip`` at its top) follows the rule too."""
     outcome = yield
     _fail_a_skip_under_ci(outcome.get_result())
+
+
+# -- tests that repeat a whole job to estimate a failure rate: 3 times, more under --stress ----
+#: How many times such a test repeats its job in a normal run (CI included).
+REPEATS = 3
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        help="tests marked stress repeat their job as often as they ask (scripts/stress.sh); "
+        f"without it, {REPEATS} times",
+    )
+
+
+@pytest.fixture
+def repetitions(request: pytest.FixtureRequest) -> Callable[[int], int]:
+    """``repetitions(n)``: how many times a test repeats a whole job to estimate a failure
+    rate: ``n`` under ``--stress`` (``bash scripts/stress.sh``), else :data:`REPEATS`. Such a
+    test is marked ``stress``, so that the stress run finds it."""
+    assert request.node.get_closest_marker("stress") is not None, "mark the test stress"
+
+    def times(n: int) -> int:
+        return n if request.config.getoption("stress") else min(n, REPEATS)
+
+    return times
 
 
 #: Launcher variables read by distcomm's launch detection (plus the ones ``init`` exports).
@@ -143,8 +171,10 @@ MPICH_LEFTOVERS = ("/dev/shm/mpich_shm_*", "/tmp/hydra_hwloc_xmlfile_*")
 
 
 def mpich_leftovers() -> set[Path]:
-    """The files of :data:`MPICH_LEFTOVERS` there are now."""
-    return {path for pattern in MPICH_LEFTOVERS for path in Path("/").glob(pattern[1:])}
+    """The files of :data:`MPICH_LEFTOVERS` there are now that no running process uses (a live
+    job's, beside this test on another pytest-xdist worker, is not a leftover)."""
+    found = {str(path) for pattern in MPICH_LEFTOVERS for path in Path("/").glob(pattern[1:])}
+    return {Path(path) for path in found - in_use(found)}
 
 
 @pytest.fixture
@@ -158,6 +188,43 @@ def aborted_mpich_job() -> Iterator[None]:
     finally:
         for leftover in mpich_leftovers() - before:
             leftover.unlink(missing_ok=True)
+
+
+#: Worlds of the ``warm_world`` fixture kept running at once (each rank holds torch: ~300 MB).
+WARM_WORLDS_RUNNING = 4
+
+
+@pytest.fixture(scope="session")
+def warm_world() -> Iterator[Callable[..., WarmWorld]]:
+    """``get(nprocs, backend="gloo", launcher="spawn", launcher_args=())``: the session's
+    :class:`~distcomm.testing.WarmWorld` of that shape, started at its first call and reused by
+    every test that asks for the same shape (docs/testing.md#warm-worlds). At most
+    :data:`WARM_WORLDS_RUNNING` run at once: the least recently used one is stopped (it starts
+    again when asked for). All are closed at the end of the session."""
+    worlds: dict[tuple[Any, ...], WarmWorld] = {}
+
+    def get(
+        nprocs: int,
+        backend: str | None = "gloo",
+        launcher: str = "spawn",
+        launcher_args: tuple[str, ...] = (),
+    ) -> WarmWorld:
+        key = (nprocs, backend, launcher, tuple(launcher_args))
+        world = worlds.pop(key, None) or WarmWorld(
+            nprocs, backend=backend, launcher=launcher, launcher_args=launcher_args
+        )
+        worlds[key] = world  # the most recently used last
+        running = [w for w in worlds.values() if w.pids]
+        for old in running[: max(0, len(running) - WARM_WORLDS_RUNNING + 1)]:
+            if old is not world:
+                worlds.pop(next(k for k, w in worlds.items() if w is old)).close()
+        return world
+
+    try:
+        yield get
+    finally:
+        for world in worlds.values():
+            world.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@
 #     render, a name rendered on its own that its module's __all__ does not name, or a private
 #     name (_x) that the page renders.
 # The site goes to a temporary directory, removed at the end: nothing is left behind.
-# Used by scripts/test.sh; installs the docs extra into ./.venv when it is missing.
+# Run by the test suite (tests/test_release.py); installs the docs extra into ./.venv when it is
+# missing (scripts/venv.sh installs it with the test extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

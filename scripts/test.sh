@@ -5,33 +5,53 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Each stage says how long it took, and the run ends with a summary of them.
-started=$SECONDS stage_name="install" stage_start=$SECONDS timings=""
+# Each stage also says how many Python processes of the test venv it started (see below).
+started=$SECONDS stage_name="install" stage_start=$SECONDS timings="" processes_log="" counted=0
+started_processes() {  # the processes logged so far
+    [ -n "$processes_log" ] && [ -e "$processes_log" ] || { echo 0; return; }
+    grep -c '^\["start"' "$processes_log" || true
+}
 stage() {
-    local took=$((SECONDS - stage_start))
-    timings+="$(printf '  %-44s %4d s' "$stage_name" "$took")"$'\n'
+    local took=$((SECONDS - stage_start)) now
+    now=$(started_processes)
+    timings+="$(printf '  %-44s %5d s %7d' "$stage_name" "$took" "$((now - counted))")"$'\n'
     echo "scripts/test.sh: $stage_name took ${took} s"
-    stage_name=$1 stage_start=$SECONDS
+    stage_name=$1 stage_start=$SECONDS counted=$now
 }
 summary() {
     stage "done"
-    printf 'scripts/test.sh: stages\n%s  %-44s %4d s\n' "$timings" "total" "$((SECONDS - started))"
+    printf 'scripts/test.sh: stages\n  %-44s %7s %7s\n%s  %-44s %5d s %7d\n' "stage" "time" \
+        "procs" "$timings" "total" "$((SECONDS - started))" "$counted"
+    if [ "${#reports[@]}" -gt 0 ]; then
+        mv "$processes_log" "$processes_log.done"  # the report's own start is not counted
+        .venv/bin/python scripts/test_report.py "$processes_log.done" "${reports[@]}"
+    fi
 }
 
-python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-# setuptools tells each editable install to beware of same-named folders in the working
-# directory (an information note, not a problem here): silenced so the run prints only our own.
-PYTHONWARNINGS="ignore:Editable installation" \
-    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt \
-    -e '.[test]' -e ./backends/distcomm-torch -e ./backends/distcomm-mpi \
-    -e ./backends/distcomm-linklink ./examples/plugin ./examples/distcomm-zmq
+# pip does not byte-compile what it installs (torch alone: about 15 s of CPU per fresh venv,
+# here and in the wheel job and the docs blocks that make one); Python compiles what it imports.
+export PIP_COMPILE=0
+bash scripts/venv.sh
 
 # Temporary files of the run (pytest's tmp_path, torch's caches, MPICH's files in TMPDIR) go to
 # one private directory, removed at the end: the run leaves nothing behind in /tmp.
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/distcomm-tests-XXXXXX")
-trap 'rm -rf "$scratch"' EXIT
 export TMPDIR="$scratch"
+
+# How many processes the run starts: a .pth hook, in the venv for this run only, logs every
+# start of its Python (with the test running then) while $processes_log exists
+# (scripts/test_report.py counts them, and the time of each test file from pytest's JUnit XML).
+site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+hook="$site_packages/distcomm-test-processes-$$.pth"  # one per run: runs may nest
+processes_log="$scratch/processes.log"
+trap 'rm -rf "$scratch" "$hook"' EXIT
+: > "$processes_log"
+.venv/bin/python scripts/test_report.py --hook "$processes_log" "$scratch/process_hook.py" > "$hook"
+reports=()
+junit() {  # the JUnit XML of pytest stage $1, for the report
+    reports+=("$scratch/junit-$1.xml")
+    junit_xml="--junitxml=$scratch/junit-$1.xml"
+}
 
 # pytest exits 5 when it collected no test: a failure here.
 check() {
@@ -46,43 +66,19 @@ check() {
 stage "pytest"
 status=0
 if [ "$#" -eq 0 ]; then
-    # The launcher tests (real srun/sbatch jobs, two network namespaces) run on their own with
-    # -v, so that the log names each one and says it passed (or why it skipped: not root).
-    .venv/bin/python -m pytest --ignore=tests/launchers || status=$?
-    check "$status" "pytest"
-    stage "pytest tests/launchers"
-    echo "scripts/test.sh: pytest -v tests/launchers (Slurm and several hosts; root only)"
-    .venv/bin/python -m pytest -v -rs -p no:cacheprovider tests/launchers || status=$?
-    check "$status" "pytest tests/launchers"
+    # The whole suite, in two workers (pytest-xdist): the run is CPU-bound only part of the time
+    # (tests that wait for a timeout, a rank that sleeps, apt, a launcher starting). It holds,
+    # beside the tests of tests/ and of the backends and examples: the launchers (real srun and
+    # sbatch jobs of a private one-node Slurm, two network namespaces; root only), the MPI suite
+    # inside `mpirun -n 1|2|4 python -m pytest --with-mpi` jobs, the wheel job
+    # (scripts/wheels.sh) and the API reference (scripts/docs.sh): tests/test_release.py and
+    # backends/distcomm-mpi/tests/test_mpi_suite.py. Tests that must not run beside each other
+    # share a worker (tests/support/scheduling.py); -rs says why a test skipped (not root).
+    junit main
+    .venv/bin/python -m pytest -n 2 --dist loadgroup -rs "$junit_xml" || status=$?
 else
-    .venv/bin/python -m pytest "$@" || status=$?
-    check "$status" "pytest"
-fi
-
-# The MPI suite inside real MPI jobs (MPICH from PyPI): every rank runs every test, and
-# distcomm's pytest plugin aborts the job as soon as one rank fails. Skipped when the caller
-# chose its own pytest arguments.
-if [ "$#" -eq 0 ]; then
-    for n in 1 2 4; do
-        stage "mpirun -n $n pytest --with-mpi"
-        echo "scripts/test.sh: mpirun -n $n python -m pytest --with-mpi backends/distcomm-mpi/mpi_tests"
-        status=0
-        .venv/bin/mpirun -n "$n" .venv/bin/python -m pytest --with-mpi -q -p no:cacheprovider \
-            --timeout=300 --timeout-method=thread backends/distcomm-mpi/mpi_tests || status=$?
-        check "$status" "mpirun -n $n pytest"
-    done
-
-    # What a user of released packages gets: every distribution built, installed from its wheels
-    # into a fresh venv outside the checkout, and run there (hello, the kit, bench --plot).
-    stage "the wheel job"
-    echo "scripts/test.sh: the wheel job (scripts/wheels.sh)"
-    bash scripts/wheels.sh
-
-    # The API reference, generated from the docstrings of every public module's __all__: a
-    # warning (a docstring naming a parameter that does not exist, a broken link, a name of
-    # __all__ the reference does not show) fails the run. Installs the docs extra if missing.
-    stage "the API reference"
-    echo "scripts/test.sh: the API reference (mkdocs build --strict)"
-    bash scripts/docs.sh
+    junit main
+    .venv/bin/python -m pytest "$junit_xml" "$@" || status=$?
 fi
 summary
+check "$status" "pytest"

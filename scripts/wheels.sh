@@ -5,7 +5,8 @@
 # from the index), and runs there, from a folder outside the checkout: `distcomm info` (gloo
 # and mpi available, no path of the checkout anywhere), examples/hello.py under `distcomm run
 # -n 2` and `mpirun -n 2`, the conformance kit at 2 ranks on gloo and on mpi, and `distcomm
-# bench --plot`. Run by scripts/test.sh; on its own: bash scripts/wheels.sh.
+# bench --plot`. Run by the test suite (tests/test_release.py); on its own:
+#   bash scripts/wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

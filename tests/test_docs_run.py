@@ -7,21 +7,27 @@ environment's ``bin`` first on PATH (its ``distcomm``, ``mpirun``) and no launch
 inherited, and must leave no file behind in the checkout. A block writes its own files under
 ``$TMPDIR`` (``${TMPDIR:-/tmp}`` in a shell, ``tempfile.gettempdir()`` in Python), never to a
 fixed path in /tmp: the check gives each page a ``TMPDIR`` of its own, shared by its blocks and
-removed afterwards, and shows that folder to the comparison as ``/tmp``. The API reference's
-examples have their own test (test_docs_examples.py).
+removed afterwards, and shows that folder to the comparison as ``/tmp``. A block that runs
+exactly what tests of the suite run names them (``same-as``): where this session ran them (the
+blocks run last), their passing stands for the block, which does not run again; where it did
+not (the docs check run alone), the block runs. The API reference's examples have their own
+test (test_docs_examples.py).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from doc_blocks import ROOT, RUNNABLE, Block, blocks, commands, docs, shown_in
+from doc_blocks import ROOT, RUNNABLE, Block, blocks, commands, docs, same_as, shown_in
+from scheduling import wait_for_outcomes
 
 ALL = [b for path in docs() for b in blocks(path) if b.lang in RUNNABLE]
 RUN = [b for b in ALL if b.skip is None]
@@ -40,7 +46,7 @@ def test_the_docs_show_blocks_to_run_and_say_why_others_do_not_run() -> None:
     assert len(RUN) >= 80, f"only {len(RUN)} runnable blocks found in the docs"
     for block in MARKED:
         assert len(block.skip or "") >= 12, f"{block.name}: the marker gives no reason"
-    known = {"launch", "env", "status", "timeout", "compare", "cwd"}
+    known = {"launch", "env", "status", "timeout", "compare", "cwd", "same-as"}
     unknown = {k for b in ALL for k in b.options} - known
     assert not unknown, f"unknown docs-check directives: {unknown}"
 
@@ -61,6 +67,27 @@ def test_no_block_writes_to_a_fixed_path_in_tmp() -> None:
         "blocks naming a fixed path in /tmp (use ${TMPDIR:-/tmp}/... or "
         "tempfile.gettempdir()):\n" + "\n".join(fixed)
     )
+
+
+def test_a_block_that_names_tests_names_tests_that_exist() -> None:
+    """``same-as`` names folders, files or tests (``file::name``) that are there."""
+    missing = [
+        f"{block.name}: {target}"
+        for block in RUN
+        for target in same_as(block)
+        if not _exists(target)
+    ]
+    assert not missing, "same-as names no test:\n" + "\n".join(missing)
+
+
+def _exists(target: str) -> bool:
+    path, _, name = target.partition("::")
+    if not (ROOT / path).exists():
+        return False
+    if not name:
+        return True
+    tree = ast.parse((ROOT / path).read_text())
+    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
 
 
 _PAGE_TMP: dict[Path, Path] = {}
@@ -178,9 +205,37 @@ def _launcher(launch: str) -> list[str]:
     raise AssertionError(f"unknown launch {launch!r} (distcomm run ... or mpirun ...)")
 
 
+def _ran_by_its_tests(block: Block, outcomes_of: Callable[[str], dict[str, str] | None]) -> bool:
+    """Whether the tests the block names (``same-as``) ran in this session and passed: then
+    the block, which runs exactly what they run, need not run again. False when this session
+    did not collect them (the block then runs); a failure when they failed or were skipped."""
+    targets = same_as(block)
+    # Under pytest-xdist a test the block names may still run on another worker: wait for it
+    found = {target: wait_for_outcomes(lambda t=target: outcomes_of(t), 600) for target in targets}
+    if not targets or any(outcomes is None for outcomes in found.values()):
+        return False
+    bad = {
+        test: outcome
+        for outcomes in found.values()
+        for test, outcome in (outcomes or {}).items()
+        if outcome != "passed"
+    }
+    if any(outcome == "not run" for outcome in bad.values()):
+        return False  # they did not run in time (another order): the block runs now
+    assert not bad, f"{block.name}: the tests that run this block did not pass: {bad}"
+    return True
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("block", RUN, ids=[b.name for b in RUN])
-def test_a_block_runs_as_the_doc_shows(block: Block, tmp_path: Path, page_tmp: Path) -> None:
+def test_a_block_runs_as_the_doc_shows(
+    block: Block,
+    tmp_path: Path,
+    page_tmp: Path,
+    outcomes_of: Callable[[str], dict[str, str] | None],
+) -> None:
+    if _ran_by_its_tests(block, outcomes_of):
+        return
     env = _environment(block, tmp_path, page_tmp)
     before = _untracked()
     cwd = _copy(tmp_path) if block.options.get("cwd") == "copy" else ROOT

@@ -20,7 +20,6 @@ import multiprocessing
 import os
 import pickle
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -32,18 +31,22 @@ from typing import Any, TypeVar
 
 from distcomm import _settings
 from distcomm._plugins.loader import check_backend
-from distcomm._processes.variables import exit_status
+from distcomm._processes.rank_ends import (
+    STACK_SIGNAL,
+    ask_for_stacks,
+    died,
+    listen_for_stack_requests,
+    where_they_are,
+)
 from distcomm._runtime.lifecycle import finalize, init
 from distcomm.backend._uncaught import format_exception
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
 
-__all__ = ["run_processes"]
+__all__ = ["check_call", "detach_stdin", "run_processes"]
 
 T = TypeVar("T")
 #: Seconds a rank's operations outlive the run's timeout, and a stopped rank has to exit.
 _GRACE = 5.0
-#: Seconds the ranks that timed out have to write their stacks.
-_STACK_WAIT = 2.0
 #: Seconds between a rank's checks that its parent is still there.
 _PARENT_CHECK = 1.0
 
@@ -96,7 +99,7 @@ def run_processes(
         DistTimeoutError: the run took longer than ``timeout``; ``missing_ranks`` are those
             that had not finished, and the message shows their stacks. All are killed.
     """
-    payload = _check(fn, nprocs, args, timeout)
+    payload = check_call(fn, nprocs, args, timeout)
     if backend is not None:
         backend = check_backend(backend)
     ranks = range(first_rank, first_rank + nprocs)
@@ -169,10 +172,11 @@ def _start_process(
     return proc, reader
 
 
-def _check(
+def check_call(
     fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...], timeout: float | None
 ) -> bytes:
-    """Validate the arguments; return ``(fn, args)`` pickled."""
+    """Validate the arguments of a call in ``nprocs`` processes (InvalidArgumentError naming
+    the bad one); return ``(fn, args)`` pickled."""
     if not isinstance(nprocs, int) or isinstance(nprocs, bool) or nprocs < 1:
         raise InvalidArgumentError(
             f"nprocs={nprocs!r} must be a positive int. HINT: e.g. 2 for two processes."
@@ -233,29 +237,13 @@ def _collect(
             report = _receive(conns[index])
             if report is None:  # it exited and its pipe is empty: it died without reporting
                 procs[index].join(_GRACE)
-                raise _died(rank, world_size, procs[index].exitcode)
+                raise died(rank, world_size, procs[index].exitcode)
             ok, value = report
             if not ok:
                 raise RankFailedError(rank, value, f"rank {rank} of {world_size} failed:\n{value}")
             results[index] = value
             pending.discard(index)
     return results
-
-
-def _died(rank: int, world_size: int, code: int | None) -> RankFailedError:
-    """The RankFailedError for a rank that exited with ``code`` before reporting."""
-    if code is not None and code < 0:
-        why = f"was killed by {signal.Signals(-code).name} (exit code {exit_status(code)})"
-    else:
-        why = f"exited with code {code}"
-    text = f"rank {rank} {why} without reporting a result or a traceback"
-    return RankFailedError(
-        rank,
-        text,
-        f"rank {rank} of {world_size} failed: {text}. HINT: os._exit, a crash in native code "
-        "or the OOM killer end a process without a Python traceback; its output, if any, is "
-        "above.",
-    )
 
 
 def _receive(conn: Connection) -> tuple[bool, Any] | None:
@@ -278,22 +266,9 @@ def _timed_out(
     world_size: int,
 ) -> DistTimeoutError:
     """The DistTimeoutError for processes ``indices``, with the stacks they dump on SIGUSR1."""
-    paths = {index: os.path.join(stacks, f"rank-{index}.txt") for index in indices}
-    for index in indices:
-        pid = procs[index].pid
-        if pid is not None and procs[index].is_alive():
-            os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + _STACK_WAIT
-    texts = {index: "" for index in indices}
-    while time.monotonic() < deadline:  # until every dump is there and has stopped growing
-        time.sleep(0.1)
-        previous, texts = texts, {index: _read(path) for index, path in paths.items()}
-        if all(texts.values()) and texts == previous:
-            break
-    where = "".join(
-        f"  rank {ranks[index]}:\n{_indent(_trim(text) or '(no stack: fn had not started)')}"
-        for index, text in texts.items()
-    )
+    pids = {i: procs[i].pid if procs[i].is_alive() else None for i in indices}
+    texts = ask_for_stacks(pids, {i: os.path.join(stacks, f"rank-{i}.txt") for i in indices})
+    where = where_they_are(((ranks[i], text) for i, text in texts.items()), [__file__])
     missing = [ranks[index] for index in indices]
     return DistTimeoutError(
         f"spawn: ranks {missing} of {world_size} did not finish within {timeout:g} s.\n"
@@ -302,40 +277,6 @@ def _timed_out(
         op="spawn",
         missing_ranks=missing,
     )
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read()
-    except OSError:
-        return ""
-
-
-def _trim(dump: str) -> str:
-    """Keep, of each thread in a faulthandler dump, the frames outside the process's plumbing.
-
-    Frames in multiprocessing, threading and this module are dropped, and so are threads left
-    with no frame (this module's parent watcher).
-    """
-    threads = []
-    for block in dump.strip().split("\n\n"):
-        header, *frames = block.strip().splitlines()
-        kept = [f"  {frame.strip()}" for frame in frames if not _plumbing(frame)]
-        if kept:
-            threads.append("\n".join([header, *kept]))
-    return "\n".join(threads)
-
-
-def _plumbing(frame: str) -> bool:
-    path = frame.strip().partition('File "')[2].partition('"')[0]
-    return path in (__file__, threading.__file__, "<string>") or os.path.dirname(
-        path
-    ) == os.path.dirname(multiprocessing.__file__)
-
-
-def _indent(text: str) -> str:
-    return "".join(f"    {line}\n" for line in text.rstrip().splitlines())
 
 
 def _stop(procs: list[multiprocessing.process.BaseProcess]) -> None:
@@ -363,19 +304,18 @@ def _rank_main(
     parent: int,
 ) -> None:
     """The body of each process: set up, (init,) run fn, (finalize,) report."""
-    _detach_stdin()
+    detach_stdin()
     os.environ.update(variables)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
-    with open(stack_path, "w", encoding="utf-8") as stack_file:
-        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    with listen_for_stack_requests(stack_path):
         try:
             _run_rank(conn, payload, backend, op_timeout)
         finally:
-            faulthandler.unregister(signal.SIGUSR1)
+            faulthandler.unregister(STACK_SIGNAL)
             conn.close()
 
 
@@ -402,7 +342,7 @@ def _run_rank(
         conn.send((False, f"fn's result could not be sent back:\n{traceback.format_exc()}"))
 
 
-def _detach_stdin() -> None:
+def detach_stdin() -> None:
     """Point file descriptor 0 at /dev/null, so that no process reads the parent's stdin."""
     fd = os.open(os.devnull, os.O_RDONLY)
     try:
@@ -412,7 +352,8 @@ def _detach_stdin() -> None:
 
 
 def _watch_parent(parent: int) -> None:
-    """End this process if the parent that started it is gone (killed before it could stop us)."""
+    """End this process if the parent that started it is gone (killed before it could stop
+    us); run it in a daemon thread."""
     while True:
         time.sleep(_PARENT_CHECK)
         if os.getppid() != parent:

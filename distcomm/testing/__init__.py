@@ -1,4 +1,5 @@
-"""Testing tools: thread-ranks (:func:`run_threads`), process-ranks (:func:`spawn`), fault
+"""Testing tools: thread-ranks (:func:`run_threads`), process-ranks (:func:`spawn`, and
+:class:`WarmWorld`, whose processes are kept from call to call), fault
 injection (:mod:`~distcomm.testing.faults`) and the backend conformance suite.
 
 ``distcomm.testing.conformance`` holds the checks every backend must pass, written once and run
@@ -7,6 +8,7 @@ inside already-running ranks (threads here; processes or mpirun ranks for other 
 
 from distcomm.testing import faults as faults  # the submodule (its reference: its own page)
 from distcomm.testing._spawn import spawn
+from distcomm.testing._warm import WarmWorld
 from distcomm.testing.threads import run_threads
 
-__all__ = ["run_threads", "spawn"]
+__all__ = ["WarmWorld", "run_threads", "spawn"]

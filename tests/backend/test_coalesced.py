@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 
 import distcomm
 from distcomm.errors import InvalidArgumentError
-from distcomm.testing import run_threads, spawn
+from distcomm.testing import WarmWorld, run_threads
 
 
 def mixed(rank: int) -> list[Any]:
@@ -89,8 +90,8 @@ def many_small() -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_on_gloo() -> None:
-    assert spawn(many_small, 2, backend="gloo", timeout=100) == [True, True]
+def test_on_gloo(warm_world: Callable[..., WarmWorld]) -> None:
+    assert warm_world(2).run(many_small, timeout=100) == [True, True]
 
 
 def repeated() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from jobs import run_job
 
 import distcomm
 from distcomm.compat import ding
-from distcomm.testing import run_threads, spawn
+from distcomm.testing import WarmWorld, run_threads
 
 HERE = Path(__file__).resolve().parent
 
@@ -122,8 +123,8 @@ def test_helpers_on_thread_ranks() -> None:
 
 
 @pytest.mark.timeout(200)
-def test_helpers_on_gloo_processes() -> None:
-    check(spawn(ranks, 4, 4, backend="gloo"), 4)
+def test_helpers_on_gloo_processes(warm_world: Callable[..., WarmWorld]) -> None:
+    check(warm_world(4).run(ranks, 4), 4)
 
 
 MPI_RANK = """

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import children_left
 
 import distcomm
 from distcomm.compat import flame
@@ -26,7 +26,7 @@ from distcomm.errors import BackendNotFoundError, InvalidArgumentError, RankFail
 @pytest.fixture(autouse=True)
 def no_children_left() -> Iterator[None]:
     yield
-    assert multiprocessing.active_children() == []
+    assert children_left() == []
 
 
 # -- what the workers run -----------------------------------------------------------------------

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from jobs import children_left, dev_shm_names
 
 
 def shm_entries() -> set[str]:
-    """distcomm's entries in /dev/shm now."""
-    return {p.name for p in Path("/dev/shm").glob("distcomm-*")}
+    """distcomm's entries in /dev/shm now, but those a running process uses."""
+    return {name for name in dev_shm_names() if name.startswith("distcomm-")}
 
 
 @pytest.fixture(autouse=True)
@@ -20,4 +19,4 @@ def nothing_left_behind() -> Iterator[None]:
     before = shm_entries()
     yield
     assert shm_entries() - before == set(), "a row left distcomm entries in /dev/shm"
-    assert multiprocessing.active_children() == [], "a row left child processes running"
+    assert children_left() == [], "a row left child processes running"

@@ -1,5 +1,6 @@
 """The catalogue's rows that apply to every backend, as conformance checks (docs/errors.md):
-on fakelink thread-ranks here, and on the linklink stand-in in one ``spawn`` of 2 processes.
+on fakelink thread-ranks here, and on the linklink stand-in in one call in a warm world of 2
+processes.
 
 gloo and mpi run the same checks in test_gloo_errors.py and test_mpi_errors.py; every backend's
 full conformance run includes them too.
@@ -8,14 +9,14 @@ full conformance run includes them too.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import error_rows
 import pytest
 
 import distcomm
-from distcomm.testing import run_threads, spawn
+from distcomm.testing import WarmWorld, run_threads
 from distcomm.testing.conformance import CHECKS, run_all
 
 STANDIN = Path(__file__).resolve().parents[2] / "backends/distcomm-linklink/tests/standin"
@@ -34,7 +35,7 @@ def test_checks_on_fakelink_threads(world_size: int) -> None:
 
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The linklink stand-in importable here and in spawned ranks (they inherit sys.path)."""
+    """The linklink stand-in importable here and in the ranks (they take this sys.path)."""
     pytest.importorskip("distcomm_linklink")
     monkeypatch.syspath_prepend(str(STANDIN))
     for name in ("linklink", "spring", "spring.linklink"):
@@ -53,8 +54,8 @@ def linklink_rank() -> dict[str, error_rows.Outcome]:
 
 @pytest.mark.timeout(150)
 @pytest.mark.usefixtures("standin")
-def test_rows_on_the_linklink_stand_in() -> None:
-    for rank, rows in enumerate(spawn(linklink_rank, 2, backend="linklink", timeout=120)):
+def test_rows_on_the_linklink_stand_in(warm_world: Callable[..., WarmWorld]) -> None:
+    for rank, rows in enumerate(warm_world(2, "linklink").run(linklink_rank, timeout=120)):
         error_rows.expect_row(rows, "conformance", "returned", repr(list(error_rows.ERROR_CHECKS)))
         error_rows.expect_row(rows, "init again, same arguments", "returned", "True")
         error_rows.expect_row(

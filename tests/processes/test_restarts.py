@@ -6,6 +6,7 @@ status is the last attempt's. Real jobs on gloo."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,14 @@ def test_a_negative_number_of_restarts_is_refused(tmp_path: Path) -> None:
     assert status == 2 and "--max-restarts -1 must be at least 0" in err, err
 
 
+@pytest.mark.stress
 @pytest.mark.timeout(600)
-def test_ten_restarted_jobs_in_a_row_all_complete(tmp_path: Path) -> None:
-    """The torchrun restart test's program under distcomm run --max-restarts 1, ten times."""
-    outcomes = [run(tmp_path, FLAKY, "--max-restarts", "1") for _ in range(10)]
+def test_restarted_jobs_in_a_row_all_complete(
+    tmp_path: Path, repetitions: Callable[[int], int]
+) -> None:
+    """The torchrun restart test's program under distcomm run --max-restarts 1, several times
+    in a row (3; 10 under scripts/stress.sh)."""
+    runs = repetitions(10)
+    outcomes = [run(tmp_path, FLAKY, "--max-restarts", "1") for _ in range(runs)]
     failed = [(i, o) for i, o in enumerate(outcomes) if o[0] != 0 or o[1].count("restart 1") != 2]
-    assert not failed, f"{len(failed)} of 10 failed; the first: {failed[0]}"
+    assert not failed, f"{len(failed)} of {runs} failed; the first: {failed[0]}"

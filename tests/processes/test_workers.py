@@ -8,13 +8,13 @@ because each process imports them by name.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jobs import children_left
 
 import distcomm
 from distcomm._processes.workers import run_processes
@@ -24,7 +24,7 @@ from distcomm.errors import RankFailedError
 @pytest.fixture(autouse=True)
 def no_children_left() -> Iterator[None]:
     yield
-    assert multiprocessing.active_children() == []
+    assert children_left() == []
 
 
 def variables(index: int) -> dict[str, str]:

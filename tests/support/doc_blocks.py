@@ -13,7 +13,10 @@ Just above a block (blank lines aside), a doc may say:
   (a python block under a launcher), ``env='NAME=VALUE ...'``, ``status=N`` (the exit status
   the block shows, e.g. 1 for an example of an error), ``timeout=SECONDS``, ``compare=no`` (the
   output shown is an illustration: times, addresses), ``cwd=copy`` (in a fresh copy of the
-  checkout's files, for a block that sets one up: the README's first command).
+  checkout's files, for a block that sets one up: the README's first command),
+  ``same-as='PATH[::TEST] ...'`` (the block runs exactly what these tests run, folders, files or
+  tests of the suite: their passing in the same session stands for the block, which then does
+  not run again; the block shows no output they do not check).
 """
 
 from __future__ import annotations
@@ -114,6 +117,11 @@ def _adjacent(lines: list[str], previous: Block, at: int) -> bool:
     """Whether only blank lines separate ``previous``'s closing fence from line ``at``."""
     closing = previous.line + previous.text.count("\n")  # 0-based index of its closing fence
     return all(not line.strip() for line in lines[closing + 1 : at])
+
+
+def same_as(block: Block) -> list[str]:
+    """The tests a block names with ``same-as`` (none: an empty list)."""
+    return block.options.get("same-as", "").split()
 
 
 def commands(text: str) -> list[tuple[str, str]]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 
 #: What ``distcomm run --backend B`` and ``distcomm.testing.spawn`` set in each rank.
 RUN_VARIABLES = (
@@ -26,13 +29,50 @@ RUN_VARIABLES = (
 
 
 def job_environment() -> dict[str, str]:
-    """This process's environment for a child job: without DISTCOMM_* and MASTER_* variables."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
+    """This process's environment for a child job: without DISTCOMM_* and MASTER_* variables,
+    and without pytest-xdist's (a pytest the job runs is not a worker of this one)."""
+    dropped = ("DISTCOMM_", "MASTER_", "PYTEST_XDIST_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
 
 
 def dev_shm_names() -> set[str]:
-    """The names in /dev/shm now: a job that distcomm ended must leave the same set behind."""
-    return set(os.listdir("/dev/shm"))
+    """The names in /dev/shm that no running process uses: a job that distcomm ended must leave
+    the same set behind. A file a live process maps or holds open is a running job's (another
+    test's, beside this one on another pytest-xdist worker), not a leftover."""
+    names = set(os.listdir("/dev/shm"))
+    return names - {os.path.basename(p) for p in in_use(f"/dev/shm/{n}" for n in names)}
+
+
+def in_use(paths: Iterable[str]) -> set[str]:
+    """Those of ``paths`` that a live process maps, holds open or names in its environment
+    (MPICH's ranks find their launcher's topology file through ``HWLOC_XMLFILE``)."""
+    wanted = set(paths)
+    used: set[str] = set()
+    if not wanted:
+        return used
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            maps = (proc / "maps").read_text(errors="replace")
+            environ = (proc / "environ").read_bytes().decode(errors="replace")
+            fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue  # gone, or not readable
+        used |= {p for p in wanted - used if p in maps or p in environ or p in fds}
+        if used == wanted:
+            break
+    return used
+
+
+def children_left() -> list[multiprocessing.process.BaseProcess]:
+    """This process's multiprocessing children, but the ranks of the session's warm worlds
+    (``conftest.warm_world``: kept from test to test on purpose, closed at the end)."""
+    return [
+        child
+        for child in multiprocessing.active_children()
+        if not child.name.startswith("distcomm-warm-rank-")
+    ]
 
 
 def find_mpirun() -> str | None:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jobs import dev_shm_names
+
 WORLD = 4
 SCENARIOS: list[str] = []
 _HERE = Path(__file__).resolve().parent
@@ -46,8 +48,8 @@ def run_scenarios(names: list[str], workdir: str) -> dict[str, Any]:
 
 
 def shm_files() -> set[str]:
-    """distcomm's files in /dev/shm now."""
-    return {p.name for p in Path("/dev/shm").glob("distcomm-*")}
+    """distcomm's files in /dev/shm now, but those a running process uses."""
+    return {name for name in dev_shm_names() if name.startswith("distcomm-")}
 
 
 def by_scenario(per_rank: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -7,7 +7,6 @@ imports them by name. fakelink runs a world of 1; gloo (from distcomm-torch) run
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
 import os
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from jobs import RUN_VARIABLES as VARIABLES
+from jobs import children_left
 
 import distcomm
 from distcomm.errors import (
@@ -41,7 +41,7 @@ WORLDS = [
 @pytest.fixture(autouse=True)
 def no_children_left() -> Iterator[None]:
     yield
-    assert multiprocessing.active_children() == []
+    assert children_left() == []
 
 
 # -- what the ranks run -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import jobs
 import pytest
 
 import distcomm
-from distcomm.testing import spawn
+from distcomm.testing import WarmWorld
 from distcomm.testing.conformance import CHECKS, run_all
 
 STANDIN = str(Path(__file__).resolve().parent / "standin")
@@ -27,7 +27,7 @@ STANDIN = str(Path(__file__).resolve().parent / "standin")
 
 @pytest.fixture
 def standin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The stand-in linklink importable here and in spawned ranks (they inherit sys.path)."""
+    """The stand-in linklink importable here and in the ranks (they take this sys.path)."""
     monkeypatch.syspath_prepend(STANDIN)
     for name in ("linklink", "spring", "spring.linklink"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -79,8 +79,10 @@ def conformance() -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("standin")
-def test_the_engine_moves_the_data_of_the_conformance_suite() -> None:
-    for seen in spawn(conformance, 3, backend="linklink", timeout=240):
+def test_the_engine_moves_the_data_of_the_conformance_suite(
+    warm_world: Callable[..., WarmWorld],
+) -> None:
+    for seen in warm_world(3, "linklink").run(conformance, timeout=240):
         assert seen["backend"] == "linklink"
         assert seen["checks"] == list(CHECKS)
         assert seen["calls"]["allreduce"] > 0 and seen["calls"]["allgather"] > 0
@@ -129,7 +131,7 @@ def p2p_and_options() -> list[str]:
 
 @pytest.mark.timeout(200)
 @pytest.mark.usefixtures("standin")
-def test_send_is_refused_with_the_fix() -> None:
-    for refusal, options in spawn(p2p_and_options, 2, backend="linklink"):
+def test_send_is_refused_with_the_fix(warm_world: Callable[..., WarmWorld]) -> None:
+    for refusal, options in warm_world(2, "linklink").run(p2p_and_options):
         assert "has no point-to-point messages" in refusal and "HINT" in refusal
         assert "takes no options" in options

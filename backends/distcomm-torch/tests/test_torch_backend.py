@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from distcomm_torch.plugin import gloo_available, nccl_available
 
 import distcomm
-from distcomm.testing import spawn
+from distcomm.testing import WarmWorld
 
 
 @pytest.fixture(autouse=True)
@@ -132,8 +132,8 @@ def torch_view() -> dict[str, Any]:
 
 
 @pytest.mark.timeout(120)
-def test_torch_native_code_shares_distcomm_group() -> None:
-    views = spawn(torch_view, 3, backend="gloo", timeout=100)
+def test_torch_native_code_shares_distcomm_group(warm_world: Callable[..., WarmWorld]) -> None:
+    views = warm_world(3).run(torch_view, timeout=100)
     for rank, view in enumerate(views):
         assert view["initialized"] and view["backend"] == "gloo"
         assert view["rank"] == (rank, rank)
@@ -164,8 +164,8 @@ def ddp_steps(steps: int) -> list[float]:
 
 
 @pytest.mark.timeout(120)
-def test_ddp_trains_over_the_distcomm_group() -> None:
-    runs = spawn(ddp_steps, 2, 60, backend="gloo", timeout=100)
+def test_ddp_trains_over_the_distcomm_group(warm_world: Callable[..., WarmWorld]) -> None:
+    runs = warm_world(2).run(ddp_steps, 60, timeout=100)
     assert runs[0] == runs[1], "the averaged loss is the same on every rank"
     assert runs[0][-1] < runs[0][0] / 10
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from skipped_ranks import skipped_barrier, skipped_group_barrier
 
 import distcomm
 from distcomm.backend import free_port
-from distcomm.testing import spawn
+from distcomm.testing import WarmWorld, spawn
 
 TIMEOUT = 3
 DYING = Path(__file__).resolve().parents[3] / "tests" / "support" / "dying_rank.py"
@@ -31,10 +32,10 @@ DYING = Path(__file__).resolve().parents[3] / "tests" / "support" / "dying_rank.
 
 @pytest.mark.timeout(120)
 def test_a_skipped_barrier_names_the_op_its_seq_and_the_missing_rank(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, warm_world: Callable[..., WarmWorld]
 ) -> None:
     monkeypatch.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
-    results = spawn(skipped_barrier, 3, backend="gloo", timeout=60)
+    results = warm_world(3).run(skipped_barrier, timeout=60)
     assert results[1][0] == "slept"
     for rank in (0, 2):
         kind, op, seq, missing, message, elapsed = results[rank]
@@ -48,10 +49,10 @@ def test_a_skipped_barrier_names_the_op_its_seq_and_the_missing_rank(
 
 @pytest.mark.timeout(120)
 def test_a_skipped_group_barrier_names_the_missing_rank_of_the_group(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, warm_world: Callable[..., WarmWorld]
 ) -> None:
     monkeypatch.setenv("DISTCOMM_TIMEOUT", "2")
-    results = spawn(skipped_group_barrier, 3, backend="gloo", timeout=60)
+    results = warm_world(3).run(skipped_group_barrier, timeout=60)
     assert results[0] == ("DistTimeoutError", "barrier", 1, (1,))
 
 

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import distcomm
-from distcomm.testing import spawn
+from distcomm.testing import WarmWorld
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -495,7 +495,10 @@ def never_sent(workdir: str) -> dict[str, Any]:
 
 # -- the tests ----------------------------------------------------------------------------------
 def _run(
-    factory: pytest.TempPathFactory, fn: Callable[..., Any], timeout: float
+    factory: pytest.TempPathFactory,
+    world: Callable[..., WarmWorld],
+    fn: Callable[..., Any],
+    timeout: float,
 ) -> list[dict[str, Any]]:
     """``fn``'s results on 2 gloo ranks, with no DISTCOMM_* setting of the caller's and the
     module's short timeout."""
@@ -505,19 +508,23 @@ def _run(
             if name.startswith("DISTCOMM_"):
                 env.delenv(name)
         env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
-        return spawn(fn, 2, str(workdir), backend="gloo", timeout=timeout)
+        return world(2).run(fn, str(workdir), timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def ranks(
+    tmp_path_factory: pytest.TempPathFactory, warm_world: Callable[..., WarmWorld]
+) -> list[dict[str, Any]]:
     """The program's results on ranks 0 and 1 (one run for the module)."""
-    return _run(tmp_path_factory, program, 120)
+    return _run(tmp_path_factory, warm_world, program, 120)
 
 
 @pytest.fixture(scope="module")
-def silent(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def silent(
+    tmp_path_factory: pytest.TempPathFactory, warm_world: Callable[..., WarmWorld]
+) -> list[dict[str, Any]]:
     """:func:`never_sent`'s results on ranks 0 and 1 (a run of its own)."""
-    return _run(tmp_path_factory, never_sent, 60)
+    return _run(tmp_path_factory, warm_world, never_sent, 60)
 
 
 def said(check: dict[str, Any]) -> list[tuple[str, Any]]:

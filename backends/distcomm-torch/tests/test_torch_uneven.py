@@ -4,6 +4,7 @@ tensors and numpy arrays, blocking and async."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import distcomm
-from distcomm.testing import spawn
+from distcomm.testing import WarmWorld
 
 
 def routed(rank: int, world: int) -> tuple[list[int], list[int]]:
@@ -52,8 +53,8 @@ def test_the_routing_has_empty_chunks_and_chunks_to_oneself() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_uneven_all_to_all_matches_torch_distributed() -> None:
-    for rank, seen in enumerate(spawn(both_ways, 3, backend="gloo", timeout=100)):
+def test_uneven_all_to_all_matches_torch_distributed(warm_world: Callable[..., WarmWorld]) -> None:
+    for rank, seen in enumerate(warm_world(3).run(both_ways, timeout=100)):
         assert seen["distcomm"] == seen["torch"], rank
         assert seen["async"] == seen["torch"], rank
         assert seen["numpy"] == [[int(v) for v in row] for row in seen["torch"]], rank

@@ -1,6 +1,6 @@
 """distcomm-zmq as its author tests it: real processes over ZeroMQ, through distcomm's public API.
 
-The conformance kit (every check, at 1, 2 and 4 ranks) runs in test_zmq_conformance.py; here
+The conformance kit (every check, at 1, 2, 3 and 4 ranks) runs in test_zmq_conformance.py; here
 are what is the plugin's own: the rendezvous, the large-message paths (the ring, buffers sent
 without a copy), the Works of async operations, errors and where the sockets listen.
 """
@@ -8,6 +8,7 @@ without a copy), the Works of async operations, errors and where the sockets lis
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from distcomm_zmq.plugin import create
 import distcomm
 from distcomm.backend import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError
-from distcomm.testing import spawn
+from distcomm.testing import WarmWorld
 
 BIG = 3 * 100_003  # float32 elements: past the ring threshold, not a multiple of 2, 3 or 4
 
@@ -71,20 +72,22 @@ def where_it_listens() -> list[str]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_large_messages_are_right(nprocs: int) -> None:
-    results = spawn(large_messages, nprocs, backend="zmq", timeout=100)
+def test_large_messages_are_right(nprocs: int, warm_world: Callable[..., WarmWorld]) -> None:
+    results = warm_world(nprocs, "zmq").run(large_messages, timeout=100)
     assert results == [dict.fromkeys(results[0], True)] * nprocs
 
 
 @pytest.mark.timeout(120)
-def test_async_operations_complete_in_order() -> None:
-    assert spawn(async_in_order, 2, backend="zmq", timeout=100) == [[2.0] * 4] * 2
+def test_async_operations_complete_in_order(warm_world: Callable[..., WarmWorld]) -> None:
+    assert warm_world(2, "zmq").run(async_in_order, timeout=100) == [[2.0] * 4] * 2
 
 
 @pytest.mark.timeout(120)
-def test_a_single_node_job_opens_nothing_beyond_the_machine() -> None:
+def test_a_single_node_job_opens_nothing_beyond_the_machine(
+    warm_world: Callable[..., WarmWorld],
+) -> None:
     """Unix sockets in the abstract namespace (no file left behind), else loopback TCP."""
-    for endpoints in spawn(where_it_listens, 2, backend="zmq", timeout=100):
+    for endpoints in warm_world(2, "zmq").run(where_it_listens, timeout=100):
         assert all(e.startswith(("ipc://@", "tcp://127.0.0.1:")) for e in endpoints), endpoints
 
 
@@ -132,14 +135,14 @@ def test_a_world_of_one() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_timeout_shows_where_the_late_ranks_are(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, warm_world: Callable[..., WarmWorld]
 ) -> None:
     """Asked over the transport ("where are you?"), answered by the late ranks' receiver
     threads while their program sleeps (tests/support/straggler.py)."""
     from straggler import late_ranks
 
     monkeypatch.setenv("DISTCOMM_TIMEOUT", "2")
-    said = spawn(late_ranks, 4, str(tmp_path), backend="zmq", timeout=100)
+    said = warm_world(4, "zmq").run(late_ranks, str(tmp_path), timeout=100)
     for message in said[0::2]:
         assert "ranks that had not arrived: [1, 3]" in message, message
         assert "  ranks 1, 3:" in message and "in load_a_huge_shard" in message, message

@@ -1,4 +1,4 @@
-"""The zmq backend as its users meet it: distcomm's conformance kit at 1, 2 and 4 ranks under
+"""The zmq backend as its users meet it: distcomm's conformance kit at 1, 2, 3 and 4 ranks under
 ``distcomm run``, ``examples/hello.py`` on 4 ranks, and the selection by name."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs", [1, 2, 4])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_the_conformance_kit_passes(nprocs: int) -> None:
     kit = ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
     kit += ["--pyargs", "distcomm.testing.conformance"]
