@@ -28,9 +28,9 @@ summary() {
     fi
 }
 
-# pip does not byte-compile what it installs (torch alone: about 15 s of CPU per fresh venv,
-# here and in the wheel job and the docs blocks that make one); Python compiles what it imports.
-export PIP_COMPILE=0
+# pip byte-compiles what it installs (its default; about 15 s of CPU for torch): where
+# PYTHONDONTWRITEBYTECODE is set, as on some CI machines, Python would otherwise compile torch
+# again in every process that imports it (about 1.4 s of CPU each, hundreds of processes).
 bash scripts/venv.sh
 
 # Temporary files of the run (pytest's tmp_path, torch's caches, MPICH's files in TMPDIR) go to

@@ -171,7 +171,7 @@ def test_a_result_that_cannot_be_pickled_is_reported() -> None:
     ("backend", "nprocs", "timeout"),
     [
         pytest.param("fakelink", 1, 2, id="fakelink-1"),
-        pytest.param("gloo", 2, 8, id="gloo-2", marks=needs_distcomm_torch),
+        pytest.param("gloo", 2, 12, id="gloo-2", marks=needs_distcomm_torch),
     ],
 )
 def test_a_run_past_its_timeout_raises_with_the_stacks(

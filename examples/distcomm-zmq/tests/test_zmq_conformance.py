@@ -1,5 +1,6 @@
 """The zmq backend as its users meet it: distcomm's conformance kit at 1, 2, 3 and 4 ranks under
-``distcomm run``, ``examples/hello.py`` on 4 ranks, and the selection by name."""
+``distcomm run`` (with the summary docs/plugins.md shows), ``examples/hello.py`` on 4 ranks, and
+the selection by name."""
 
 from __future__ import annotations
 
@@ -38,7 +39,39 @@ def test_the_conformance_kit_passes(nprocs: int) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     for rank in range(nprocs):  # pytest's last line on every rank: every check passed
         assert f"[rank {rank}] {len(CHECKS)} passed in " in done.stdout, done.stdout[-4000:]
-    assert "[rank 0] total" in done.stdout  # the summary per capability and topic
+    # rank 0's summary, as docs/plugins.md shows it: the title, zmq's capabilities, no topic
+    # with a failed check
+    summary = [
+        " ".join(line.split()[2:])
+        for line in done.stdout.splitlines()
+        if line.startswith("[rank 0]")
+    ]
+    ranks = "rank" if nprocs == 1 else "ranks"
+    title = f"distcomm conformance: zmq, {nprocs} {ranks} (processes)"
+    assert any(title in line for line in summary), done.stdout[-4000:]
+    total = f"total {len(CHECKS)} 0"
+    for shown in ("capability native", "topic passed failed", total):
+        assert shown in summary, f"rank 0's summary lacks {shown!r}:\n{done.stdout[-4000:]}"
+    start = summary.index("capability native")
+    assert summary[start : start + len(CAPABILITIES)] == CAPABILITIES, summary[start:]
+    topics = summary[summary.index("topic passed failed") + 1 : summary.index(total)]
+    assert [row for row in topics if not row.endswith(" 0")] == [], "topics with failed checks"
+
+
+#: zmq's capabilities in the kit's summary (whitespace collapsed).
+CAPABILITIES = [
+    "capability native",
+    "dtypes all but bfloat16 (bridged through a wider dtype)",
+    "reduce_ops all but AVG (emulated)",
+    "ops all",
+    "p2p yes",
+    "p2p_tags yes",
+    "any_source no",
+    "async_ops yes",
+    "timeouts yes",
+    "cancellable yes",
+    "subgroup_split yes",
+]
 
 
 @pytest.mark.timeout(120)
