@@ -241,7 +241,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     sys.stderr.flush()
     from mpi4py import MPI
 
-    from distcomm.backend import last_words
+    from distcomm.backend.aborts import abort_job, set_job_abort
 
-    last_words()  # what must precede an abort: the mpi backend removes MPICH's files there
-    MPI.COMM_WORLD.Abort(1)
+    # an MPI job, whether or not this rank initialized distcomm's mpi backend; abort_job runs
+    # the last words (the mpi backend removes MPICH's files there) and gives the launcher a
+    # moment to forward the report, which it drops when it is in flight at MPI_Abort
+    set_job_abort(lambda: MPI.COMM_WORLD.Abort(1))
+    abort_job("")
