@@ -66,9 +66,8 @@ check() {
 stage "pytest"
 status=0
 if [ "$#" -eq 0 ]; then
-    # The whole suite, in three workers (pytest-xdist) on two cores: with two, a quarter of the
-    # CPU time went unused while tests waited (for a timeout, a rank that sleeps, apt, a
-    # launcher starting), and a run took 1133-1206 s from a fresh clone. It holds,
+    # The whole suite, in two workers (pytest-xdist): the run is CPU-bound only part of the time
+    # (tests that wait for a timeout, a rank that sleeps, apt, a launcher starting). It holds,
     # beside the tests of tests/ and of the backends and examples: the launchers (real srun and
     # sbatch jobs of a private one-node Slurm, two network namespaces; root only), the MPI suite
     # inside `mpirun -n 1|2|4 python -m pytest --with-mpi` jobs, the wheel job
@@ -76,7 +75,7 @@ if [ "$#" -eq 0 ]; then
     # backends/distcomm-mpi/tests/test_mpi_suite.py. Tests that must not run beside each other
     # share a worker (tests/support/scheduling.py); -rs says why a test skipped (not root).
     junit main
-    .venv/bin/python -m pytest -n 3 --dist loadgroup -rs "$junit_xml" || status=$?
+    .venv/bin/python -m pytest -n 2 --dist loadgroup -rs "$junit_xml" || status=$?
 else
     junit main
     .venv/bin/python -m pytest "$junit_xml" "$@" || status=$?

@@ -6,12 +6,12 @@
   folder every worker shares (``TESTS_SHARED_DIR``, made by the controlling process), so that a
   block reads the outcome of a test another worker ran.
 - **Worker groups** (pytest-xdist, ``--dist loadgroup``; scripts/test.sh runs the suite with
-  ``-n 3``): tests that must not run beside each other run one after another on one worker
+  ``-n 2``): tests that must not run beside each other run one after another on one worker
   (:func:`worker_group`); every other test runs wherever a worker is free. Each worker writes
   the groups it collected to the shared folder, and the controller's scheduler
   (:class:`GroupScheduling`) reads them there: pytest-xdist 3.8's own ``loadgroup`` marks a
   grouped test by renaming its node id, which pytest 9 no longer allows, so it would spread a
-  group over the workers.
+  group over both workers.
 """
 
 from __future__ import annotations
