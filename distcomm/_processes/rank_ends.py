@@ -16,7 +16,7 @@ from typing import TextIO
 from distcomm._processes.variables import exit_status
 from distcomm.errors import RankFailedError
 
-__all__ = ["ask_for_stacks", "died", "listen_for_stack_requests", "where_they_are"]
+__all__ = ["ask_for_stacks", "died", "listen_for_stack_requests", "read_text", "where_they_are"]
 
 #: Seconds the ranks that timed out have to write their stacks.
 STACK_WAIT = 2.0
@@ -70,7 +70,7 @@ def ask_for_stacks(pids: Mapping[int, int | None], paths: Mapping[int, str]) -> 
     texts = {key: "" for key in pids}
     while time.monotonic() < deadline:  # until every dump is there and has stopped growing
         time.sleep(0.1)
-        previous, texts = texts, {key: _read(paths[key]) for key in pids}
+        previous, texts = texts, {key: read_text(paths[key]) for key in pids}
         if all(texts.values()) and texts == previous:
             break
     return texts
@@ -110,7 +110,9 @@ def _indent(text: str) -> str:
     return "".join(f"    {line}\n" for line in text.rstrip().splitlines())
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
+    """The text of the file at ``path`` (undecodable bytes replaced), or "" if it cannot be
+    read (gone, or not ours)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as file:
             return file.read()

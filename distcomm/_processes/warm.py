@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import Any, cast
 
 from distcomm._processes import warm_rank
-from distcomm._processes.rank_ends import ask_for_stacks, died, where_they_are
+from distcomm._processes.rank_ends import ask_for_stacks, died, read_text, where_they_are
 from distcomm._processes.variables import launch_variables, new_run_id
 from distcomm.backend.ports import free_port
 from distcomm.errors import DistTimeoutError, RankFailedError
@@ -207,7 +207,7 @@ class RankProcesses:
         names = ["launcher.log"] + [f"rank-{rank}.log" for rank in range(len(self._spawned))]
         shown = ""
         for name in names:
-            tail = _read(os.path.join(self.folder, name)).splitlines()[-lines:]
+            tail = read_text(os.path.join(self.folder, name)).splitlines()[-lines:]
             if tail:
                 shown += f"  {name}:\n" + "".join(f"    {line}\n" for line in tail)
         return shown
@@ -304,7 +304,7 @@ class RankProcesses:
         """Write what each rank printed during the call to this process's stdout, each line
         prefixed ``[rank N] ``."""
         for rank in range(self.nprocs):
-            text = _read(warm_rank.output_path(self.folder, rank))
+            text = read_text(warm_rank.output_path(self.folder, rank))
             if text:
                 sys.stdout.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
         sys.stdout.flush()
@@ -373,25 +373,13 @@ def _remove_orphans(paths: set[str]) -> None:
     if not left:
         return
     for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps, encoding="utf-8", errors="replace") as file:
-                text = file.read()
-        except OSError:
-            continue  # gone, or not ours to read
+        text = read_text(maps)  # "" when gone, or not ours to read
         left = {path for path in left if path not in text}
         if not left:
             return
     for path in left:
         with contextlib.suppress(OSError):
             os.unlink(path)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read()
-    except OSError:
-        return ""
 
 
 def _process_exists(pid: int) -> Callable[[], bool]:
