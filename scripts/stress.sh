@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
 bash scripts/venv.sh
+unset PYTHONDONTWRITEBYTECODE  # as scripts/test.sh: compile the checkout once, not per process
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/distcomm-stress-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 export TMPDIR="$scratch"
