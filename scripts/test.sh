@@ -38,6 +38,11 @@ bash scripts/venv.sh
 # PYTHONDONTWRITEBYTECODE set, every one of the run's thousand processes compiled them again
 # (about 0.15 s of CPU a process, 1 s a pytest process).
 unset PYTHONDONTWRITEBYTECODE
+# The run's MPI jobs (MPICH) have more ranks than the machine has cores: a rank that waits gives
+# its core up by sleeping (nanosleep), not by sched_yield while it spins. With 4 ranks and two
+# busy processes on two cores, the MPI suite took 45 s instead of 30, and 66 s of CPU instead
+# of 35 that the other tests could not use; on an idle machine it costs a few seconds.
+export MPIR_CVAR_ENABLE_HEAVY_YIELD=${MPIR_CVAR_ENABLE_HEAVY_YIELD:-1}
 
 # Temporary files of the run (pytest's tmp_path, torch's caches, MPICH's files in TMPDIR) go to
 # one private directory, removed at the end: the run leaves nothing behind in /tmp.
