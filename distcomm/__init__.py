@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         send_object,
     )
     from distcomm._runtime.profiling import profile
+    from distcomm._unpickling import allow_objects
     from distcomm.backend.events import (
         CollectiveEvent,
         HookHandle,
@@ -101,6 +102,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         MainOnlyCollectiveError,
         NotInitializedError,
         NotSameError,
+        ObjectRefusedError,
         PluginConflictError,
         RankFailedError,
     )
@@ -189,6 +191,8 @@ _EXPORTS = {
     "MainOnlyCollectiveError": "distcomm.errors",
     "NotInitializedError": "distcomm.errors",
     "NotSameError": "distcomm.errors",
+    "ObjectRefusedError": "distcomm.errors",
+    "allow_objects": "distcomm._unpickling",
     "PluginConflictError": "distcomm.errors",
     "RankFailedError": "distcomm.errors",
     "main_process_only": "distcomm.helpers",
@@ -260,6 +264,7 @@ __all__ = [
     "MainOnlyCollectiveError",
     "NotInitializedError",
     "NotSameError",
+    "ObjectRefusedError",
     "PluginConflictError",
     "RankFailedError",
     "ReduceOp",
@@ -272,6 +277,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_coalesced",
     "all_to_all_single",
+    "allow_objects",
     "assert_same",
     "barrier",
     "broadcast",

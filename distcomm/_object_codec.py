@@ -20,11 +20,11 @@ import functools
 import itertools
 import math
 import operator
-import pickle
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from distcomm import _node_memory as node
+from distcomm import _unpickling
 from distcomm._payloads import (
     ALIGN,
     DIRECT_BYTES,
@@ -41,6 +41,7 @@ from distcomm._payloads import (
     small_slot,
     unpack,
 )
+from distcomm._unpickling import check_size, loads
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 
@@ -88,10 +89,15 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
             break
         if offer.mode == _ASK:
             node.learn(comm)
-        elif node.fetch(comm, {}, empty) is not None:  # every rank has read it
+            continue
+        check_size(offer.size, src)  # where the other ranks check it: they refuse it too
+        if node.fetch(comm, {}, empty) is not None:  # every rank has read it
             return obj
+    # the sizes checked where the other ranks check them (they refuse them too): nobody waits
+    check_size(offer.size, src)
     if offer.size > SLOT:
         comm._kit_call(comm._broadcast, False, offer.payload, src)
+    check_size(offer.size + sum(d.nbytes for d in offer.directs), src)
     for buffer in offer.directs:
         comm._kit_call(comm._broadcast, False, buffer, src)
     return obj
@@ -107,24 +113,28 @@ def _broadcast_to(comm: BaseCommunicator, src: int) -> Any:
             if size <= SLOT:
                 count, n = PAIR.unpack_from(slot, HEAD)
                 if count == 1:  # the stream alone, in the slot: a small object
-                    return pickle.loads(memoryview(slot)[STREAM : STREAM + n])
+                    return loads(memoryview(slot)[STREAM : STREAM + n], sender=src)
             break
         if mode == _ASK:
             node.learn(comm)
             continue
+        check_size(size, src)
         got = node.fetch(comm, {src: _place(slot)}, empty)
         if got is not None:
-            return unpack(memoryview(got[src])[HEAD:size])
+            return unpack(memoryview(got[src])[HEAD:size], sender=src)
+    check_size(size, src)
     if size <= SLOT:
         payload = slot
     else:
         payload = empty(size)
         comm._kit_call(comm._broadcast, False, payload, src)
     view = memoryview(payload)[HEAD:size]
-    received = [empty(n) for n in direct_lengths(view)]
+    lengths = direct_lengths(view)
+    check_size(size + sum(lengths), src)
+    received = [empty(n) for n in lengths]
     for buffer in received:
         comm._kit_call(comm._broadcast, False, buffer, src)
-    return unpack(view, received)
+    return unpack(view, received, src)
 
 
 def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
@@ -181,15 +191,21 @@ def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int)
             view[r * width : r * width + len(p)] = p
         SIZE.pack_into(size, 0, width)
     comm._kit_call(comm._broadcast, False, size, src)
-    mine = bytearray(SIZE.unpack(size)[0])
+    width = SIZE.unpack(size)[0]
+    check_size(width, src)  # on every rank, src too: nobody waits
+    mine = bytearray(width)
     comm._kit_call(comm._scatter, False, mine, full, src)
-    return unpack(memoryview(mine))
+    return unpack(memoryview(mine), sender=src)
 
 
 def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:
     """``obj`` to ``dst`` as two messages on ``tag``: its size (8 bytes), then its payload."""
     payload = pack(obj)
-    size = bytearray(SIZE.pack(memoryview(payload).nbytes))
+    n = memoryview(payload).nbytes
+    size = bytearray(SIZE.pack(n))
+    if n > _unpickling.max_bytes():  # the receiver refuses it on reading the size: so do we
+        comm._kit_start(comm._isend, "send_object", size, dst, tag).wait()
+        check_size(n, comm.rank)
     works = [comm._kit_start(comm._isend, "send_object", b, dst, tag) for b in (size, payload)]
     for work in works:
         work.wait()
@@ -202,9 +218,11 @@ def recv_object(comm: BaseCommunicator, src: int | None, tag: int) -> Any:
     first = comm._kit_start(comm._irecv, "recv_object", size, src, tag)
     first.wait()
     sender = src if src is not None else getattr(first, "source", None)
-    payload = empty(SIZE.unpack(size)[0])
+    n = SIZE.unpack(size)[0]
+    check_size(n, sender)
+    payload = empty(n)
     comm._kit_start(comm._irecv, "recv_object", payload, sender, tag).wait()
-    return unpack(memoryview(payload))
+    return unpack(memoryview(payload), sender=sender)
 
 
 @functools.lru_cache(maxsize=64)
@@ -242,7 +260,7 @@ def _small_objects(slots: bytearray, width: int) -> list[Any] | None:
         count, n = PAIR.unpack_from(slots, at + HEAD)
         if mode != _PLAIN or size > width or count != 1:
             return None
-        found.append(pickle.loads(view[at + STREAM : at + STREAM + n]))
+        found.append(loads(view[at + STREAM : at + STREAM + n], sender=at // width))
     return found
 
 
@@ -299,6 +317,8 @@ def _gather_slots(
             comm._kit_call(comm._all_gather_into, False, slots, offer.slot)
         pairs = [PAIR.unpack_from(slots, at) for at in range(0, len(slots), width)]
         sizes = [n for n, _ in pairs]
+        for sender, n in enumerate(sizes):  # every rank has every slot: all refuse alike
+            check_size(n, sender)
         modes = [mode for _, mode in pairs]
         if not any(modes):  # the common case: every payload through the engine
             return offer, slots, width, sizes, sizes, {}
@@ -329,10 +349,8 @@ def _objects(
 ) -> list[Any]:
     """Every rank's object: rank r's read from node memory (``got``), else its payload in
     ``view``, which starts at the r-th of ``starts``."""
-    if not got:
-        return [unpack(view[at + HEAD : at + n]) for n, at in zip(sizes, starts, strict=False)]
     return [
-        unpack(memoryview(got[r])[HEAD:n]) if r in got else unpack(view[at + HEAD : at + n])
+        unpack(memoryview(got[r])[HEAD:n] if r in got else view[at + HEAD : at + n], sender=r)
         for r, (n, at) in enumerate(zip(sizes, starts, strict=False))
     ]
 

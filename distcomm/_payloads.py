@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm import _node_memory as node
+from distcomm._unpickling import loads
 
 __all__ = [
     "ALIGN",
@@ -145,16 +146,27 @@ class Pickled:
 
 def direct_lengths(payload: memoryview) -> list[int]:
     """The sizes of the direct segments a payload announces (``head`` already cut off)."""
+    return [-n for n in _table(payload) if n < 0]
+
+
+def _table(payload: memoryview) -> tuple[int, ...]:
+    """A payload's segment lengths (module docstring), checked to fit the payload."""
     (count,) = SIZE.unpack_from(payload, 0)
-    return [-n for n in struct.unpack_from(f"<{count}q", payload, 8) if n < 0]
+    if not 0 < count <= payload.nbytes // 8 - 1:
+        raise pickle.UnpicklingError(
+            f"a broken object payload: its table announces {count} segments in "
+            f"{payload.nbytes} bytes"
+        )
+    return struct.unpack_from(f"<{count}q", payload, 8)
 
 
-def unpack(payload: memoryview, directs: Sequence[Any] = ()) -> Any:
-    """Inverse of :func:`pack` (``head`` cut off); buffers stay views of ``payload``/``directs``."""
+def unpack(payload: memoryview, directs: Sequence[Any] = (), sender: int | None = None) -> Any:
+    """Inverse of :func:`pack` (``head`` cut off); buffers stay views of ``payload``/``directs``.
+    Unpickled as :mod:`~distcomm._unpickling` allows (``sender``: the rank it came from)."""
     count, first = PAIR.unpack_from(payload, 0)
     if count == 1:  # the pickle stream alone: the common small object
-        return pickle.loads(payload[ALIGN : ALIGN + first])
-    lengths = struct.unpack_from(f"<{count}q", payload, 8)
+        return loads(payload[ALIGN : ALIGN + first], sender=sender)
+    lengths = _table(payload)
     offset = aligned(8 * (count + 1))
     views: list[Any] = []
     received = iter(directs)
@@ -164,7 +176,7 @@ def unpack(payload: memoryview, directs: Sequence[Any] = ()) -> Any:
         else:
             views.append(payload[offset : offset + length])
             offset += aligned(length)
-    return pickle.loads(views[0], buffers=views[1:])
+    return loads(views[0], views[1:], sender)
 
 
 class _Large(Exception):

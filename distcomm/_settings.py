@@ -29,6 +29,7 @@ __all__ = [
     "Setting",
     "check_all",
     "convert",
+    "is_object_name",
     "is_set",
     "markdown_table",
     "read",
@@ -38,6 +39,10 @@ __all__ = [
 DEFAULT_TIMEOUT = 1800.0
 #: The mismatch check policies (``DISTCOMM_DEBUG``, ``init(debug=...)``).
 CHECK_POLICIES = ("sample", "check", "off")
+#: How a rank unpickles a peer's objects (``DISTCOMM_OBJECTS``, ``init(objects=...)``).
+OBJECT_POLICIES = ("restricted", "pickle")
+#: The most bytes an object message may announce unless ``DISTCOMM_MAX_OBJECT_BYTES`` says.
+DEFAULT_MAX_OBJECT_BYTES = 8 * 2**30
 #: The timeout policies (``DISTCOMM_ON_TIMEOUT``).
 ON_TIMEOUT_CHOICES = ("raise", "abort")
 #: The levels ``DISTCOMM_LOG_LEVEL`` takes.
@@ -134,6 +139,41 @@ def _trace(value: Any) -> int:
     return int(value)
 
 
+def _object_names(value: Any) -> frozenset[str]:
+    """Comma-separated ``module:Name`` entries (``DISTCOMM_ALLOW_OBJECTS``)."""
+    names = _names(value)
+    bad = [n for n in names if not is_object_name(n)]
+    if bad:
+        raise ValueError(
+            f"has {', '.join(map(repr, bad))}, which is not module:Name; valid: comma-separated "
+            "entries such as my_project.config:MyConfig. HINT: name each class or function by "
+            "its module and its name, joined by a colon."
+        )
+    return frozenset(names)
+
+
+def is_object_name(text: str) -> bool:
+    """Whether ``text`` is ``module:Name`` (dotted identifiers on both sides)."""
+    module, colon, name = text.partition(":")
+    parts = [*module.split("."), *name.split(".")]
+    return bool(colon) and all(p.isidentifier() for p in parts)
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _byte_count(value: Any) -> int:
+    text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    number = text[: len(text) - len(unit)].strip()
+    if not number.isdigit() or int(number) <= 0:
+        raise ValueError(
+            "is not a number of bytes; valid: a positive int, with K, M, G or T for binary "
+            "units (8G is 8 GiB). HINT: DISTCOMM_MAX_OBJECT_BYTES=16G allows larger objects."
+        )
+    return int(number) * _UNITS[unit]
+
+
 def _signal(value: Any) -> signal.Signals:
     name = str(value).strip().upper()
     name = name if name.startswith("SIG") else f"SIG{name}"
@@ -205,6 +245,32 @@ _DECLARED = (
             "and every 1024th after.",
         ),
         "sample",
+    ),
+    Setting(
+        "DISTCOMM_OBJECTS",
+        "how a rank unpickles a peer's objects: `restricted` (default: only the allow-list) or "
+        "`pickle` (anything: every rank trusted; [docs/security.md](docs/security.md))",
+        _choice(
+            OBJECT_POLICIES,
+            "a policy",
+            "'restricted' (the default) builds only allowed types; 'pickle' builds anything a "
+            "peer sends: set it only where every rank is trusted (docs/security.md).",
+        ),
+        "restricted",
+    ),
+    Setting(
+        "DISTCOMM_ALLOW_OBJECTS",
+        "comma-separated `module:Name` classes and functions a peer's objects may use, beside "
+        "the default allow-list ([docs/security.md](docs/security.md))",
+        _object_names,
+        frozenset(),
+    ),
+    Setting(
+        "DISTCOMM_MAX_OBJECT_BYTES",
+        "the most bytes an object message may announce (default "
+        f"{DEFAULT_MAX_OBJECT_BYTES // 2**30}G; `K`, `M`, `G`, `T` units)",
+        _byte_count,
+        DEFAULT_MAX_OBJECT_BYTES,
     ),
     Setting(
         "DISTCOMM_DISABLE_PLUGINS", "comma-separated entry-point names not to load", _names, ()

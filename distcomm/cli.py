@@ -63,11 +63,27 @@ def collect_info() -> dict[str, Any]:
         if selection.error is not None:
             info["error"] = f"{type(selection.error).__name__}: {selection.error}"
         candidates = selection.candidates
+    info["objects"] = _objects_row()
     info["backends"] = _backend_rows(candidates)
     info["environments"] = _environment_rows(registry)
     info["plugins"] = _plugin_rows(registry)
     info["trace"] = trace + registry.notes
     return info
+
+
+def _objects_row() -> dict[str, Any]:
+    """How this process would unpickle a peer's objects (docs/security.md)."""
+    from distcomm import _unpickling
+    from distcomm.errors import InvalidArgumentError
+
+    try:
+        return {
+            "policy": _unpickling.policy(),
+            "allowed": _unpickling.allowed_names(),
+            "max_bytes": _unpickling.max_bytes(),
+        }
+    except InvalidArgumentError as exc:  # a malformed DISTCOMM_OBJECTS, ...: init would fail
+        return {"error": str(exc)}
 
 
 def _backend_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
@@ -130,6 +146,16 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
     )
     if "error" in info:
         out.write(f"error:     {info['error']}\n")
+    objects = info["objects"]
+    if "error" in objects:
+        out.write(f"objects:   error: {objects['error']}\n")
+    elif objects["policy"] == "pickle":
+        policy = "pickle (any object a peer sends is built: every rank trusted)"
+    else:
+        extra = ", ".join(objects["allowed"])
+        policy = "restricted (the allow-list" + (f" and {extra}" if extra else "") + ")"
+    if "error" not in objects:
+        out.write(f"objects:   {policy}, up to {_bytes(objects['max_bytes'])} a message\n")
     out.write("backends:\n")
     width = max((len(b["name"]) for b in info["backends"]), default=8)
     dists = max((len(b["distribution"]) for b in info["backends"]), default=8)
@@ -156,6 +182,14 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
             out.write("where each launch value came from:\n")
             for field, source in launch["sources"].items():
                 out.write(f"    {field:<17} {source}\n")
+
+
+def _bytes(n: int) -> str:
+    """``8G``, ``512M``, or the bytes when no binary unit divides them."""
+    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n} bytes"
 
 
 #: ``distcomm run`` options that take a value (``--opt=value`` and ``-n4`` carry their own).

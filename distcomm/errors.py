@@ -8,6 +8,7 @@ distcomm error derives from both so that existing ``except`` clauses keep workin
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "NotInitializedError",
     "NotSameError",
     "NotSupportedError",
+    "ObjectRefusedError",
     "OperationError",
     "PluginConflictError",
     "RankFailedError",
@@ -172,6 +174,29 @@ class CollectiveMismatchError(OperationError, ValueError):
         super().__init__(message, op=op, seq=seq, group=group)
         self.table = [dict(row) for row in table]
         self.ran = ran
+
+
+class ObjectRefusedError(OperationError, pickle.UnpicklingError):
+    """An object a peer sent was refused before anything of it was built: it named a class or
+    function that is not on the allow-list (``refused``, e.g. ``"posix.system"``), or its
+    message announced more bytes than ``DISTCOMM_MAX_OBJECT_BYTES`` (``size``). ``sender`` is
+    the rank that sent it (of the communicator), when known; see OperationError's attributes
+    and docs/security.md.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        refused: str | None = None,
+        size: int | None = None,
+        sender: int | None = None,
+        **where: object,
+    ):
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.refused = refused
+        self.size = size
+        self.sender = sender
 
 
 class MainOnlyCollectiveError(OperationError, RuntimeError):

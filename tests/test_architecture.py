@@ -50,6 +50,7 @@ LAYERS = (
         "distcomm._operations",
         "distcomm._object_codec",
         "distcomm._payloads",
+        "distcomm._unpickling",
         "distcomm._node_memory",
         "distcomm._device_clock",
         "distcomm._divergence",

@@ -13,7 +13,7 @@ import datetime
 import threading
 from typing import Any
 
-from distcomm import _settings
+from distcomm import _settings, _unpickling
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
 from distcomm._runtime import exports, failure_reports, flight_recorder, profiling, state
@@ -45,9 +45,10 @@ def init(
     export_env: bool = True,
     debug: str | None = None,
     torch_group: str | bool | None = None,
+    objects: str | None = None,
     **options: Any,
 ) -> Communicator:
-    """Initialise distcomm and return the default communicator.
+    """Initialise distcomm and return the default communicator (also ``get_communicator()``).
 
     It finds out how the process was launched, picks a backend and creates the default
     communicator; ``distcomm info --explain`` prints why (docs/cli.md). Called again while
@@ -58,22 +59,19 @@ def init(
         backend: a backend name; default ``DISTCOMM_BACKEND``, else chosen (docs/backends.md).
         method: ``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's launch method;
             default ``DISTCOMM_INIT_METHOD``, else detected (docs/launch.md).
-        rank: this rank without a launcher; under one, it must equal the launcher's.
-        world_size: the number of ranks, likewise.
-        master_addr: the rendezvous host, instead of the detected one.
-        master_port: the rendezvous port, instead of the detected one.
-        timeout: seconds or a ``timedelta`` an operation may block; default
-            ``DISTCOMM_TIMEOUT``, else 1800.
+        rank, world_size: this rank and the number of ranks without a launcher; under one,
+            they must equal the launcher's.
+        master_addr, master_port: the rendezvous host and port, instead of the detected.
+        timeout: seconds or a ``timedelta`` an operation may block (``DISTCOMM_TIMEOUT``, 1800).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``, for the backend.
         export_env: set ``RANK``, ``WORLD_SIZE``, ... where missing; ``finalize()`` unsets.
-        debug: the mismatch check, ``"sample"``, ``"check"`` or ``"off"`` (docs/debugging.md);
-            default ``DISTCOMM_DEBUG``, else ``"sample"``.
+        debug: the mismatch check, ``"sample"``, ``"check"`` or ``"off"`` (``DISTCOMM_DEBUG``,
+            else ``"sample"``; docs/debugging.md).
         torch_group: make torch's default group beside a non-torch backend (``"auto"``,
             True, False; default ``DISTCOMM_TORCH_GROUP``, else ``"auto"``; docs/interop.md).
+        objects: a peer's objects, ``"restricted"`` to the allow-list or ``"pickle"`` (any:
+            every rank trusted); default ``DISTCOMM_OBJECTS``, else restricted (security.md).
         **options: the backend factory's keyword arguments.
-
-    Returns:
-        The default communicator (also ``get_communicator()``).
 
     Raises:
         BackendNotFoundError: no backend of that name, or none available for this launch.
@@ -123,6 +121,7 @@ def _parse(request: InitRequest) -> tuple[float, str, str | bool]:
     """The timeout, the check policy and the torch group choice; every ``DISTCOMM_*`` variable
     is checked now, before any communication."""
     _settings.check_all()
+    _unpickling.set_policy(request.objects)
     timeout = request.timeout or resolve_timeout(None)
     debug = request.debug or str(_settings.read("DISTCOMM_DEBUG"))
     return timeout, debug, torch_groups.policy(request.torch_group)
@@ -225,6 +224,7 @@ def finalize() -> None:
                 ctx.comm.finalize()
         finally:
             exports.unexport_env(ctx.exported)
+            _unpickling.reset_policy()
 
 
 def _check_same(ctx: state.Context, requested: dict[str, Any]) -> None:

@@ -35,6 +35,8 @@ class InitRequest:
         debug: the mismatch check policy (``"sample"``, ``"check"`` or ``"off"``).
         torch_group: whether to make torch's default process group beside a non-torch
             backend (``"auto"``, True or False; :mod:`~distcomm._runtime.torch_group`).
+        objects: how a peer's objects are unpickled (``"restricted"`` or ``"pickle"``;
+            :mod:`~distcomm._unpickling`).
         options: the backend factory's own options.
     """
 
@@ -48,6 +50,7 @@ class InitRequest:
     device: str | None = None
     debug: str | None = None
     torch_group: str | bool | None = None
+    objects: str | None = None
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -64,13 +67,14 @@ class InitRequest:
         device: Any = None,
         debug: str | None = None,
         torch_group: str | bool | None = None,
+        objects: str | None = None,
         options: dict[str, Any] | None = None,
     ) -> InitRequest:
         """Parse ``init``'s arguments.
 
         Raises:
-            InvalidArgumentError: a timeout, a device, a check policy or a torch group choice
-                that is not one.
+            InvalidArgumentError: a timeout, a device, a check policy, a torch group choice or
+                an object policy that is not one.
         """
         return cls(
             backend=None if backend is None else normalise_backend(str(backend)),
@@ -83,6 +87,9 @@ class InitRequest:
             device=None if device is None else _check_device(device),
             debug=None if debug is None else _settings.convert("DISTCOMM_DEBUG", debug, "debug"),
             torch_group=None if torch_group is None else torch_groups.policy(torch_group),
+            objects=None
+            if objects is None
+            else _settings.convert("DISTCOMM_OBJECTS", objects, "objects"),
             options=dict(options or {}),
         )
 

@@ -17,62 +17,79 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _object_codec as objects
+from distcomm import _unpickling
+from distcomm._unpickling import Refused
 from distcomm.backend._pipeline.steps import Steps
+from distcomm.errors import ObjectRefusedError
 
 if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
 
-__all__ = ["ObjectCollectives"]
+__all__ = ["ObjectCollectives", "refusal"]
 
 
 class ObjectCollectives(Steps):
     """The object collectives (module docstring)."""
 
+    # A peer's object that the unpickler refused (docs/security.md) raises the operation's
+    # ObjectRefusedError on every rank that received it (:func:`refusal`).
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
-        fast = self._kit_object_shortcut("broadcast_object", src)
-        if fast is not None:
-            return objects.broadcast_object(fast, obj, src)
-        self._kit_check_usable()
-        self._kit_check_rank(src, "src")
-        channel = self._kit_objects("broadcast_object", src)
-        return obj if channel is None else objects.broadcast_object(channel, obj, src)
+        try:
+            fast = self._kit_object_shortcut("broadcast_object", src)
+            if fast is not None:
+                return objects.broadcast_object(fast, obj, src)
+            self._kit_check_usable()
+            self._kit_check_rank(src, "src")
+            channel = self._kit_objects("broadcast_object", src)
+            return obj if channel is None else objects.broadcast_object(channel, obj, src)
+        except Refused as refused:
+            raise refusal(self, refused, "broadcast_object", self.seq) from None
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
-        fast = self._kit_object_shortcut("all_gather_object")
-        if fast is not None:
-            return objects.all_gather_object(fast, obj)
-        self._kit_check_usable()
-        channel = self._kit_objects("all_gather_object")
-        return [obj] if channel is None else objects.all_gather_object(channel, obj)
+        try:
+            fast = self._kit_object_shortcut("all_gather_object")
+            if fast is not None:
+                return objects.all_gather_object(fast, obj)
+            self._kit_check_usable()
+            channel = self._kit_objects("all_gather_object")
+            return [obj] if channel is None else objects.all_gather_object(channel, obj)
+        except Refused as refused:
+            raise refusal(self, refused, "all_gather_object", self.seq) from None
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
-        fast = self._kit_object_shortcut("gather_object", dst)
-        if fast is not None:
-            return objects.gather_object(fast, obj, dst)
-        self._kit_check_usable()
-        self._kit_check_rank(dst, "dst")
-        channel = self._kit_objects("gather_object", dst)
-        return [obj] if channel is None else objects.gather_object(channel, obj, dst)
+        try:
+            fast = self._kit_object_shortcut("gather_object", dst)
+            if fast is not None:
+                return objects.gather_object(fast, obj, dst)
+            self._kit_check_usable()
+            self._kit_check_rank(dst, "dst")
+            channel = self._kit_objects("gather_object", dst)
+            return [obj] if channel is None else objects.gather_object(channel, obj, dst)
+        except Refused as refused:
+            raise refusal(self, refused, "gather_object", self.seq) from None
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
         if self._kit_rank == src and self.unusable is None:
             objects.check_scatter_list(objs, self._kit_world_size)
-        fast = self._kit_object_shortcut("scatter_object", src)
-        if fast is not None:
-            return objects.scatter_object(fast, objs, src)
-        self._kit_check_usable()
-        self._kit_check_rank(src, "src")
-        if self._kit_rank == src:
-            objects.check_scatter_list(objs, self._kit_world_size)
-        channel = self._kit_objects("scatter_object", src)
-        if channel is None:
-            assert objs is not None
-            return objs[0]
-        return objects.scatter_object(channel, objs, src)
+        try:
+            fast = self._kit_object_shortcut("scatter_object", src)
+            if fast is not None:
+                return objects.scatter_object(fast, objs, src)
+            self._kit_check_usable()
+            self._kit_check_rank(src, "src")
+            if self._kit_rank == src:
+                objects.check_scatter_list(objs, self._kit_world_size)
+            channel = self._kit_objects("scatter_object", src)
+            if channel is None:
+                assert objs is not None
+                return objs[0]
+            return objects.scatter_object(channel, objs, src)
+        except Refused as refused:
+            raise refusal(self, refused, "scatter_object", self.seq) from None
 
     def _kit_object_shortcut(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` if it may skip the kit's steps (module docstring):
@@ -100,3 +117,33 @@ class ObjectCollectives(Steps):
         self.op = op
         self.seq = seq
         return channel
+
+
+def refusal(comm: Any, refused: Refused, op: str, seq: int | None) -> ObjectRefusedError:
+    """The error of operation ``op`` (number ``seq``; None for a message) on ``comm`` whose
+    peer's object the unpickler refused (:mod:`~distcomm._unpickling`)."""
+    label = f"{op} (operation #{seq})" if seq else op
+    who = "a peer" if refused.sender is None else f"rank {refused.sender}"
+    if refused.entry is not None:
+        what = (
+            f"it names {refused.refused}, which is not on the allow-list; nothing of it was "
+            f"built. HINT: if {who} is trusted and sends {refused.refused} on purpose, allow it "
+            f"on every rank: distcomm.allow_objects({refused.entry!r}) or "
+            f"DISTCOMM_ALLOW_OBJECTS={refused.entry}; DISTCOMM_OBJECTS=pickle trusts every rank "
+            "with any object (docs/security.md)."
+        )
+    else:
+        what = (
+            f"its message announces {refused.size} bytes, more than DISTCOMM_MAX_OBJECT_BYTES "
+            f"({_unpickling.max_bytes()}); nothing was allocated for it. HINT: if objects that "
+            "large are meant, raise DISTCOMM_MAX_OBJECT_BYTES on every rank (e.g. 32G)."
+        )
+    return ObjectRefusedError(
+        f"{label} on {comm.describe()} refused {who}'s object: {what}",
+        refused=refused.refused,
+        size=refused.size,
+        sender=refused.sender,
+        op=op,
+        seq=seq,
+        group=comm.describe(),
+    )

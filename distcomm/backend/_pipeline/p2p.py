@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm import _object_codec as objects
+from distcomm._unpickling import Refused
+from distcomm.backend._pipeline.object_collectives import refusal
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.primitives import INTERNAL_TAG
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
@@ -108,7 +110,10 @@ class PointToPoint(Steps):
         self._kit_check_usable()
         self._kit_check_rank(dst, "dst")
         self._kit_check_message_tag("send_object", tag)
-        objects.send_object(self._object_channel(), obj, dst, tag)
+        try:
+            objects.send_object(self._object_channel(), obj, dst, tag)
+        except Refused as refused:  # too large: the receiver refuses it too
+            raise refusal(self, refused, "send_object", None) from None
 
     def recv_object(self, src: int | None = None, tag: int = 0) -> Any:
         """Receive the object that ``src`` (None: any rank) sent with :meth:`send_object`."""
@@ -121,7 +126,10 @@ class PointToPoint(Steps):
                 "HINT: pass the sender's rank as src."
             )
         self._kit_check_message_tag("recv_object", tag)
-        return objects.recv_object(self._object_channel(), src, tag)
+        try:
+            return objects.recv_object(self._object_channel(), src, tag)
+        except Refused as refused:
+            raise refusal(self, refused, "recv_object", None) from None
 
     def _kit_check_message(self, op: Any, index: int) -> str:
         """Check the ``index``-th op of a batch; its kind."""

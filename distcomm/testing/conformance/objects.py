@@ -232,3 +232,85 @@ def objects_of_every_size() -> None:
     got = distcomm.gather_object(_layouts(rank) if rank % 2 else rank, dst=0)
     if rank == 0:
         _expect_same(got, [_layouts(r) if r % 2 else r for r in range(world)], "gather_object")
+
+
+class Unlisted:
+    """A class on no allow-list: a peer's instance of it is refused (docs/security.md)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def allowed_sample(seed: int) -> dict[str, Any]:
+    """What the default allow-list lets through: every builtin kind, numpy scalars and
+    dtypes, torch dtypes, devices and sizes, beside :func:`sample`'s arrays and tensors."""
+    obj: dict[str, Any] = {
+        "sample": sample(seed),
+        "kinds": [1.5, -(2**70), True, None, 3 + 4j, b"raw", "text", (seed,), [seed], {seed}],
+        "frozen": frozenset({"a", seed}),
+        "range": range(seed, 10, 3),
+        "slice": slice(1, seed, 2),
+    }
+    if has_numpy():
+        import numpy
+
+        obj["scalars"] = [numpy.float32(seed + 0.25), numpy.int64(-seed), numpy.bool_(True)]
+        obj["dtype"] = numpy.dtype("<u2")
+    if has_torch():
+        import torch
+
+        obj["torch"] = [torch.float16, torch.device("cpu"), torch.Size([seed, 2])]
+        obj["parameter"] = torch.nn.Parameter(torch.ones(3) * seed)
+    return obj
+
+
+@check
+def allowed_objects_pass_unchanged_by_default() -> None:
+    """Under the default policy (restricted unpickling), every kind on the allow-list comes
+    back unchanged through each object collective."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    mine = allowed_sample(rank)
+    gathered = distcomm.all_gather_object(mine)
+    for r in range(world):
+        _expect_same(gathered[r]["sample"], sample(r), f"all_gather_object from rank {r}")
+        want = allowed_sample(r)
+        for key in want:
+            if key != "sample" and key != "parameter":
+                expect(gathered[r][key] == want[key], f"{key} from rank {r}: {gathered[r][key]!r}")
+        if has_torch():
+            got = gathered[r]["parameter"]
+            expect(
+                type(got) is type(want["parameter"]) and bool((got == want["parameter"]).all()),
+                f"nn.Parameter from rank {r}: {got!r}",
+            )
+    last = world - 1
+    got = distcomm.broadcast_object(mine if rank == last else None, src=last)
+    expect(got["kinds"] == allowed_sample(last)["kinds"], f"broadcast_object: {got['kinds']!r}")
+
+
+@check
+def a_refused_object_raises_on_every_receiving_rank() -> None:
+    """A peer's object of a class on no allow-list raises ObjectRefusedError on every rank
+    that received it (all of them, for all_gather_object: the sender's own copy too), naming
+    the class and the sender; the communicator stays usable."""
+    from distcomm.errors import ObjectRefusedError
+
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    if world == 1:
+        return  # nothing is pickled in a world of one
+    sender = world - 1
+    mine = Unlisted(rank) if rank == sender else rank
+    error = raises(ObjectRefusedError, distcomm.all_gather_object, mine)
+    assert isinstance(error, ObjectRefusedError)
+    expect(
+        error.refused == f"{__name__}.Unlisted" and error.sender == sender,
+        f"all_gather_object: refused {error.refused!r} from {error.sender!r}: {error}",
+    )
+    expect(error.op == "all_gather_object" and "HINT" in str(error), str(error))
+    expect(distcomm.all_gather_object(rank) == list(range(world)), "usable after a refusal")
+    if rank == sender:  # its own object is not unpickled here
+        distcomm.broadcast_object(Unlisted(rank), sender)
+    else:
+        error = raises(ObjectRefusedError, distcomm.broadcast_object, None, sender)
+        expect(error.sender == sender and error.op == "broadcast_object", str(error))
+    distcomm.barrier()
