@@ -137,3 +137,27 @@ def test_python_dash_m_distcomm_info_explain() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "fakelink" in result.stdout and "why:" in result.stdout
+
+
+def test_info_shows_how_a_peers_objects_are_unpickled(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy, what the program allowed and the size limit (docs/security.md)."""
+    _, info = info_json(capsys)
+    assert info["objects"] == {"policy": "restricted", "allowed": [], "max_bytes": 8 * 2**30}
+    assert main(["info"]) == 0
+    assert "objects:   restricted (the allow-list), up to 8G a message\n" in (
+        capsys.readouterr().out
+    )
+    monkeypatch.setenv("DISTCOMM_ALLOW_OBJECTS", "pkg.config:Config,pkg:f")
+    monkeypatch.setenv("DISTCOMM_MAX_OBJECT_BYTES", "512M")
+    main(["info"])
+    shown = "objects:   restricted (the allow-list and pkg.config:Config, pkg:f), up to 512M"
+    assert shown in capsys.readouterr().out
+    monkeypatch.setenv("DISTCOMM_OBJECTS", "pickle")
+    main(["info"])
+    assert "objects:   pickle (any object a peer sends is built" in capsys.readouterr().out
+    monkeypatch.setenv("DISTCOMM_OBJECTS", "yes")
+    assert main(["info"]) == 0  # info reports what init would refuse, and does not crash
+    said = capsys.readouterr().out
+    assert "objects:   error: DISTCOMM_OBJECTS='yes' is not a policy" in said, said

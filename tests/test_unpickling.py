@@ -394,12 +394,16 @@ _VALUES = st.recursive(
 def _same(got: Any, want: Any) -> bool:
     if type(got) is not type(want):
         return False
-    if isinstance(want, np.ndarray):
-        return got.dtype == want.dtype and got.shape == want.shape and bool((got == want).all())
+    if isinstance(want, np.ndarray):  # bit for bit (NaN too)
+        return (
+            got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+        )
     if isinstance(want, dict):
         return got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
     if isinstance(want, (list, tuple)):
         return len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want, strict=True))
+    if isinstance(want, (float, complex)) and want != want:  # NaN
+        return got != got
     return bool(got == want)
 
 

@@ -50,18 +50,18 @@ def init(
 ) -> Communicator:
     """Initialise distcomm and return the default communicator (also ``get_communicator()``).
 
-    It finds out how the process was launched, picks a backend and creates the default
-    communicator; ``distcomm info --explain`` prints why (docs/cli.md). Called again while
-    initialised, it returns the running communicator; any argument given that differs from the
-    running one raises AlreadyInitializedError (the reference's "Starting and stopping").
+    It detects the launch, picks a backend and creates the communicator (``distcomm info
+    --explain`` says why). Called again, it returns the running one; an argument that differs
+    from the running one's raises AlreadyInitializedError ("Starting and stopping").
 
     Args:
         backend: a backend name; default ``DISTCOMM_BACKEND``, else chosen (docs/backends.md).
         method: ``env``, ``slurm``, ``mpi``, ``single_node`` or a plugin's launch method;
             default ``DISTCOMM_INIT_METHOD``, else detected (docs/launch.md).
-        rank, world_size: this rank and the number of ranks without a launcher; under one,
-            they must equal the launcher's.
-        master_addr, master_port: the rendezvous host and port, instead of the detected.
+        rank: this rank without a launcher; under one, it must equal the launcher's.
+        world_size: the number of ranks, likewise.
+        master_addr: the rendezvous host, instead of the detected one.
+        master_port: the rendezvous port, instead of the detected one.
         timeout: seconds or a ``timedelta`` an operation may block (``DISTCOMM_TIMEOUT``, 1800).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``, for the backend.
         export_env: set ``RANK``, ``WORLD_SIZE``, ... where missing; ``finalize()`` unsets.
