@@ -1,6 +1,6 @@
 """What the restricted unpickling of a peer's objects costs (docs/security.md), 2 ranks, one run.
 
-Run:  distcomm run -n 2 --backend gloo python benchmarks/object_policy.py [--rounds 7]
+Run:  distcomm run -n 2 --backend gloo benchmarks/object_policy.py [--rounds 7]
       mpirun -n 2 python benchmarks/object_policy.py [--rounds 7]
       (by hand, not in CI; about 30 s each on this 2-core machine)
 

@@ -120,6 +120,17 @@ def test_torch_allreduce_benchmark_runs() -> None:
     assert [line.split()[2] for line in out[2:]] == ["8", "64"]
 
 
+def test_object_policy_benchmark_times_both_policies_of_every_object_operation() -> None:
+    out = distcomm_run(
+        "-n", "2", "--backend", "gloo", "benchmarks/object_policy.py", "--rounds", "1"
+    )
+    rows = [line.split() for line in out.splitlines()[1:]]
+    ops = ["all_gather_object", "broadcast_object", "gather_object", "scatter_object"]
+    cases = [(op, size) for op in ops for size in ("1 KiB", "16 MiB") for _ in range(2)]
+    assert [(row[3], f"{row[4]} {row[5]}") for row in rows] == cases, out
+    assert [row[6] for row in rows] == ["distcomm", "plain"] * 8, out
+
+
 def test_workspace_benchmark_runs() -> None:
     args = ("-n", "2", "benchmarks/workspace_gather.py", "--rounds", "1", "--mib", "1")
     out = distcomm_run(*args).splitlines()
