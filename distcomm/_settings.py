@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from distcomm._measures import parse_bytes
 from distcomm.errors import InvalidArgumentError
 
 __all__ = [
@@ -159,19 +160,14 @@ def is_object_name(text: str) -> bool:
     return bool(colon) and all(p.isidentifier() for p in parts)
 
 
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
 def _byte_count(value: Any) -> int:
-    text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
-    unit = text[-1:] if text[-1:] in _UNITS else ""
-    number = text[: len(text) - len(unit)].strip()
-    if not number.isdigit() or int(number) <= 0:
+    size = parse_bytes(str(value))
+    if size is None:
         raise ValueError(
             "is not a number of bytes; valid: a positive int, with K, M, G or T for binary "
             "units (8G is 8 GiB). HINT: DISTCOMM_MAX_OBJECT_BYTES=16G allows larger objects."
         )
-    return int(number) * _UNITS[unit]
+    return size
 
 
 def _signal(value: Any) -> signal.Signals:

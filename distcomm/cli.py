@@ -126,6 +126,8 @@ def _plugin_rows(registry: PluginRegistry) -> list[dict[str, Any]]:
 
 
 def _print_text(info: dict[str, Any], explain: bool) -> None:
+    from distcomm._measures import human_bytes
+
     out = sys.stdout
     out.write(f"distcomm {info['version']}\n")
     launch = info["launch"]
@@ -155,7 +157,7 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
         extra = ", ".join(objects["allowed"])
         policy = "restricted (the allow-list" + (f" and {extra}" if extra else "") + ")"
     if "error" not in objects:
-        out.write(f"objects:   {policy}, up to {_bytes(objects['max_bytes'])} a message\n")
+        out.write(f"objects:   {policy}, up to {human_bytes(objects['max_bytes'])} a message\n")
     out.write("backends:\n")
     width = max((len(b["name"]) for b in info["backends"]), default=8)
     dists = max((len(b["distribution"]) for b in info["backends"]), default=8)
@@ -182,14 +184,6 @@ def _print_text(info: dict[str, Any], explain: bool) -> None:
             out.write("where each launch value came from:\n")
             for field, source in launch["sources"].items():
                 out.write(f"    {field:<17} {source}\n")
-
-
-def _bytes(n: int) -> str:
-    """``8G``, ``512M``, or the bytes when no binary unit divides them."""
-    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n} bytes"
 
 
 #: ``distcomm run`` options that take a value (``--opt=value`` and ``-n4`` carry their own).

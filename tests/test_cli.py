@@ -146,13 +146,13 @@ def test_info_shows_how_a_peers_objects_are_unpickled(
     _, info = info_json(capsys)
     assert info["objects"] == {"policy": "restricted", "allowed": [], "max_bytes": 8 * 2**30}
     assert main(["info"]) == 0
-    assert "objects:   restricted (the allow-list), up to 8G a message\n" in (
+    assert "objects:   restricted (the allow-list), up to 8 GiB a message\n" in (
         capsys.readouterr().out
     )
     monkeypatch.setenv("DISTCOMM_ALLOW_OBJECTS", "pkg.config:Config,pkg:f")
     monkeypatch.setenv("DISTCOMM_MAX_OBJECT_BYTES", "512M")
     main(["info"])
-    shown = "objects:   restricted (the allow-list and pkg.config:Config, pkg:f), up to 512M"
+    shown = "objects:   restricted (the allow-list and pkg.config:Config, pkg:f), up to 512 MiB"
     assert shown in capsys.readouterr().out
     monkeypatch.setenv("DISTCOMM_OBJECTS", "pickle")
     main(["info"])

@@ -4,10 +4,10 @@ the device the buffers live on (the selected backend's own unless ``--device`` s
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Set
 
 from distcomm._bench.operations import OPERATIONS
+from distcomm._measures import parse_bytes
 from distcomm.errors import InvalidArgumentError
 
 __all__ = [
@@ -21,31 +21,19 @@ __all__ = [
 ]
 
 DEFAULT_SIZES = "8:64M:8"
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 2**10,
-    "KIB": 2**10,
-    "M": 2**20,
-    "MIB": 2**20,
-    "G": 2**30,
-    "GIB": 2**30,
-}
-_SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 #: Where bench can put its buffers, in order of preference when the backend moves several.
 DEVICES = ("cpu", "cuda")
 
 
 def parse_size(text: str) -> int:
     """``"64K"`` -> 65536 (binary units: K, M, G, with or without iB; B or nothing for bytes)."""
-    match = _SIZE.match(text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in _UNITS or int(match.group(1)) < 1:
+    size = parse_bytes(text)
+    if size is None:
         raise argparse.ArgumentTypeError(
             f"size {text!r} is not a positive number of bytes; valid: 8, 512B, 64K, 64KiB, 1M, "
             "2G. HINT: --sizes 8,64K,1M lists sizes; --sizes 8:64M:4 steps by 4x."
         )
-    return int(match.group(1)) * _UNITS[unit]
+    return size
 
 
 def parse_sizes(text: str) -> list[int]:
