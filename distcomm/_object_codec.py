@@ -203,9 +203,11 @@ def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:
     payload = pack(obj)
     n = memoryview(payload).nbytes
     size = bytearray(SIZE.pack(n))
-    if n > _unpickling.max_bytes():  # the receiver refuses it on reading the size: so do we
-        comm._kit_start(comm._isend, "send_object", size, dst, tag).wait()
+    try:
         check_size(n, comm.rank)
+    except _unpickling.Refused:  # the receiver refuses it on reading the size: so do we
+        comm._kit_start(comm._isend, "send_object", size, dst, tag).wait()
+        raise
     works = [comm._kit_start(comm._isend, "send_object", b, dst, tag) for b in (size, payload)]
     for work in works:
         work.wait()

@@ -66,9 +66,10 @@ ALLOWED: dict[str, frozenset[str]] = {
 
 #: What the program allowed (:func:`allow_objects`, ``DISTCOMM_ALLOW_OBJECTS``), by module.
 _allowed: dict[str, set[str]] = {}
-#: The policy ``init()`` set (its keyword or ``DISTCOMM_OBJECTS``); None: not set, read the
-#: variable.
+#: The policy and the size limit ``init()`` fixed (its keyword or ``DISTCOMM_OBJECTS``, and
+#: ``DISTCOMM_MAX_OBJECT_BYTES``); None: not fixed, read the variable.
 _policy: str | None = None
+_limit: int | None = None
 
 
 class Refused(pickle.UnpicklingError):
@@ -92,23 +93,27 @@ def policy() -> str:
 
 def set_policy(value: str | None) -> None:
     """Fix the policy for this process (``init()``): ``value`` (its ``objects`` keyword), else
-    ``DISTCOMM_OBJECTS`` as it is now, read once rather than at every object."""
-    global _policy
+    ``DISTCOMM_OBJECTS`` as it is now; and the size limit. Both are read once, not at every
+    object."""
+    global _policy, _limit
     if value is None:
         _policy = settings.read("DISTCOMM_OBJECTS")
     else:
         _policy = settings.convert("DISTCOMM_OBJECTS", value, "objects")
+    _limit = settings.read("DISTCOMM_MAX_OBJECT_BYTES")
 
 
 def reset_policy() -> None:
-    """``finalize()``: the policy follows ``DISTCOMM_OBJECTS`` again until the next ``init()``."""
-    global _policy
-    _policy = None
+    """``finalize()``: the policy and the limit follow their variables again until the next
+    ``init()``."""
+    global _policy, _limit
+    _policy = _limit = None
 
 
 def max_bytes() -> int:
-    """The most bytes an object message may announce (``DISTCOMM_MAX_OBJECT_BYTES``)."""
-    limit: int = settings.read("DISTCOMM_MAX_OBJECT_BYTES")
+    """The most bytes an object message may announce: what ``init()`` fixed, else
+    ``DISTCOMM_MAX_OBJECT_BYTES``."""
+    limit: int = _limit if _limit is not None else settings.read("DISTCOMM_MAX_OBJECT_BYTES")
     return limit
 
 
@@ -217,7 +222,7 @@ def loads(stream: Any, buffers: Sequence[Any] = (), sender: int | None = None) -
         Refused: the stream names a global that is not allowed.
         pickle.UnpicklingError: the stream is not a whole pickle.
     """
-    if (_policy or settings.read("DISTCOMM_OBJECTS")) == "pickle":
+    if policy() == "pickle":
         return pickle.loads(stream, buffers=buffers)
     try:
         return _Restricted(io.BytesIO(stream), buffers=buffers).load()

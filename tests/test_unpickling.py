@@ -45,6 +45,7 @@ def _restricted(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(_unpickling, "_allowed", {})
     monkeypatch.setattr(_unpickling, "_policy", None)
+    monkeypatch.setattr(_unpickling, "_limit", None)
 
 
 class System:
