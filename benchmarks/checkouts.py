@@ -1,7 +1,7 @@
-"""distcomm.all_reduce of two checkouts (an old and a new source tree) against each other.
+"""distcomm of two checkouts (an old and a new source tree) against each other.
 
 Run:  python benchmarks/checkouts.py --old /tmp/old-distcomm --new . [--rounds 7]
-          [--backends gloo,mpi] [--reps 5]
+          [--rows all_reduce|objects] [--backends gloo,mpi] [--reps 5]
 
 One run interleaves 2-rank jobs of both trees: each round, for each backend, a job of one tree
 then a job of the other, the tree that goes first alternating round by round; a first round
@@ -14,16 +14,23 @@ if one lies outside the job's tree. mpi jobs start with ``mpirun -n 2``, gloo jo
 ``distcomm run -n 2 --backend gloo`` (both from the folder of this Python, a venv's bin); both
 get ``DISTCOMM_BACKEND`` and, unless set, ``OMP_NUM_THREADS=1`` (2 ranks on few cores).
 
-A job times ``distcomm.all_reduce`` (public API only) of a float32 numpy array and a float32 CPU
-torch tensor (zeros) of 8 bytes and of 64 MiB: after a warm-up of a tenth of the calls, ``--reps``
-blocks of a fixed number of calls, each after a barrier; the job's time per call is its fastest
-block (the least disturbed by other work on the machine), which rank 0 prints as a JSON line.
-The table gives, per backend, array and size, each tree's median time per call with the min-max
-over rounds, the median (min-max) of the per-round ratio new / old, and the verdict against the
-acceptance thresholds (median ratio <= 1.05 at 8 B, <= 1.02 at 64 MiB); the exit status is 1 if
-one fails. With ``--old`` and ``--new`` two copies of one commit, the ratios show the noise, which
-other work on the machine makes large: the load average before and after is printed. Default
-run: 4.5 to 6 minutes on 2 cores.
+A job times, through the public API only, the rows of ``--rows``:
+
+- ``all_reduce`` (the default): ``distcomm.all_reduce`` of a float32 numpy array and a float32
+  CPU torch tensor (zeros) of 8 bytes and of 64 MiB; the acceptance thresholds: median ratio
+  new / old <= 1.05 at 8 B, <= 1.02 at 64 MiB.
+- ``objects``: the object rows of benchmarks/peers.py (``all_gather_object``,
+  ``broadcast_object``, ``gather_object``, ``scatter_object`` of its 1 KiB and 16 MiB objects,
+  as many calls per block as peers.py makes); threshold: median ratio <= 1.05.
+
+Each row: after a warm-up of a tenth of the calls, ``--reps`` blocks of a fixed number of calls,
+each after a barrier, the rows taking turns; the job's time per call is its fastest block (the
+least disturbed by other work on the machine), which rank 0 prints as a JSON line. The table
+gives, per backend and row, each tree's median time per call with the min-max over rounds, the
+median (min-max) of the per-round ratio new / old, and the verdict against the row's threshold;
+the exit status is 1 if one fails. With ``--old`` and ``--new`` two copies of one commit, the
+ratios show the noise, which other work on the machine makes large: the load average before and
+after is printed. Default run (all_reduce): 4.5 to 6 minutes on 2 cores; objects: about 6.
 """
 
 from __future__ import annotations
@@ -49,17 +56,65 @@ CALLS = {
     "mpi": {"8 B": 20000, "64 MiB": 5},
     "gloo": {"8 B": 1000, "64 MiB": 5},
 }
-THRESHOLDS = {"8 B": 1.05, "64 MiB": 1.02}  # the largest acceptable median ratio new / old
+#: The largest acceptable median ratio new / old, by row suite and size.
+THRESHOLDS = {
+    "all_reduce": {"8 B": 1.05, "64 MiB": 1.02},
+    "objects": {"1 KiB": 1.05, "16 MiB": 1.05},
+}
 MODULES = ("distcomm", "distcomm_torch", "distcomm_mpi")
 MARKER = "CHECKOUTS-RESULT "
 
 
 # -- a job's rank -----------------------------------------------------------------------------
-def child(backend: str, reps: int) -> None:
-    """One rank of a job: time all_reduce on ``backend``; rank 0 prints a JSON line."""
+Rows = dict[str, tuple[Callable[[], object], int]]  # row -> (one call, calls per block)
+
+
+def all_reduce_rows(backend: str) -> Rows:
+    """``distcomm.all_reduce`` of numpy arrays and torch tensors (module docstring)."""
     import numpy as np
     import torch
 
+    import distcomm
+
+    makers = {
+        "numpy": lambda n: np.zeros(n, dtype=np.float32),
+        "torch": lambda n: torch.zeros(n, dtype=torch.float32),
+    }
+    rows: Rows = {}
+    for kind, make in makers.items():
+        for label, numel in SIZES.items():
+            x = make(numel)
+            rows[f"{kind} {label}"] = (lambda x=x: distcomm.all_reduce(x), CALLS[backend][label])
+    return rows
+
+
+def object_rows(backend: str) -> Rows:
+    """The object rows of benchmarks/peers.py, through distcomm's public functions."""
+    from peers import CALLS as PEERS_CALLS
+    from peers import OBJECT_OPS, OBJECT_SIZES, make_object
+
+    import distcomm
+
+    world = distcomm.get_world_size()
+    rows: Rows = {}
+    for op in OBJECT_OPS:
+        for label in OBJECT_SIZES:
+            obj = make_object(label)
+            call = {
+                "all_gather_object": lambda o=obj: distcomm.all_gather_object(o),
+                "broadcast_object": lambda o=obj: distcomm.broadcast_object(o),
+                "gather_object": lambda o=obj: distcomm.gather_object(o, 0),
+                "scatter_object": lambda o=obj: distcomm.scatter_object([o] * world, 0),
+            }[op]
+            rows[f"{op} {label}"] = (call, PEERS_CALLS[backend][label])
+    return rows
+
+
+ROWS = {"all_reduce": all_reduce_rows, "objects": object_rows}
+
+
+def child(backend: str, suite: str, reps: int) -> None:
+    """One rank of a job: time ``suite``'s rows on ``backend``; rank 0 prints a JSON line."""
     import distcomm
 
     comm = distcomm.init(backend=backend)
@@ -67,15 +122,7 @@ def child(backend: str, reps: int) -> None:
     import distcomm_torch
 
     files = {m.__name__: m.__file__ for m in (distcomm, distcomm_torch, distcomm_mpi)}
-    makers = {
-        "numpy": lambda n: np.zeros(n, dtype=np.float32),
-        "torch": lambda n: torch.zeros(n, dtype=torch.float32),
-    }
-    rows: dict[str, tuple[Callable[[], object], int]] = {}  # row -> (one call, calls per block)
-    for kind, make in makers.items():
-        for label, numel in SIZES.items():
-            x = make(numel)
-            rows[f"{kind} {label}"] = (lambda x=x: distcomm.all_reduce(x), CALLS[backend][label])
+    rows = ROWS[suite](backend)
 
     def per_call(fn: Callable[[], object], calls: int) -> float:
         distcomm.barrier()
@@ -171,12 +218,13 @@ def main() -> None:
     parser.add_argument("--old", type=Path, help="the old checkout (its root folder)")
     parser.add_argument("--new", type=Path, help="the new checkout (its root folder)")
     parser.add_argument("--rounds", type=int, default=7, help="counted rounds after a warm-up")
+    parser.add_argument("--rows", choices=sorted(ROWS), default="all_reduce", help="what to time")
     parser.add_argument("--backends", default="gloo,mpi", help="comma-separated: gloo, mpi")
     parser.add_argument("--reps", type=int, default=5, help="timed blocks per job (fastest taken)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per job")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.reps)
+        child(args.child, args.rows, args.reps)
         return
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress: stderr
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a job running then is stopped too
@@ -207,7 +255,7 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="distcomm-checkouts-") as workdir:
         here = Path(__file__).resolve().parent
-        for name in ("checkouts.py", "timing.py"):
+        for name in ("checkouts.py", "timing.py", "peers.py"):
             shutil.copy(here / name, Path(workdir) / name)
         script = str(Path(workdir) / "checkouts.py")
         for round_ in range(args.rounds + 1):
@@ -218,7 +266,8 @@ def main() -> None:
                     env["PYTHONPATH"] = os.pathsep.join(paths[side])
                     env["DISTCOMM_BACKEND"] = backend
                     env.setdefault("OMP_NUM_THREADS", "1")
-                    argv = [*launchers[backend], script, "--child", backend, "--reps"]
+                    argv = [*launchers[backend], script, "--child", backend, "--rows", args.rows]
+                    argv += ["--reps"]
                     began = time.perf_counter()
                     out = run_job([*argv, str(args.reps)], env, workdir, args.timeout)
                     result = parse(out, trees[side], backend)
@@ -239,24 +288,24 @@ def main() -> None:
         f"({os.cpu_count()} CPUs)"
     )
     print("per call: median (min-max) over rounds; new/old: per round; min/min: fastest rounds")
-    header = ("backend", "array", "size", "old", "new", "new/old", "min/min", "limit", "verdict")
-    print("{:<7} {:<6} {:<7} {:>24} {:>24} {:>20} {:>7} {:>5} {}".format(*header))
+    thresholds = THRESHOLDS[args.rows]
+    header = ("backend", "row", "old", "new", "new/old", "min/min", "limit", "verdict")
+    print("{:<7} {:<24} {:>24} {:>24} {:>20} {:>7} {:>5} {}".format(*header))
     failed = []
-    for backend in backends:
-        for kind in ("numpy", "torch"):
-            for label in SIZES:
-                old = samples[(backend, "old", f"{kind} {label}")]
-                new = samples[(backend, "new", f"{kind} {label}")]
-                median = statistics.median(a / b for a, b in zip(new, old, strict=True))
-                ok = median <= THRESHOLDS[label]
-                if not ok:
-                    failed.append(f"{backend} {kind} {label} ({median:.3f})")
-                print(
-                    f"{backend:<7} {kind:<6} {label:<7} {cell(old, 2):>24} {cell(new, 2):>24} "
-                    f"{ratio(new, old):>20} {min(new) / min(old):>7.3f} "
-                    f"{THRESHOLDS[label]:>5.2f} {'ok' if ok else 'FAIL'}"
-                )
-    limits = ", ".join(f"<= {limit} at {label}" for label, limit in THRESHOLDS.items())
+    rows = dict.fromkeys((backend, row) for backend, side, row in samples if side == "old")
+    for backend, row in rows:
+        old, new = samples[(backend, "old", row)], samples[(backend, "new", row)]
+        limit = thresholds[" ".join(row.split()[-2:])]  # the row's size: "8 B", "1 KiB"
+        median = statistics.median(a / b for a, b in zip(new, old, strict=True))
+        ok = median <= limit
+        if not ok:
+            failed.append(f"{backend} {row} ({median:.3f})")
+        print(
+            f"{backend:<7} {row:<24} {cell(old, 2):>24} {cell(new, 2):>24} "
+            f"{ratio(new, old):>20} {min(new) / min(old):>7.3f} {limit:>5.2f} "
+            f"{'ok' if ok else 'FAIL'}"
+        )
+    limits = ", ".join(f"<= {limit} at {label}" for label, limit in thresholds.items())
     if failed:
         print(f"verdict: FAIL (median new/old {limits}): {', '.join(failed)}")
         sys.exit(1)

@@ -7,7 +7,10 @@ engines): the public object collective counts as one operation. Objects travel a
 The first exchange of each collective is a fixed 2 KiB *slot* per rank carrying the payload's
 size and, when it fits, the payload itself: an object of up to about 2 KiB costs one engine
 operation; a larger one costs the slot, then the payload (a variable-size all-gather,
-``_all_gather_v``, where the engine has one), then its direct buffers. A payload of
+``_all_gather_v``, where the engine has one; scatter_object's payloads padded to the widest),
+then its direct buffers. A rank reads its own object back (its part of an all-gather, a gather
+or a scatter) from the stream it sent, with plain pickle where the stream names no global
+(:func:`~distcomm._unpickling.loads_own`); a peer's, as the object policy allows. A payload of
 :data:`~distcomm._node_memory.NODE_BYTES` or more, when every rank is a process of one node,
 waits in its writer's node memory instead (:mod:`~distcomm._node_memory`; broadcast_object,
 all_gather_object, gather_object): its slot says where, the readers copy it from there, and a
@@ -18,9 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
-import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from distcomm import _node_memory as node
@@ -33,6 +34,7 @@ from distcomm._payloads import (
     PAIR,
     SIZE,
     SLOT,
+    SMALL_HEAD,
     STREAM,
     Pickled,
     direct_lengths,
@@ -41,9 +43,8 @@ from distcomm._payloads import (
     small_slot,
     unpack,
 )
-from distcomm._unpickling import check_size, loads
+from distcomm._unpickling import check_size, loads, loads_own
 from distcomm.errors import InvalidArgumentError
-from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
@@ -59,7 +60,6 @@ __all__ = [
     "gather_object",
     "pack",
     "recv_object",
-    "reduce_numbers",
     "scatter_object",
     "send_object",
     "unpack",
@@ -70,16 +70,24 @@ __all__ = [
 #: writer's node memory, whose place (:data:`~distcomm._node_memory.WHERE`) follows at _WHERE.
 _PLAIN, _ASK, _SHARED = 0, 1, 2
 _WHERE = 16
+#: In a scatter_object slot: the widest payload that did not fit its slot (0: every one fit).
+_WIDEST = 16
+_join = bytearray().join
 
 
 def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
     """``src``'s object on every rank: the slot, then the payload from node memory (and the
     vote), or through the engine: the payload if it did not fit, each direct buffer."""
     if comm.rank != src:
-        return _broadcast_to(comm, src)
+        slot = bytearray(SLOT)
+        comm._kit_call(comm._broadcast, False, slot, src)
+        size, mode, count, n = SMALL_HEAD.unpack_from(slot)
+        if mode == _PLAIN and size <= SLOT and count == 1:  # the stream alone: a small object
+            return loads(memoryview(slot)[STREAM : STREAM + n], (), src)
+        return _broadcast_to(comm, src, slot)
     small = small_slot(obj, SLOT)
     if small is not None:
-        comm._kit_call(comm._broadcast, False, small, src)
+        comm._kit_call(comm._broadcast, False, small[0], src)
         return obj
     pickled = Pickled(obj)
     while True:  # a question (then learning), or node memory that a rank could not read
@@ -103,25 +111,21 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
     return obj
 
 
-def _broadcast_to(comm: BaseCommunicator, src: int) -> Any:
-    """:func:`broadcast_object` on a rank other than ``src``."""
-    slot = bytearray(SLOT)
+def _broadcast_to(comm: BaseCommunicator, src: int, slot: bytearray) -> Any:
+    """:func:`broadcast_object` on a rank other than ``src``, from its first ``slot`` on, one
+    that held no small object: a question (then learning), node memory, or the payload."""
     while True:
-        comm._kit_call(comm._broadcast, False, slot, src)
         size, mode = PAIR.unpack_from(slot, 0)
         if mode == _PLAIN:
-            if size <= SLOT:
-                count, n = PAIR.unpack_from(slot, HEAD)
-                if count == 1:  # the stream alone, in the slot: a small object
-                    return loads(memoryview(slot)[STREAM : STREAM + n], sender=src)
             break
         if mode == _ASK:
             node.learn(comm)
-            continue
-        check_size(size, src)
-        got = node.fetch(comm, {src: _place(slot)}, empty)
-        if got is not None:
-            return unpack(memoryview(got[src])[HEAD:size], sender=src)
+        else:
+            check_size(size, src)
+            got = node.fetch(comm, {src: _place(slot)}, empty)
+            if got is not None:
+                return unpack(memoryview(got[src])[HEAD:size], sender=src)
+        comm._kit_call(comm._broadcast, False, slot, src)
     check_size(size, src)
     if size <= SLOT:
         payload = slot
@@ -143,20 +147,23 @@ def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
     that came through neither, through ``_all_gather_v`` (node memory's send none)."""
     width = slot_bytes(comm.world_size)
     small = small_slot(obj, width)
-    slots = None
+    slots = slot = None
     if small is not None:  # the common case: every rank's object small, one all-gather
+        slot, stream = small
         slots = bytearray(width * comm.world_size)
-        comm._kit_call(comm._all_gather_into, False, slots, small)
-        found = _small_objects(slots, width)
-        if found is not None:
-            return found
-    offer, slots, width, sizes, rest, got = _gather_slots(comm, obj, True, small, slots)
+        comm._kit_call(comm._all_gather_into, False, slots, slot)
+        streams = _small_streams(slots, width)
+        if streams is not None:
+            return _small_objects(slots, width, streams, comm.rank, stream)
+    offer, slots, width, sizes, rest, got = _gather_slots(comm, obj, True, slot, slots)
     if max(rest) <= width:
-        return _objects(sizes, got, memoryview(slots), range(0, len(slots), width))
+        starts: Iterable[int] = range(0, len(slots), width)
+        return _objects(sizes, got, memoryview(slots), starts, comm.rank, offer.payload)
     out = empty(sum(rest))
     mine = memoryview(offer.payload if rest[comm.rank] else bytearray())[: rest[comm.rank]]
     comm._kit_call(comm._all_gather_v, False, out, rest, mine)
-    return _objects(sizes, got, memoryview(out), itertools.accumulate(rest, initial=0))
+    starts = itertools.accumulate(rest, initial=0)
+    return _objects(sizes, got, memoryview(out), starts, comm.rank, offer.payload)
 
 
 def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | None:
@@ -164,8 +171,17 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
     rank knows what follows), the payloads in node memory (read by ``dst``, and the vote), then
     the others padded to the largest."""
     here = comm.rank == dst
-    small = small_slot(obj, slot_bytes(comm.world_size))
-    offer, slots, width, sizes, rest, got = _gather_slots(comm, obj, here, small)
+    width = slot_bytes(comm.world_size)
+    small = small_slot(obj, width)
+    slots = slot = None
+    if small is not None:  # every rank's object small: one all-gather (as all_gather_object)
+        slot, stream = small
+        slots = bytearray(width * comm.world_size)
+        comm._kit_call(comm._all_gather_into, False, slots, slot)
+        streams = _small_streams(slots, width)
+        if streams is not None:
+            return _small_objects(slots, width, streams, dst, stream) if here else None
+    offer, slots, width, sizes, rest, got = _gather_slots(comm, obj, here, slot, slots)
     out: Any = slots
     if max(rest) > width:
         width = max(rest)
@@ -174,28 +190,61 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
             memoryview(padded)[: offer.size] = memoryview(offer.payload)[: offer.size]
         out = empty(width * comm.world_size) if here else None
         comm._kit_call(comm._gather, False, out, padded, dst)
-    return _objects(sizes, got, memoryview(out), range(0, len(out), width)) if here else None
+    if not here:
+        return None
+    return _objects(sizes, got, memoryview(out), range(0, len(out), width), dst, offer.payload)
 
 
 def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int) -> Any:
-    """``objs[rank]`` from ``src`` on every rank."""
-    size = bytearray(8)
-    full: bytearray | None = None
+    """``objs[rank]`` from ``src`` on every rank: the slots, each holding its payload when it
+    fits (:func:`small_slot`); then, when one did not, those payloads padded to the widest, in a
+    second scatter (every slot says how wide, so that every rank takes part)."""
+    width = slot_bytes(comm.world_size)
+    mine = bytearray(width)
+    slots = full = own = None
     if comm.rank == src:
         assert objs is not None
-        payloads = [pack(o) for o in objs]
-        width = max(len(p) for p in payloads)
-        full = bytearray(width * len(payloads))
-        view = memoryview(full)
-        for r, p in enumerate(payloads):
-            view[r * width : r * width + len(p)] = p
-        SIZE.pack_into(size, 0, width)
-    comm._kit_call(comm._broadcast, False, size, src)
-    width = SIZE.unpack(size)[0]
-    check_size(width, src)  # on every rank, src too: nobody waits
-    mine = bytearray(width)
-    comm._kit_call(comm._scatter, False, mine, full, src)
-    return unpack(memoryview(mine), sender=src)
+        slots, full, own = _scatter_slots(objs, width, src)
+    comm._kit_call(comm._scatter, False, mine, slots, src)
+    size = SIZE.unpack_from(mine)[0]
+    widest = SIZE.unpack_from(mine, _WIDEST)[0]
+    check_size(max(size, widest), src)  # widest: the same on every rank, src too: nobody waits
+    payload: Any = mine
+    if widest:  # the payloads that did not fit their slots, this rank's among them or not
+        wide = empty(widest)
+        comm._kit_call(comm._scatter, False, wide, full, src)
+        payload = wide if size > width else mine
+    if own is not None:  # src: its own payload, from what it sent (never a peer's bytes)
+        return unpack(own, sender=src, own=True) if size > width else loads_own(own, (), src)
+    return unpack(memoryview(payload)[HEAD:size], sender=src)
+
+
+def _scatter_slots(objs: Sequence[Any], width: int, src: int) -> tuple[bytearray, Any, Any]:
+    """``src``'s side of :func:`scatter_object`: every rank's slot, all in one buffer; when a
+    payload does not fit its slot, those payloads, each at rank x the widest of them (the rest
+    zeros; the slots say how wide), else None; and ``src``'s own stream (it fit) or payload."""
+    smalls = [small_slot(obj, width) for obj in objs]
+    if all(small is not None for small in smalls):
+        return _join([small[0] for small in smalls]), None, smalls[src][1]  # type: ignore[index]
+    pickled = {r: Pickled(objs[r]) for r, small in enumerate(smalls) if small is None}
+    sizes = {r: p.size(HEAD) for r, p in pickled.items()}
+    widest = max(sizes.values())
+    full = empty(widest * len(objs))
+    view = memoryview(full)
+    slots = []
+    for r, small in enumerate(smalls):
+        if small is None:
+            slot = bytearray(width)
+            SIZE.pack_into(slot, 0, sizes[r])
+        else:
+            slot = small[0]
+        SIZE.pack_into(slot, _WIDEST, widest)
+        slots.append(slot)
+        pieces = pickled[r].pieces(HEAD) if r in pickled else []
+        node.lay_out(view[r * widest : (r + 1) * widest], pieces, widest)  # zeros the rest
+    mine = smalls[src]
+    own = mine[1] if mine is not None else view[src * widest + HEAD : src * widest + sizes[src]]
+    return _join(slots), full, own
 
 
 def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:
@@ -252,17 +301,32 @@ class _Offer(NamedTuple):
     directs: Sequence[Any] = ()
 
 
-def _small_objects(slots: bytearray, width: int) -> list[Any] | None:
-    """Every rank's object from all-gathered ``slots`` of ``width`` bytes if every one is small
-    (:func:`small_slot`); None otherwise."""
-    view = memoryview(slots)
-    found = []
+def _small_streams(slots: bytearray, width: int) -> list[int] | None:
+    """The length of each rank's pickle stream in all-gathered ``slots`` of ``width`` bytes if
+    every one is small (:func:`small_slot`: the stream alone, in its slot); None otherwise."""
+    streams = []
+    head = SMALL_HEAD.unpack_from
     for at in range(0, len(slots), width):
-        size, mode = PAIR.unpack_from(slots, at)
-        count, n = PAIR.unpack_from(slots, at + HEAD)
+        size, mode, count, n = head(slots, at)
         if mode != _PLAIN or size > width or count != 1:
             return None
-        found.append(loads(view[at + STREAM : at + STREAM + n], sender=at // width))
+        streams.append(n)
+    return streams
+
+
+def _small_objects(
+    slots: bytearray, width: int, streams: list[int], rank: int, mine: bytes
+) -> list[Any]:
+    """Every rank's object from all-gathered ``slots`` of ``width`` bytes, each the stream of
+    ``streams``' length in its slot; this rank's own from ``mine``, the stream it sent."""
+    view = memoryview(slots)
+    found = []
+    for r, n in enumerate(streams):
+        if r == rank:
+            found.append(loads_own(mine, (), r))
+        else:
+            at = r * width + STREAM
+            found.append(loads(view[at : at + n], (), r))
     return found
 
 
@@ -319,8 +383,8 @@ def _gather_slots(
             comm._kit_call(comm._all_gather_into, False, slots, offer.slot)
         pairs = [PAIR.unpack_from(slots, at) for at in range(0, len(slots), width)]
         sizes = [n for n, _ in pairs]
-        for sender, n in enumerate(sizes):  # every rank has every slot: all refuse alike
-            check_size(n, sender)
+        biggest = max(sizes)  # every rank has every slot: all refuse alike
+        check_size(biggest, sizes.index(biggest))
         modes = [mode for _, mode in pairs]
         if not any(modes):  # the common case: every payload through the engine
             return offer, slots, width, sizes, sizes, {}
@@ -347,14 +411,25 @@ def _place(slot: bytearray, at: int = 0) -> tuple[bytes, int]:
 
 
 def _objects(
-    sizes: list[int], got: dict[int, Any], view: memoryview, starts: Iterable[int]
+    sizes: list[int],
+    got: dict[int, Any],
+    view: memoryview,
+    starts: Iterable[int],
+    rank: int,
+    mine: Any,
 ) -> list[Any]:
-    """Every rank's object: rank r's read from node memory (``got``), else its payload in
-    ``view``, which starts at the r-th of ``starts``."""
-    return [
-        unpack(memoryview(got[r])[HEAD:n] if r in got else view[at + HEAD : at + n], sender=r)
-        for r, (n, at) in enumerate(zip(sizes, starts, strict=False))
-    ]
+    """Every rank's object: this rank's own from ``mine``, its payload (None: it went through
+    node memory), rank r's read from node memory (``got``), else its payload in ``view``, which
+    starts at the r-th of ``starts``."""
+    found = []
+    for r, (n, at) in enumerate(zip(sizes, starts, strict=False)):
+        if r == rank and mine is not None:
+            found.append(unpack(memoryview(mine)[HEAD:n], sender=r, own=True))
+        elif r in got:
+            found.append(unpack(memoryview(got[r])[HEAD:n], sender=r))
+        else:
+            found.append(unpack(view[at + HEAD : at + n], sender=r))
+    return found
 
 
 def check_scatter_list(objs: Any, world_size: int) -> None:
@@ -366,34 +441,3 @@ def check_scatter_list(objs: Any, world_size: int) -> None:
             f"rank), got {got!r}. HINT: on src, pass one object per rank, e.g. "
             "[obj_for(r) for r in range(world_size)]; other ranks may pass None."
         )
-
-
-def reduce_numbers(values: list[Any], op: ReduceOp) -> int | float:
-    """Reduce Python numbers exactly (ints stay ints; bools follow the logical rules)."""
-    if all(isinstance(v, bool) for v in values):
-        if op is ReduceOp.AVG:
-            raise InvalidArgumentError("ReduceOp.AVG needs numbers, got bools. HINT: use SUM.")
-        if op is ReduceOp.BXOR:
-            return bool(functools.reduce(operator.xor, values))
-        return any(values) if op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BOR) else all(values)
-    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and any(
-        isinstance(v, float) for v in values
-    ):
-        raise InvalidArgumentError(
-            f"ReduceOp.{op.name} needs ints or bools, got {values!r}. HINT: convert the values "
-            "with int(), or use SUM, PRODUCT, MIN, MAX or AVG."
-        )
-    result: int | float = _NUMBER_OPS[op](values)
-    return result
-
-
-_NUMBER_OPS: dict[ReduceOp, Callable[[list[Any]], Any]] = {
-    ReduceOp.SUM: sum,
-    ReduceOp.AVG: lambda values: sum(values) / len(values),
-    ReduceOp.PRODUCT: math.prod,
-    ReduceOp.MIN: min,
-    ReduceOp.MAX: max,
-    ReduceOp.BAND: lambda values: functools.reduce(operator.and_, values),
-    ReduceOp.BOR: lambda values: functools.reduce(operator.or_, values),
-    ReduceOp.BXOR: lambda values: functools.reduce(operator.xor, values),
-}

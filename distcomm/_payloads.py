@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm import _node_memory as node
-from distcomm._unpickling import loads
+from distcomm._unpickling import loads, loads_own
 
 __all__ = [
     "ALIGN",
@@ -31,6 +31,7 @@ __all__ = [
     "PAIR",
     "SIZE",
     "SLOT",
+    "SMALL_HEAD",
     "STREAM",
     "Pickled",
     "aligned",
@@ -54,6 +55,11 @@ INBAND_BYTES = 1024
 DIRECT_BYTES = 256 * 1024
 #: Where a small object's stream starts in its slot (after the head and the one-entry table).
 STREAM = HEAD + ALIGN
+#: A small object's slot up to its stream: the payload's size and mode (the head), then the
+#: one-entry table (1, the stream's length), each zero-padded to :data:`ALIGN`.
+SMALL_HEAD = struct.Struct(f"<qq{HEAD - 16}xqq{ALIGN - 16}x")
+#: Zero bytes to pad a small object's slot with, up to the widest slot.
+_ZEROS = memoryview(bytes(SLOT))
 
 
 def aligned(n: int) -> int:
@@ -160,12 +166,17 @@ def _table(payload: memoryview) -> tuple[int, ...]:
     return struct.unpack_from(f"<{count}q", payload, 8)
 
 
-def unpack(payload: memoryview, directs: Sequence[Any] = (), sender: int | None = None) -> Any:
+def unpack(
+    payload: memoryview, directs: Sequence[Any] = (), sender: int | None = None, own: bool = False
+) -> Any:
     """Inverse of :func:`pack` (``head`` cut off); buffers stay views of ``payload``/``directs``.
-    Unpickled as :mod:`~distcomm._unpickling` allows (``sender``: the rank it came from)."""
+    Unpickled as :mod:`~distcomm._unpickling` allows (``sender``: the rank it came from), or,
+    ``own``: a payload this rank packed itself, in its own memory (never a peer's bytes), with
+    plain pickle."""
+    load = loads_own if own else loads
     count, first = PAIR.unpack_from(payload, 0)
     if count == 1:  # the pickle stream alone: the common small object
-        return loads(payload[ALIGN : ALIGN + first], sender=sender)
+        return load(payload[ALIGN : ALIGN + first], sender=sender)
     lengths = _table(payload)
     offset = aligned(8 * (count + 1))
     views: list[Any] = []
@@ -176,7 +187,7 @@ def unpack(payload: memoryview, directs: Sequence[Any] = (), sender: int | None 
         else:
             views.append(payload[offset : offset + length])
             offset += aligned(length)
-    return loads(views[0], views[1:], sender)
+    return load(views[0], views[1:], sender)
 
 
 class _Large(Exception):
@@ -189,11 +200,12 @@ def _in_band(buffer: pickle.PickleBuffer) -> bool:
     return True
 
 
-def small_slot(obj: Any, room: int) -> bytearray | None:
+def small_slot(obj: Any, room: int) -> tuple[bytearray, bytes] | None:
     """The slot of an object whose pickle stream, with its buffers in band (all below
-    :data:`INBAND_BYTES`), fits a slot of ``room`` bytes: the slot, laid out as
-    :meth:`Pickled.split` lays out a stream alone, in one pickling and one copy; None for any
-    other object (the common objects' way: the few bytes of a rank's metadata, a loss)."""
+    :data:`INBAND_BYTES`), fits a slot of ``room`` bytes, and that stream: the slot laid out as
+    :meth:`Pickled.split` lays out a stream alone (:data:`SMALL_HEAD`, the stream, zeros), in
+    one pickling and one copy; None for any other object (the common objects' way: the few
+    bytes of a rank's metadata, a loss)."""
     try:
         stream = pickle.dumps(obj, protocol=5, buffer_callback=_in_band)
     except (_Large, BufferError):
@@ -201,9 +213,8 @@ def small_slot(obj: Any, room: int) -> bytearray | None:
     n = len(stream)
     if n > room - STREAM:
         return None
-    slot = bytearray(room)
-    size = STREAM + aligned(n)
-    SIZE.pack_into(slot, 0, size)
-    PAIR.pack_into(slot, HEAD, 1, n)
-    slot[STREAM : STREAM + n] = stream
-    return slot
+    head = SMALL_HEAD.pack(STREAM + aligned(n), 0, 1, n)
+    return _join((head, stream, _ZEROS[: room - STREAM - n])), stream
+
+
+_join = bytearray().join

@@ -8,7 +8,10 @@ the program allows (:func:`allow_objects`, ``DISTCOMM_ALLOW_OBJECTS``); any othe
 stream names (``posix.system``, ``builtins.eval``, a class of the program) is refused before it
 is looked up, so nothing a peer sends runs code here. The check runs once per global the stream
 names, not per object. A torch tensor's storage comes as bytes of ``torch.save``: they are read
-with torch's own restricted loader (``weights_only=True``), never with plain pickle.
+with torch's own restricted loader (``weights_only=True``), never with plain pickle. What a rank
+pickled itself and reads back from its own memory (its own part of an all-gather, a gather or a
+scatter) is read with plain pickle when it names no global (:func:`loads_own`): the cost of the
+allow-list is paid for peers' bytes only, and a rank refuses its own object when its peers do.
 
 ``DISTCOMM_OBJECTS=pickle`` (or ``init(objects="pickle")``) restores plain pickle for a job whose
 every rank is trusted (docs/security.md). An object message announcing more than
@@ -17,6 +20,7 @@ every rank is trusted (docs/security.md). An object message announcing more than
 
 from __future__ import annotations
 
+import copyreg
 import importlib
 import io
 import pickle
@@ -34,6 +38,7 @@ __all__ = [
     "allowed_names",
     "check_size",
     "loads",
+    "loads_own",
     "max_bytes",
     "policy",
     "reset_policy",
@@ -222,15 +227,39 @@ def loads(stream: Any, buffers: Sequence[Any] = (), sender: int | None = None) -
         Refused: the stream names a global that is not allowed.
         pickle.UnpicklingError: the stream is not a whole pickle.
     """
-    if policy() == "pickle":
-        return pickle.loads(stream, buffers=buffers)
+    if _policy == "pickle" or (_policy is None and policy() == "pickle"):
+        return pickle.loads(stream, buffers=buffers) if buffers else pickle.loads(stream)
     try:
-        return _Restricted(io.BytesIO(stream), buffers=buffers).load()
+        if buffers:
+            return _Restricted(io.BytesIO(stream), buffers=buffers).load()
+        return _Restricted(io.BytesIO(stream)).load()
     except Refused as refused:
         refused.sender = sender
         raise
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
         raise pickle.UnpicklingError(f"a broken object payload: {exc!r}") from exc
+
+
+def loads_own(stream: Any, buffers: Sequence[Any] = (), sender: int | None = None) -> Any:
+    """The object this rank pickled itself in ``stream`` (bytes, or a view of its own memory:
+    its part of an all-gather, a gather or a scatter; never a peer's bytes), unpickled so that
+    it is accepted or refused exactly as its peers accept or refuse the same bytes: with plain
+    pickle when the stream names no global at all, which the allow-list accepts too (pickle's
+    protocol 5 names one only with STACK_GLOBAL, a byte absent from the stream, or with a
+    copyreg extension code, of which none is registered); else as :func:`loads` does
+    (``sender``: this rank, for the error)."""
+    data = stream
+    if data.__class__ is not bytes:
+        data = stream.tobytes() if stream.nbytes <= _SCANNED_BYTES else pickle.STACK_GLOBAL
+    if _STACK_GLOBAL not in data and not copyreg._extension_registry:
+        return pickle.loads(data, buffers=buffers) if buffers else pickle.loads(data)
+    return loads(stream, buffers, sender)
+
+
+#: The byte of pickle's STACK_GLOBAL opcode, and the longest view :func:`loads_own` copies to
+#: scan for it (a copy of a longer one would cost more than it saves).
+_STACK_GLOBAL = pickle.STACK_GLOBAL[0]  # an int: `in` is a memchr (a bytes needle: 4x slower)
+_SCANNED_BYTES = 64 * 1024
 
 
 def check_size(size: int, sender: int | None = None) -> None:

@@ -194,6 +194,46 @@ def test_a_tensor_storage_is_read_by_torchs_restricted_loader(marker: Path) -> N
     assert caught.value.refused == f"{os.system.__module__}.system", caught.value
 
 
+class _NoRestricted:
+    """Stands in for the restricted unpickler where a test expects plain pickle only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the restricted unpickler was used")
+
+
+def test_a_ranks_own_stream_without_a_global_is_read_with_plain_pickle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """loads_own (a rank's own object, read back from its own memory) skips the allow-list's
+    cost only for a stream that names no global, which the allow-list accepts too: so a rank
+    accepts or refuses its own object exactly as its peers do."""
+    plain = {"step": 7, "name": "layer.0", "data": b"x" * 1000, "lr": [0.1, None, (1, 2)]}
+    stream = pickle.dumps(plain, protocol=5)
+    monkeypatch.setattr(_unpickling, "_Restricted", _NoRestricted)
+    assert _unpickling.loads_own(stream) == plain  # the fast path: no restricted unpickler
+    assert _unpickling.loads_own(memoryview(bytearray(stream))) == plain  # a view of a slot
+    for named in (np.arange(3), Config(1.0)):  # a global in the stream: the allow-list's way
+        with pytest.raises(AssertionError, match="restricted unpickler was used"):
+            _unpickling.loads_own(pickle.dumps(named, protocol=5))
+
+
+def test_a_ranks_own_object_named_by_an_extension_code_takes_the_allow_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registered extension code names a global without STACK_GLOBAL: with one registered,
+    loads_own leaves plain pickle and refuses what a peer would refuse."""
+    copyreg.add_extension(Config.__module__, "Config", 0xF3)
+    try:
+        stream = pickle.dumps(Config(1.0), protocol=5)
+        assert pickle.STACK_GLOBAL not in stream, "the pickler named it another way"
+        with pytest.raises(_unpickling.Refused) as caught:
+            _unpickling.loads_own(stream, sender=2)
+        assert caught.value.refused == f"{Config.__module__}.Config"
+        assert caught.value.sender == 2
+    finally:
+        copyreg.remove_extension(Config.__module__, "Config", 0xF3)
+
+
 def test_a_size_beyond_the_limit_is_refused_before_allocation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -320,6 +360,29 @@ def test_broadcast_object_refuses_on_the_receivers_and_the_sender_carries_on(
     results = run_threads(_broadcast_from, 3, 0, touch(marker), timeout=60)
     assert results[0] == "returned", results  # rank 0 unpickles nothing it sent
     assert results[1:] == [[0, "broadcast_object"]] * 2, results
+
+
+def _own_refused(op: str) -> Any:
+    """Each rank's own object names a class off the allow-list: the rank that reads its own
+    copy back (gather's dst, scatter's src) refuses it as its peers would."""
+    rank = distcomm.get_rank()
+    try:
+        if op == "gather_object":
+            got = distcomm.gather_object(Config(float(rank)), dst=0)
+        else:
+            objs = [Config(0.0), "fine"] if rank == 0 else None
+            got = distcomm.scatter_object(objs, src=0)
+    except ObjectRefusedError as exc:
+        return [exc.refused, exc.sender, exc.op]
+    return got
+
+
+@pytest.mark.parametrize("op", ["gather_object", "scatter_object"])
+def test_a_rank_refuses_its_own_object_as_its_peers_do(op: str) -> None:
+    results = run_threads(_own_refused, 2, op, timeout=60)
+    config = f"{Config.__module__}.Config"
+    assert results[0] == [config, 0, op], results  # rank 0 refuses its own object
+    assert results[1] == (None if op == "gather_object" else "fine"), results
 
 
 def _big_broadcast() -> Any:

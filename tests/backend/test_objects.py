@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from distcomm._object_codec import INBAND_BYTES, pack, reduce_numbers, unpack
+from distcomm._object_codec import INBAND_BYTES, pack, unpack
+from distcomm.backend._pipeline.reductions import reduce_numbers
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
 

@@ -3,7 +3,8 @@ reduce-scatter of ``reduce_scatter``'s list form (torchcomms' ``reduce_scatter_v
 
 Beyond the common steps: op names are normalised to :class:`~distcomm.protocol.ReduceOp`, bool
 data reduces as logical or / and, AVG is emulated (SUM, then a division) where the engine lacks
-it, and an op the engine lacks altogether is computed from an all-gather. The commonest call, a
+it, an op the engine lacks altogether is computed from an all-gather, and a Python number is
+gathered as an object and reduced exactly (:func:`reduce_numbers`). The commonest call, a
 blocking SUM like the calls before it (the same class, dtype and size: nothing new for the
 mismatch check to record), first tries the backend's ``_all_reduce_plain`` shortcut; a blocking
 SUM ``reduce`` or ``reduce_scatter_tensor`` like the calls before it, ``_reduce_plain`` and
@@ -12,6 +13,10 @@ SUM ``reduce`` or ``reduce_scatter_tensor`` like the calls before it, ``_reduce_
 
 from __future__ import annotations
 
+import functools
+import math
+import operator
+from collections.abc import Callable
 from typing import Any
 
 from distcomm import _object_codec as objects
@@ -26,10 +31,10 @@ from distcomm.backend.arrays import (
     normalise_bool_op,
 )
 from distcomm.backend.primitives import offsets
-from distcomm.errors import DistcommError
+from distcomm.errors import DistcommError, InvalidArgumentError
 from distcomm.protocol import ReduceOp, Work
 
-__all__ = ["Reductions"]
+__all__ = ["Reductions", "reduce_numbers"]
 
 _SUM = ReduceOp.SUM
 # Tuples, not sets: `in` finds enum members by identity, without Enum's Python-level __hash__.
@@ -236,5 +241,36 @@ class Reductions(Steps):
         self._kit_check_usable()
         channel = self._kit_objects("all_reduce")
         if channel is None:  # a world of 1: the same rules (bools, bitwise ops of floats)
-            return objects.reduce_numbers([value], op)
-        return objects.reduce_numbers(objects.all_gather_object(channel, value), op)
+            return reduce_numbers([value], op)
+        return reduce_numbers(objects.all_gather_object(channel, value), op)
+
+
+def reduce_numbers(values: list[Any], op: ReduceOp) -> int | float:
+    """Reduce Python numbers exactly (ints stay ints; bools follow the logical rules)."""
+    if all(isinstance(v, bool) for v in values):
+        if op is ReduceOp.AVG:
+            raise InvalidArgumentError("ReduceOp.AVG needs numbers, got bools. HINT: use SUM.")
+        if op is ReduceOp.BXOR:
+            return bool(functools.reduce(operator.xor, values))
+        return any(values) if op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BOR) else all(values)
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR) and any(
+        isinstance(v, float) for v in values
+    ):
+        raise InvalidArgumentError(
+            f"ReduceOp.{op.name} needs ints or bools, got {values!r}. HINT: convert the values "
+            "with int(), or use SUM, PRODUCT, MIN, MAX or AVG."
+        )
+    result: int | float = _NUMBER_OPS[op](values)
+    return result
+
+
+_NUMBER_OPS: dict[ReduceOp, Callable[[list[Any]], Any]] = {
+    ReduceOp.SUM: sum,
+    ReduceOp.AVG: lambda values: sum(values) / len(values),
+    ReduceOp.PRODUCT: math.prod,
+    ReduceOp.MIN: min,
+    ReduceOp.MAX: max,
+    ReduceOp.BAND: lambda values: functools.reduce(operator.and_, values),
+    ReduceOp.BOR: lambda values: functools.reduce(operator.or_, values),
+    ReduceOp.BXOR: lambda values: functools.reduce(operator.xor, values),
+}
