@@ -9,7 +9,8 @@ README's table of variables is :func:`markdown_table` (a test keeps them the sam
 
 The run protocol of ``distcomm run`` and ``distcomm.testing.spawn`` (``DISTCOMM_RUN_ID``, read
 by launch detection with the other launchers' job ids, and the variables the launcher writes for
-its ranks) stays with the launcher; ``DISTCOMM_RUN_REPORTS`` is read here.
+its ranks) stays with the launcher; ``DISTCOMM_RUN_REPORTS``, ``DISTCOMM_RUN_PID`` and
+``DISTCOMM_RUN_STDERR`` are read here.
 """
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ class Setting:
 
 def _text(value: Any) -> str:
     return str(value).strip()
+
+
+def _descriptor(value: Any) -> int:
+    """A process id or a file descriptor number: a non-negative integer."""
+    text = str(value).strip()
+    if not text.isdigit():
+        raise ValueError(
+            "must be a non-negative integer (distcomm run sets it for its ranks). HINT: unset "
+            "it; distcomm run sets it itself."
+        )
+    return int(text)
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -314,9 +326,29 @@ _DECLARED = (
         "auto",
     ),
     Setting(
+        "DISTCOMM_DETACH",
+        "`1`: a rank keeps running when its launcher (`distcomm run`, torchrun, srun, mpirun) "
+        "dies; by default it ends within a moment ([docs/launch.md](docs/launch.md))",
+        _on_off(
+            "1 lets a rank outlive its launcher (a service you stop yourself); 0, the default, "
+            "ends it when the launcher dies."
+        ),
+        False,
+    ),
+    Setting(
         "DISTCOMM_RUN_REPORTS",
         "set by `distcomm run` for its ranks: the folder of their failure reports",
         _text,
+    ),
+    Setting(
+        "DISTCOMM_RUN_PID",
+        "set by `distcomm run` for its ranks: its pid (a rank ends when it does)",
+        _descriptor,
+    ),
+    Setting(
+        "DISTCOMM_RUN_STDERR",
+        "set by `distcomm run` for its ranks: the number of their copy of its stderr",
+        _descriptor,
     ),
 )
 #: Every variable, by name.

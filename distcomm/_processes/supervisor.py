@@ -144,6 +144,14 @@ def _run_attempts(
             log.close()
 
 
+def _copy_of(stream: TextIO) -> int | None:
+    """A new descriptor of ``stream``'s file, or None when it has none (a StringIO)."""
+    try:
+        return os.dup(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+
+
 class _Job:
     """One run of N ranks: start, copy output, watch, stop, report."""
 
@@ -246,19 +254,23 @@ class _Job:
         self.signals.append(signum)
 
     def _start(self) -> None:
-        port, run = free_port(), new_run_id()
+        """Start every rank; each keeps a copy of this process's stderr (``DISTCOMM_RUN_STDERR``)
+        for its last line should this process die (:mod:`distcomm._runtime.launcher_watch`)."""
+        port, run, copy = free_port(), new_run_id(), _copy_of(self.stderr)
         for rank in range(self.nprocs):
             if self.signals:
-                return
+                break
             variables = launch_variables(rank, self.nprocs, port, self.backend, run, self.restart)
-            env = {**os.environ, **variables}
-            env[_REPORTS] = self.reports
+            env = {**os.environ, **variables, _REPORTS: self.reports}
+            env["DISTCOMM_RUN_PID"] = str(os.getpid())  # a rank ends when this process does
+            env["DISTCOMM_RUN_STDERR"] = "" if copy is None else str(copy)
             proc = subprocess.Popen(
                 self.argv,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=() if copy is None else (copy,),
             )
             self.procs.append(proc)
             for pipe, out in ((proc.stdout, self.stdout), (proc.stderr, self.stderr)):
@@ -271,6 +283,8 @@ class _Job:
                 )
                 reader.start()
                 self.readers.append(reader)
+        if copy is not None:
+            os.close(copy)
 
     def _watch(self) -> None:
         """Wait until every rank has exited; start stopping them at the first failure or signal."""

@@ -39,8 +39,10 @@ def launch_variables(
         # The job's rank 0 serves its store: not torchrun's agent, even inside a torchrun worker
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-        # No failure reports to an outer `distcomm run` (distcomm run sets its own folder)
+        # Nothing of an outer `distcomm run` (distcomm run sets its own: reports, pid, stderr)
         "DISTCOMM_RUN_REPORTS": "",
+        "DISTCOMM_RUN_PID": "",
+        "DISTCOMM_RUN_STDERR": "",
         "PYTHONUNBUFFERED": "1",
     }
     if backend is not None:

@@ -16,7 +16,14 @@ from typing import Any
 from distcomm import _settings, _unpickling
 from distcomm._logs import logger
 from distcomm._plugins.loader import get_registry
-from distcomm._runtime import exports, failure_reports, flight_recorder, profiling, state
+from distcomm._runtime import (
+    exports,
+    failure_reports,
+    flight_recorder,
+    launcher_watch,
+    profiling,
+    state,
+)
 from distcomm._runtime import torch_group as torch_groups
 from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
@@ -134,6 +141,7 @@ def _detect(request: InitRequest) -> LaunchInfo:
     _uncaught.install(launch.rank if launch.world_size > 1 else None)
     failure_reports.install(launch.rank)  # under distcomm run: the launcher reads it
     flight_recorder.start_from_environment(launch, launch.rank, launch.world_size)
+    launcher_watch.watch(launch)  # the rank ends with its launcher
     return launch
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,12 +26,14 @@ from typing import Any
 import pytest
 from bench_records import check_bench_json
 from interop_records import check_interop
-from jobs import job_environment
+from jobs import dev_shm_names, job_environment
+from orphan_ranks import WITHIN, pids_of, wait_for_the_end
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm.sh"
 RANK = Path(__file__).resolve().parent / "rank_report.py"
 CLIENTS = Path(__file__).resolve().parents[1] / "support" / "interop_clients.py"
+ORPHANS = Path(__file__).resolve().parents[1] / "support" / "orphan_ranks.py"
 TASKS = 4
 
 
@@ -275,3 +278,39 @@ def test_a_rank_that_raises_under_plain_srun_fails_the_others(slurm: str, tmp_pa
         assert report["error"] in ("EngineError", "DistTimeoutError"), report
         assert report["missing"] == [2], report["message"]
         assert report["seconds"] < 2 * 15, report["message"]
+
+
+@pytest.mark.timeout(300)
+def test_scancel_kill_of_the_step_leaves_no_rank_and_nothing_behind(
+    slurm: str, tmp_path: Path
+) -> None:
+    """Issue 41 under srun: 2 tasks that called init() (rank 0 waiting in a collective, each
+    with a forked child); ``scancel -s KILL`` on the step; 3 s later no task nor child is alive,
+    and neither /dev/shm nor the job's temporary directory holds anything of it."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    command = ["srun", "-n", "2", "--overcommit", "--mpi=none", "--time=3"]
+    env = {**job_environment(), "SLURM_CONF": slurm, "TMPDIR": str(temp)}
+    env["DISTCOMM_BACKEND"] = "gloo"
+    launcher = subprocess.Popen(
+        [*command, sys.executable, str(ORPHANS), str(tmp_path), "collective"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        pids = pids_of(tmp_path, launcher)
+        shm_before = dev_shm_names()
+        step = (tmp_path / "step").read_text()
+        subprocess.run(["scancel", "-s", "KILL", step], env=env, check=True, timeout=30)
+        left = wait_for_the_end(pids)
+        assert not left, f"alive {WITHIN} s after scancel -s KILL {step}: {left} (of {pids})"
+        assert dev_shm_names() <= shm_before, f"left in /dev/shm: {dev_shm_names() - shm_before}"
+        assert list(temp.iterdir()) == [], f"left in the job's TMPDIR: {list(temp.iterdir())}"
+        launcher.wait(timeout=60)  # srun ends with its step
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()

@@ -18,6 +18,8 @@ def test_launch_variables() -> None:
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "DISTCOMM_RUN_REPORTS": "",
+        "DISTCOMM_RUN_PID": "",
+        "DISTCOMM_RUN_STDERR": "",
         "PYTHONUNBUFFERED": "1",
         "DISTCOMM_BACKEND": "gloo",
         "DISTCOMM_RUN_ID": "0123abcd",

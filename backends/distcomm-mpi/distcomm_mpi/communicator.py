@@ -34,7 +34,7 @@ from distcomm.backend import (
 from distcomm.backend.aborts import on_timeout
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_mpi.cuda import query_cuda_support
-from distcomm_mpi.leftovers import clean_abort, remove_at_abort
+from distcomm_mpi.leftovers import clean_abort, remove_at_abort, remove_leftovers
 from distcomm_mpi.native import native_call
 from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.sidechannel import SideChannel, channel
@@ -738,9 +738,11 @@ def create(
             backend="mpi",
             reason="MPI world size differs from the launch",
         )
+    world.Barrier()  # every rank has mapped MPICH's files and read hydra's topology file
+    remove_leftovers()  # their names now: a job killed any way leaves none (distcomm_mpi.leftovers)
     side = channel(world)
     monitor.watch(side)
-    remove_at_abort()  # MPICH's files outlive an aborted job (distcomm_mpi.leftovers)
+    remove_at_abort()  # the files MPICH makes later (distcomm_mpi.leftovers)
     if world.Get_size() > 1:  # a dying rank would leave the others waiting: it ends the job
         abort_on_uncaught_exception(world.Get_rank(), lambda: clean_abort(world), "MPI_Abort")
         set_abort_notice(lambda: side.job_ends(_answer_wait()))

@@ -1,18 +1,17 @@
-"""The files an MPICH job leaves behind when distcomm aborts it, and their removal.
+"""The files an MPICH job leaves behind when it is killed or aborted, and their removal.
 
 MPICH unlinks its shared-memory files (``/dev/shm/mpich_shm_*``, one per node and job, 2-4 MB;
 ``mpich_vci_*`` too when it runs several VCIs) in ``MPI_Finalize`` only, and hydra's proxy removes
 the topology file it gives the ranks of its node (``/tmp/hydra_hwloc_xmlfile_*``) only at a
-normal end. A job ended by ``MPI_Abort`` leaves them all until the machine reboots, so that a
-machine running many failing jobs fills ``/dev/shm``. Before distcomm aborts a job, every rank
-runs :func:`remove_leftovers` (:func:`remove_at_abort` makes it one of its last words; the
-job's abort calls it too, just before ``MPI_Abort``).
-
-Only files that are provably this job's are removed: the MPICH files this process maps (read
-from ``/proc/self/maps``; unlinking a mapped file is safe, the ranks still running keep their
-mappings), and the topology file that the hydra proxy which started this process holds open.
-Another job's files, even of the same names, are never touched; another rank of the node may
-have removed them first, which is fine.
+normal end. A job ended by ``MPI_Abort``, or killed (mpirun killed with SIGKILL: its proxies
+SIGKILL the ranks; the OOM killer; ``scancel``), would leave them all until the machine reboots,
+so that a machine running many failing jobs fills ``/dev/shm``. So the backend's factory, once
+every rank has mapped MPICH's files and read the topology (a barrier after ``MPI_Init``), runs
+:func:`remove_leftovers`: the names go, the memory stays with the ranks' mappings (MPICH opens
+them by name at init only), and a job killed any way leaves nothing. Files MPICH makes later are
+removed before distcomm aborts a job: every rank runs :func:`remove_leftovers` again
+(:func:`remove_at_abort` makes it one of its last words; the job's abort calls it too, just
+before ``MPI_Abort``).
 """
 
 from __future__ import annotations
