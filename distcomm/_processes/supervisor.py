@@ -29,7 +29,13 @@ from typing import IO, Any, TextIO
 from distcomm._plugins.loader import check_backend
 from distcomm._processes import failures, tracebacks
 from distcomm._processes.arguments import checked_argv, open_logs
-from distcomm._processes.variables import exit_status, launch_variables, new_run_id
+from distcomm._processes.variables import (
+    exit_status,
+    launch_variables,
+    new_run_id,
+    stderr_copy,
+    torchrun_defaults,
+)
 from distcomm.backend.ports import free_port
 
 __all__ = ["run"]
@@ -123,11 +129,13 @@ def _run_attempts(
     """Run the job, and again in a fresh world after each failure (not after a signal), at most
     ``max_restarts`` more times; return the last attempt's exit status. ``logs`` are closed at
     the end, whatever happens."""
+    defaults = torchrun_defaults(nprocs, os.environ, err)  # says so, as torchrun does
     try:
         restart = 0
         while True:
             job = _Job(argv, nprocs, backend, grace, out, err, restart)
             job.logs, job.reports = logs, tempfile.mkdtemp(prefix="distcomm-run-")  # 0700
+            job.defaults = {**defaults, "TORCHELASTIC_MAX_RESTARTS": str(max_restarts)}
             try:
                 status = job.run()
             finally:
@@ -142,14 +150,6 @@ def _run_attempts(
     finally:
         for log in logs or ():
             log.close()
-
-
-def _copy_of(stream: TextIO) -> int | None:
-    """A new descriptor of ``stream``'s file, or None when it has none (a StringIO)."""
-    try:
-        return os.dup(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        return None
 
 
 class _Job:
@@ -179,6 +179,7 @@ class _Job:
         self.write_lock = threading.Lock()
         self.logs: list[IO[bytes]] | None = None  # rank-N.log files (--log-dir)
         self.reports = ""  # the folder of the ranks' failure reports
+        self.defaults: dict[str, str] = {}  # what torchrun also sets (torchrun_defaults)
         self.held: dict[int, tuple[float, list[str]]] = {}  # rank -> (since, traceback lines)
         self.shown: set[int] = set()  # ranks whose traceback was written as it came
         self.interrupted: list[int] = []  # the ranks that were running at a Ctrl-C
@@ -256,12 +257,12 @@ class _Job:
     def _start(self) -> None:
         """Start every rank; each keeps a copy of this process's stderr (``DISTCOMM_RUN_STDERR``)
         for its last line should this process die (:mod:`distcomm._runtime.launcher_watch`)."""
-        port, run, copy = free_port(), new_run_id(), _copy_of(self.stderr)
+        port, run, copy = free_port(), new_run_id(), stderr_copy(self.stderr)
         for rank in range(self.nprocs):
             if self.signals:
                 break
             variables = launch_variables(rank, self.nprocs, port, self.backend, run, self.restart)
-            env = {**os.environ, **variables, _REPORTS: self.reports}
+            env = {**os.environ, **variables, **self.defaults, _REPORTS: self.reports}
             env["DISTCOMM_RUN_PID"] = str(os.getpid())  # a rank ends when this process does
             env["DISTCOMM_RUN_STDERR"] = "" if copy is None else str(copy)
             proc = subprocess.Popen(

@@ -63,7 +63,8 @@ def launcher_of(
     pid = _settings.read("DISTCOMM_RUN_PID", env)
     if pid is not None:
         return "distcomm run", pid
-    if launch.method == "env" and env.get("TORCHELASTIC_RUN_ID"):
+    ours = launch.sources.get("job_id") == "DISTCOMM_RUN_ID"  # spawn's (distcomm run's: above)
+    if launch.method == "env" and env.get("TORCHELASTIC_RUN_ID") and not ours:
         name = "torchrun"
     elif launch.method == "slurm":
         name = "srun"

@@ -147,6 +147,7 @@ SLURM |= {"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "vm"}
         (SLURM, ("srun", os.getppid())),
         ({"PMI_RANK": "0", "PMI_SIZE": "2"}, ("mpirun", os.getppid())),
         (ENV, None),  # variables set by hand: no launcher known
+        ({**ENV, "TORCHELASTIC_RUN_ID": "a1", "DISTCOMM_RUN_ID": "a1"}, None),  # spawn's ranks
         ({}, None),  # python train.py
         ({**ENV, "DISTCOMM_RUN_PID": "4242", "DISTCOMM_DETACH": "1"}, None),
     ],

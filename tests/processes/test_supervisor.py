@@ -222,6 +222,15 @@ def test_the_first_failing_rank_stops_the_others(
     assert_all_gone(recorded)
 
 
+def omp_notice(nprocs: int) -> str:
+    """What distcomm run says first when it sets OMP_NUM_THREADS (the user's environment has
+    none), as torchrun does."""
+    return (
+        f"distcomm run: OMP_NUM_THREADS=1 in each of the {nprocs} ranks, as torchrun sets it; "
+        "export OMP_NUM_THREADS=N to choose"
+    )
+
+
 def start_launcher(*args: str, cwd: Path) -> subprocess.Popen[str]:
     """``distcomm run ARGS`` in a session of its own, as a user's job would start."""
     return subprocess.Popen(
@@ -231,7 +240,7 @@ def start_launcher(*args: str, cwd: Path) -> subprocess.Popen[str]:
         stdin=subprocess.DEVNULL,
         text=True,
         cwd=cwd,
-        env=job_environment(),
+        env={k: v for k, v in job_environment().items() if k != "OMP_NUM_THREADS"},
         start_new_session=True,
     )
 
@@ -277,7 +286,7 @@ def test_a_signal_to_the_launcher_stops_every_rank(
         launcher.kill()
         launcher.wait()
     assert launcher.returncode == code, stderr
-    assert stderr.splitlines() == [said]
+    assert stderr.splitlines() == [omp_notice(2), said]
     assert_all_gone(recorded_pids(pids))
 
 
@@ -353,6 +362,7 @@ def test_a_second_ctrl_c_kills_the_ranks_that_go_on(tmp_path: Path) -> None:
         wait_for_ranks(pids, 2, launcher, "*.ready")
         launcher.send_signal(signal.SIGINT)
         assert launcher.stderr is not None
+        assert launcher.stderr.readline() == omp_notice(2) + "\n"
         waiting = launcher.stderr.readline()  # rank 0's KeyboardInterrupt traceback is dropped
         launcher.send_signal(signal.SIGINT)
         _, stderr = launcher.communicate(timeout=30)  # long before the grace of 600 s
@@ -410,12 +420,14 @@ def test_an_unknown_backend_lists_the_valid_names(capsys: pytest.CaptureFixture[
 
 # -- the Python API -------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
-def test_run_writes_to_the_given_streams() -> None:
+def test_run_writes_to_the_given_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # distcomm run sets it, and says so
     out, err = io.StringIO(), io.StringIO()
     code = "import os, sys; print('out'); print('err', os.environ['RANK'], file=sys.stderr)"
     assert run([sys.executable, "-c", code], 2, stdout=out, stderr=err) == 0
     assert sorted(out.getvalue().splitlines()) == ["[rank 0] out", "[rank 1] out"]
-    assert sorted(err.getvalue().splitlines()) == ["[rank 0] err 0", "[rank 1] err 1"]
+    expected = ["[rank 0] err 0", "[rank 1] err 1", omp_notice(2)]
+    assert sorted(err.getvalue().splitlines()) == expected
 
 
 @pytest.mark.timeout(60)

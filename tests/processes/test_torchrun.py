@@ -3,14 +3,16 @@ successful job prints nothing on stderr but torchrun's own notices."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from jobs import run_job
+from jobs import job_environment, run_job
 
 HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello.py"
 ELASTIC = HELLO.parent / "elastic_train.py"
@@ -91,3 +93,67 @@ def test_the_elastic_example_resumes_under_torchrun(tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[:2] == ["start: from epoch 0 of 5", "restart 1: from epoch 3 of 5"], lines
     assert lines[-1] == plain.stdout.splitlines()[-1].removeprefix("[rank 0] "), plain.stdout
+
+
+#: A rank that writes its environment to OUT/env-<RANK>.json.
+ENVIRONMENT = """
+import json, os, sys
+with open(os.path.join(sys.argv[1], f"env-{os.environ['RANK']}.json"), "w") as out:
+    json.dump(dict(os.environ), out)
+"""
+#: What only torchrun sets, and why distcomm run does not: its agent's error files (distcomm run
+#: has its own failure reports) and the signals its agent forwards.
+TORCHRUN_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
+#: What only distcomm run sets: its run protocol, and unbuffered output (lines arrive as printed).
+DISTCOMM_ONLY = {
+    "DISTCOMM_RUN_ID",
+    "DISTCOMM_RUN_PID",
+    "DISTCOMM_RUN_REPORTS",
+    "DISTCOMM_RUN_STDERR",
+    "PYTHONUNBUFFERED",
+}
+#: Left out of the user's environment here: what both set only where the user did not, and
+#: what distcomm run sets, which torchrun's ranks would otherwise inherit.
+LEFT_OUT = {"OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHONUNBUFFERED"}
+#: Set by both, to other values: each job's own port and run id; rank 0 serves the store (no
+#: agent store); the loopback address, which "localhost" may not resolve to first.
+DIFFERENT = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR"}
+
+
+@pytest.mark.timeout(180)
+def test_distcomm_run_sets_what_torchrun_sets(tmp_path: Path) -> None:
+    """Issue 42: a rank's environment under ``distcomm run -n 2`` and ``torchrun
+    --nproc-per-node 2``, variable by variable, from the same user environment (no
+    OMP_NUM_THREADS: both set it to 1 and say so)."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    assert torchrun is not None, "torchrun not found (it comes with torch)"
+    program = tmp_path / "environment.py"
+    program.write_text(ENVIRONMENT)
+    seen = {}
+    launchers = {
+        "torchrun": [torchrun, "--nproc-per-node", "2"],
+        "distcomm run": [sys.executable, "-m", "distcomm", "run", "-n", "2"],
+    }
+    for name, command in launchers.items():
+        out = tmp_path / name.replace(" ", "-")
+        out.mkdir()
+        env = {k: v for k, v in job_environment().items() if k not in LEFT_OUT}
+        done = subprocess.run(
+            [*command, str(program), str(out)],
+            env={**env, "TMPDIR": str(tmp_path)},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OMP_NUM_THREADS" in done.stderr, f"{name} did not say that it sets it"
+        seen[name] = [json.loads((out / f"env-{r}.json").read_text()) for r in (0, 1)]
+    for rank in (0, 1):
+        theirs, ours = seen["torchrun"][rank], seen["distcomm run"][rank]
+        assert set(theirs) - set(ours) == TORCHRUN_ONLY, f"rank {rank}: only torchrun sets"
+        assert set(ours) - set(theirs) == DISTCOMM_ONLY, f"rank {rank}: only distcomm run sets"
+        differ = {k for k in set(theirs) & set(ours) if theirs[k] != ours[k]}
+        assert differ == DIFFERENT, {k: (theirs[k], ours[k]) for k in differ}
+        assert ours["OMP_NUM_THREADS"] == "1" and ours["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"

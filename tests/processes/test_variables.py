@@ -13,19 +13,25 @@ def test_launch_variables() -> None:
         "LOCAL_WORLD_SIZE": "4",
         "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default",
+        "ROLE_RANK": "1",
+        "ROLE_WORLD_SIZE": "4",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29500",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
         "DISTCOMM_RUN_REPORTS": "",
         "DISTCOMM_RUN_PID": "",
         "DISTCOMM_RUN_STDERR": "",
         "PYTHONUNBUFFERED": "1",
         "DISTCOMM_BACKEND": "gloo",
         "DISTCOMM_RUN_ID": "0123abcd",
+        "TORCHELASTIC_RUN_ID": "0123abcd",
     }
     assert "DISTCOMM_BACKEND" not in launch_variables(0, 1, 29500)
     assert "DISTCOMM_RUN_ID" not in launch_variables(0, 1, 29500)
+    assert "TORCHELASTIC_RUN_ID" not in launch_variables(0, 1, 29500)
     assert launch_variables(0, 1, 29500, restart_count=2)["TORCHELASTIC_RESTART_COUNT"] == "2"
 
 

@@ -30,9 +30,12 @@ RUN_VARIABLES = (
 
 def job_environment() -> dict[str, str]:
     """This process's environment for a child job: without DISTCOMM_* and MASTER_* variables,
-    and without pytest-xdist's (a pytest the job runs is not a worker of this one)."""
+    and without pytest-xdist's (a pytest the job runs is not a worker of this one); with
+    OMP_NUM_THREADS=1 unless set (several ranks on two cores: what distcomm run and torchrun
+    set, without their notice; the tests of that notice leave it out)."""
     dropped = ("DISTCOMM_", "MASTER_", "PYTEST_XDIST_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    return {"OMP_NUM_THREADS": "1", **kept}
 
 
 def dev_shm_names() -> set[str]:
