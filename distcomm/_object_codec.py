@@ -39,6 +39,7 @@ from distcomm._payloads import (
     Pickled,
     direct_lengths,
     empty,
+    join_bytes,
     pack,
     small_slot,
     unpack,
@@ -72,7 +73,6 @@ _PLAIN, _ASK, _SHARED = 0, 1, 2
 _WHERE = 16
 #: In a scatter_object slot: the widest payload that did not fit its slot (0: every one fit).
 _WIDEST = 16
-_join = bytearray().join
 
 
 def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
@@ -225,7 +225,7 @@ def _scatter_slots(objs: Sequence[Any], width: int, src: int) -> tuple[bytearray
     zeros; the slots say how wide), else None; and ``src``'s own stream (it fit) or payload."""
     smalls = [small_slot(obj, width) for obj in objs]
     if all(small is not None for small in smalls):
-        return _join([small[0] for small in smalls]), None, smalls[src][1]  # type: ignore[index]
+        return join_bytes([small[0] for small in smalls]), None, smalls[src][1]  # type: ignore[index]
     pickled = {r: Pickled(objs[r]) for r, small in enumerate(smalls) if small is None}
     sizes = {r: p.size(HEAD) for r, p in pickled.items()}
     widest = max(sizes.values())
@@ -244,7 +244,7 @@ def _scatter_slots(objs: Sequence[Any], width: int, src: int) -> tuple[bytearray
         node.lay_out(view[r * widest : (r + 1) * widest], pieces, widest)  # zeros the rest
     mine = smalls[src]
     own = mine[1] if mine is not None else view[src * widest + HEAD : src * widest + sizes[src]]
-    return _join(slots), full, own
+    return join_bytes(slots), full, own
 
 
 def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "aligned",
     "direct_lengths",
     "empty",
+    "join_bytes",
     "pack",
     "small_slot",
     "unpack",
@@ -171,8 +172,8 @@ def unpack(
 ) -> Any:
     """Inverse of :func:`pack` (``head`` cut off); buffers stay views of ``payload``/``directs``.
     Unpickled as :mod:`~distcomm._unpickling` allows (``sender``: the rank it came from), or,
-    ``own``: a payload this rank packed itself, in its own memory (never a peer's bytes), with
-    plain pickle."""
+    ``own``: a payload this rank packed itself, in its own memory (never a peer's bytes), as
+    :func:`~distcomm._unpickling.loads_own` reads it."""
     load = loads_own if own else loads
     count, first = PAIR.unpack_from(payload, 0)
     if count == 1:  # the pickle stream alone: the common small object
@@ -214,7 +215,8 @@ def small_slot(obj: Any, room: int) -> tuple[bytearray, bytes] | None:
     if n > room - STREAM:
         return None
     head = SMALL_HEAD.pack(STREAM + aligned(n), 0, 1, n)
-    return _join((head, stream, _ZEROS[: room - STREAM - n])), stream
+    return join_bytes((head, stream, _ZEROS[: room - STREAM - n])), stream
 
 
-_join = bytearray().join
+#: Buffers joined into one new bytearray (one allocation, one copy each): slots, whole.
+join_bytes = bytearray().join

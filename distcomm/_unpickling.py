@@ -227,7 +227,7 @@ def loads(stream: Any, buffers: Sequence[Any] = (), sender: int | None = None) -
         Refused: the stream names a global that is not allowed.
         pickle.UnpicklingError: the stream is not a whole pickle.
     """
-    if _policy == "pickle" or (_policy is None and policy() == "pickle"):
+    if policy() == "pickle":
         return pickle.loads(stream, buffers=buffers) if buffers else pickle.loads(stream)
     try:
         if buffers:

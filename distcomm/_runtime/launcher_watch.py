@@ -120,18 +120,26 @@ def _ancestor(pid: int) -> bool:
         if here <= 1:
             return False
         try:
-            with open(f"/proc/{here}/stat", encoding="ascii", errors="replace") as stat:
-                here = int(stat.read().rpartition(")")[2].split()[1])
+            here = int(_stat(here)[1])
         except (OSError, ValueError, IndexError):
             return not os.path.isdir("/proc/self")
     return False
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name: state, parent pid, ...
+
+    Raises:
+        OSError: no such process, or no /proc.
+    """
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+        return stat.read().rpartition(")")[2].split()
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie, never reaped by a dead parent, does not)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except OSError:
         try:
             os.kill(pid, 0)
@@ -186,9 +194,7 @@ def _kill_children() -> None:
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError, IndexError, ValueError):
-                    with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                        ppid = int(stat.read().rpartition(")")[2].split()[1])
-                    parents.setdefault(ppid, []).append(int(entry))
+                    parents.setdefault(int(_stat(int(entry))[1]), []).append(int(entry))
     stack = list(parents.get(os.getpid(), []))
     while stack:
         child = stack.pop()
