@@ -321,7 +321,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Load a public name (or a submodule) at its first use, and keep it."""
+    """Load a public name (or a submodule) at its first use, and keep it; a torch.distributed
+    name that distcomm lacks gets an AttributeError naming distcomm's equivalent."""
     module = _EXPORTS.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)
@@ -330,7 +331,9 @@ def __getattr__(name: str) -> Any:
     elif name in _MOVED_TO_BACKEND:
         raise _moved_to_backend(name)
     else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from distcomm._torch_names import missing_name
+
+        raise missing_name(__name__, name)
     globals()[name] = value
     return value
 

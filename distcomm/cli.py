@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -297,6 +296,7 @@ def _split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     from distcomm._plugins.loader import check_backend
+    from distcomm._processes.commands import rank_argv
     from distcomm._processes.supervisor import run
     from distcomm.errors import DistcommError
 
@@ -304,11 +304,6 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
     args = run_parser.parse_args(options)
     if command[:1] == ["--"]:
         command = command[1:]
-    if command[:1] and command[0].startswith("-m"):
-        module = command[0][2:] or (command[1] if len(command) > 1 else "")
-        if not module:
-            run_parser.error("-m needs a module name. HINT: e.g. distcomm run -n 2 -m pkg.train")
-        command = ["-m", module, *command[1 if command[0] != "-m" else 2 :]]
     if args.nprocs < 1:
         run_parser.error(f"-n {args.nprocs} must be at least 1. HINT: e.g. -n 2 for two ranks.")
     if args.max_restarts < 0:
@@ -322,20 +317,16 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
             "nothing to run; valid: a script (distcomm run -n 2 train.py) or a module (-m pkg.mod)."
             " HINT: put the script after the options."
         )
-    if command[0] != "-m" and not os.path.isfile(command[0]):
-        run_parser.error(
-            f"script {command[0]!r} not found (in {os.getcwd()!r}). HINT: check the path, or use "
-            "-m module for a module."
-        )
     backend = None
-    if args.backend is not None:
-        try:
+    try:
+        argv = rank_argv(command, options)
+        if args.backend is not None:
             backend = check_backend(args.backend)
-        except DistcommError as exc:
-            run_parser.error(str(exc))
+    except DistcommError as exc:
+        run_parser.error(str(exc))
     try:
         return run(
-            [sys.executable, *command],
+            argv,
             args.nprocs,
             backend=backend,
             grace=args.grace,

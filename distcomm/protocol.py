@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
+    import datetime
+
     from distcomm.backend.meshes import Mesh
     from distcomm.backend.specs import Capabilities
     from distcomm.environment import LaunchInfo
@@ -183,11 +185,12 @@ class Work(Protocol):
         source: on an ``irecv``'s Work only: the sender's rank, once the Work completes.
     """
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         """Block until the operation completes; return True.
 
         Args:
-            timeout: seconds to wait; default: the communicator's timeout.
+            timeout: seconds to wait (or a ``datetime.timedelta``, as torch's Work takes);
+                default: the communicator's timeout.
 
         Raises:
             DistTimeoutError: it did not complete within ``timeout`` seconds; the message

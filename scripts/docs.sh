@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Build the documentation (docs/*.md and the API reference that mkdocstrings generates from the
-# docstrings of each public module's __all__, docs/reference/) with `mkdocs build --strict`, and
-# fail on anything that would let the docs drift from the code:
-#   - any mkdocs or mkdocstrings warning (strict mode): a docstring that documents a parameter
-#     the signature lacks (griffe), a broken #anchor, a page missing from the nav, ...;
+# Check the documentation and build it (docs/*.md, and the API reference in docs/reference/:
+# plain Markdown that scripts/reference.py writes from the docstrings of each public module's
+# __all__, committed) with `mkdocs build --strict`, and fail on anything that would let the docs
+# drift from the code:
+#   - a reference page that is out of date, or that the generator cannot write: a docstring
+#     that documents a parameter the signature lacks or has a section griffe cannot parse, a
+#     module without __all__, a name of __all__ missing from its page, a private name rendered
+#     (`python scripts/reference.py --check`; its HINT says to run it without --check);
+#   - any mkdocs warning (strict mode): a broken #anchor, a page missing from the nav, ...;
 #   - a relative link that mkdocs cannot resolve: one inside docs/ is broken, one that leaves
 #     docs/ (../README.md) must name a file or directory of the repository;
-#   - a module documented in docs/reference/ (whole, `::: distcomm.errors`, or name by name,
-#     `::: distcomm.init`) without __all__, a name of its __all__ that the page does not
-#     render, a name rendered on its own that its module's __all__ does not name, or a private
-#     name (_x) that the page renders.
+#   - in the built site, a reference page (PAGES in scripts/reference.py) without the anchor
+#     of a name of its modules' __all__ (#distcomm.errors.OperationError), or with a private
+#     name's (_x).
 # The site goes to a temporary directory, removed at the end: nothing is left behind.
 # Run by the test suite (tests/test_release.py); installs the docs extra into ./.venv when it is
 # missing (scripts/venv.sh installs it with the test extra).
@@ -18,14 +21,17 @@ cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-if ! .venv/bin/python -c 'import griffe, mkdocs, mkdocstrings, mkdocstrings_handlers.python' \
-    2>/dev/null; then
+if ! .venv/bin/python -c 'import griffe, mkdocs' 2>/dev/null; then
     PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q \
         --disable-pip-version-check -c constraints.txt -e '.[docs]'
 fi
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/distcomm-docs-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
+
+# The reference first: the site is built from the committed pages, stale or not.
+reference=0
+.venv/bin/python scripts/reference.py --check || reference=$?
 
 status=0
 .venv/bin/python -m mkdocs build --strict --clean --config-file mkdocs.yml \
@@ -40,8 +46,6 @@ import re
 import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
-
-import griffe
 
 site, log = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
 docs = Path("docs")
@@ -61,58 +65,39 @@ for match in link.finditer(log):
         missing = posixpath.normpath("docs/" + target)
         errors.append(f"docs/{doc}: broken link {url!r}: the repository has no {missing}")
 
-# Every name of a documented module's __all__ has its heading on the page; no private name does.
-# A module is documented by a page that renders it whole (::: distcomm) or any of its names on
-# their own (::: distcomm.init, ::: distcomm.Communicator.split): the nearest module above.
-loader = griffe.GriffeLoader(search_paths=["."])
-packages = {}
-for page in sorted((docs / "reference").glob("*.md")):
-    html_file = site / "reference" / page.stem / "index.html"
+# Every name of the __all__ of a reference page's modules has its anchor on the built page; no
+# private name has one. The pages and their modules: PAGES in scripts/reference.py.
+sys.path.insert(0, "scripts")
+from reference import PAGES, ROOT
+from reference_render import exports, load, resolve
+
+package = load(ROOT)
+for page in PAGES:
+    html_file = site / "reference" / Path(page.file).stem / "index.html"
     if not html_file.exists():
-        errors.append(f"{page}: not built (see the mkdocs errors above)")
+        errors.append(f"docs/reference/{page.file}: not built (see the errors above)")
         continue
     ids = set(re.findall(r'\bid="([^"]+)"', html_file.read_text()))
     for private in sorted(i for i in ids if re.search(r"\._(?!_)|\.__\w*[^_\W]_?$", i)):
-        errors.append(f"{page}: renders the private name {private}")
-    modules = {}  # the modules the page documents: path -> griffe module
-    for directive in re.finditer(r"^::: *([\w.]+)", page.read_text(), re.MULTILINE):
-        path = owner = directive[1]
+        errors.append(f"docs/reference/{page.file}: renders the private name {private}")
+    for path in page.modules:
         try:
-            top = path.partition(".")[0]
-            if top not in packages:
-                packages[top] = loader.load(top)
-            module = packages[top] if path == top else packages[top][path.partition(".")[2]]
-            while not module.is_module:  # a name on its own: up to the module it belongs to
-                owner = owner.rpartition(".")[0]
-                module = packages[top] if owner == top else packages[top][owner.partition(".")[2]]
-        except Exception as exc:  # ImportError, KeyError, ...: griffe's message says which
-            errors.append(f"{page}: cannot load {path}: {type(exc).__name__}: {exc}")
+            names = exports(resolve(package, path))
+        except Exception as exc:  # KeyError, Problems: the message says which
+            errors.append(f"docs/reference/{page.file}: cannot load {path}: {exc}")
             continue
-        name = path[len(owner) + 1 :].partition(".")[0]
-        if name and module.exports is not None and name not in map(str, module.exports):
-            errors.append(f"{page}: renders {path}, but {owner}.__all__ does not name {name!r}")
-        modules[owner] = module
-    for path, module in modules.items():
-        if module.exports is None:
-            errors.append(f"{page}: {path} has no __all__ ({module.relative_filepath})")
-            continue
-        for name in map(str, module.exports):
-            if f"{path}.{name}" in ids:
-                continue
-            member = module.members.get(name)
-            why = ""
-            if member is not None and member.is_module:
-                why = (
-                    f" (griffe sees the submodule {path}.{name}, not the object of that name"
-                    " imported over it: rename the submodule)"
-                )
-            errors.append(f"{page}: {path}.__all__ names {name!r}, not rendered{why}")
+        errors += [
+            f"docs/reference/{page.file}: {path}.__all__ names {name!r}, not rendered"
+            for name in names
+            if f"{path}.{name}" not in ids
+        ]
 
 for error in errors:
     print(f"scripts/docs.sh: {error}", file=sys.stderr)
 sys.exit(1 if errors else 0)
 EOF
 
+[ "$reference" -eq 0 ] || exit "$reference"
 [ "$status" -eq 0 ] || exit "$status"
 [ "$checks" -eq 0 ] || exit "$checks"
 echo "scripts/docs.sh: the documentation builds (mkdocs build --strict) and matches every __all__"

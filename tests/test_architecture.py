@@ -58,6 +58,7 @@ LAYERS = (
         "distcomm._measures",
         "distcomm._files",
         "distcomm._version",
+        "distcomm._torch_names",
     ),
     ("distcomm.environment",),
     ("distcomm.backend",),

@@ -3,12 +3,14 @@ to install (relative to the working directory when inside it); from wheels or an
 source tree around the package: :func:`distcomm._plugins.names.checkout` patched to say so,
 as the wheel job of scripts/wheels.sh shows for real), distcomm's extra. Tested at each place a
 hint is printed: ``distcomm info``'s unavailable reasons, a missing backend in ``init()``,
-``init(torch_group=True)`` without the torch backend, and ``bench --plot`` without matplotlib.
+``init(torch_group=True)`` without the torch backend, ``bench --plot`` without matplotlib, and
+the linklink backend's one hint (not installed, its library missing, on the compat module).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,79 @@ def test_bench_plot_without_matplotlib_says_what_to_install(
         require_matplotlib()
     hint = "pip install '.[bench]'" if installed == "checkout" else "pip install 'distcomm[bench]'"
     assert f"HINT: {hint}, or drop --plot" in str(caught.value), caught.value
+
+
+@pytest.fixture
+def linklink_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's registry with distcomm-linklink's plugin (installed here) and no linklink
+    library importable."""
+    import importlib.metadata
+
+    from distcomm._plugins.loader import PluginRegistry, set_registry
+
+    pytest.importorskip("distcomm_linklink", reason="pip install ./backends/distcomm-linklink")
+    for name in ("linklink", "spring", "spring.linklink"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    found = importlib.metadata.entry_points(group="distcomm", name="linklink")
+    previous = set_registry(PluginRegistry.load(entry_points=list(found), environ={}))
+    try:
+        yield
+    finally:
+        set_registry(previous)
+
+
+def linklink_hint(installed: str) -> str:
+    """The one linklink hint, whole, as it is written (not rebuilt from names.backend_hint)."""
+    install = expected(installed, "distcomm-linklink")
+    return (
+        f"HINT: the linklink backend needs distcomm-linklink ({install})"
+        " and SenseTime's linklink library, which is not on PyPI (your cluster's build: `import "
+        "linklink` or `import spring.linklink` must work); without them, run linklink code "
+        "unchanged on gloo, nccl or mpi with distcomm.compat.linklink (docs/compat.md)"
+    )
+
+
+@pytest.mark.usefixtures("core_registry")
+def test_the_linklink_hint_when_distcomm_linklink_is_not_installed(installed: str) -> None:
+    """Asked for by name or misspelt: the same hint, library included (installing
+    distcomm-linklink alone would not make the backend run)."""
+    hint = linklink_hint(installed)
+    assert names.backend_hint("linklink") == hint.removeprefix("HINT: ")
+    with pytest.raises(BackendNotFoundError) as caught:
+        distcomm.init(backend="linklink")
+    assert hint in str(caught.value), caught.value
+    with pytest.raises(BackendNotFoundError) as caught:
+        distcomm.init(backend="linklnk")
+    assert "did you mean 'linklink'?" in str(caught.value)
+    assert hint.removeprefix("HINT: ") in str(caught.value), caught.value
+
+
+@pytest.mark.usefixtures("linklink_registry")
+def test_the_linklink_hint_when_the_linklink_library_is_missing(installed: str) -> None:
+    """distcomm-linklink installed, no linklink to run on: init and info give the same hint."""
+    from distcomm.cli import collect_info
+
+    hint = linklink_hint(installed)
+    with pytest.raises(BackendUnavailableError) as caught:
+        distcomm.init(backend="linklink")
+    message = str(caught.value)
+    assert "neither `linklink` nor `spring.linklink` can be imported. " + hint in message
+    assert message.count("HINT") == 1, message
+    reasons = {b["name"]: b["reason"] for b in collect_info()["backends"]}
+    assert hint in reasons["linklink"], reasons["linklink"]
+
+
+@pytest.mark.usefixtures("linklink_registry")
+def test_the_linklink_hint_on_the_compat_module(
+    installed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``distcomm.compat.linklink.install()`` put in place of linklink: the backend cannot run on
+    distcomm itself, and says so with the same hint."""
+    from distcomm.compat import linklink
+
+    monkeypatch.setitem(sys.modules, "linklink", linklink)
+    with pytest.raises(BackendUnavailableError) as caught:
+        distcomm.init(backend="linklink")
+    message = str(caught.value)
+    assert "`linklink` is distcomm.compat.linklink (install() was called)" in message
+    assert linklink_hint(installed) in message and message.count("HINT") == 1, message

@@ -5,8 +5,10 @@ that are shell scripts, run by the suite so that they overlap with the other tes
   and installed from its wheels into a fresh venv outside the checkout, where ``distcomm info``,
   ``examples/hello.py`` under ``distcomm run -n 2`` and ``mpirun -n 2``, the conformance kit at 2
   ranks on gloo and on mpi, and ``distcomm bench --plot`` run.
-- **The API reference** (``scripts/docs.sh``): ``mkdocs build --strict`` from the docstrings of
-  every public module's ``__all__``, and the checks mkdocs cannot make.
+- **The documentation site** (``scripts/docs.sh``): the API reference's pages up to date with
+  the docstrings of every public module's ``__all__`` (``scripts/reference.py --check``, which
+  tests/test_reference.py also runs, alone and in seconds), ``mkdocs build --strict`` of docs/,
+  and the checks mkdocs cannot make.
 """
 
 from __future__ import annotations

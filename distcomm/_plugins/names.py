@@ -3,6 +3,8 @@
 Only to say what to install, for how distcomm was installed (:func:`install_hint`: "gloo: not
 installed (pip install 'distcomm[torch]')", or from a checkout "(pip install
 ./backends/distcomm-torch)"), and to spell a requested backend name one way everywhere.
+:func:`backend_hint` is the one hint for a first-party backend, wherever it is missing: its
+distribution, and what pip cannot install (SenseTime's linklink library).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ __all__ = [
     "EXTRAS",
     "FIRST_PARTY_BACKENDS",
     "FIRST_PARTY_PRIORITIES",
+    "LIBRARIES",
+    "backend_hint",
     "extra_hint",
     "install_hint",
     "normalise_backend",
@@ -36,6 +40,27 @@ EXTRAS: dict[str, str] = {
     "distcomm-mpi": "mpi",
     "distcomm-linklink": "linklink",
 }
+
+
+#: What a first-party backend needs besides its distribution, that pip cannot install, and how
+#: to do without it.
+LIBRARIES: dict[str, str] = {
+    "linklink": "SenseTime's linklink library, which is not on PyPI (your cluster's build: "
+    "`import linklink` or `import spring.linklink` must work); without them, run linklink code "
+    "unchanged on gloo, nccl or mpi with distcomm.compat.linklink (docs/compat.md)",
+}
+
+
+def backend_hint(name: str) -> str:
+    """The one hint for first-party backend ``name``, said alike wherever it cannot run (not
+    installed; installed, but its library is missing): ``the linklink backend needs
+    distcomm-linklink (pip install ...) and SenseTime's linklink library, ...``; for a backend
+    that pip installs whole, :func:`install_hint`."""
+    distribution = FIRST_PARTY_BACKENDS[name]
+    install = install_hint(distribution)
+    if name not in LIBRARIES:
+        return install
+    return f"the {name} backend needs {distribution} ({install}) and {LIBRARIES[name]}"
 
 
 def install_hint(distribution: str) -> str:

@@ -16,10 +16,34 @@ import os
 import signal
 from typing import Any
 
-__all__ = ["read_reports", "root_cause", "summary_line"]
+__all__ = ["ended", "failed", "killed_by", "read_reports", "root_cause", "summary_line"]
 
 #: The longest exception message a line quotes.
 _QUOTED = 100
+
+
+def killed_by(code: int) -> signal.Signals | None:
+    """The signal that ended a process, from its return code (``-N``) or the exit status that a
+    shell or launcher gives a child killed by signal N (``128 + N``); None for an ordinary exit."""
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        return signal.Signals(number) if number else None
+    except ValueError:
+        return None
+
+
+def ended(code: int) -> str:
+    """How a process ended, in words: ``exit code 3``, ``killed by SIGKILL (signal 9)``, or,
+    from a shell's ``128 + N``, ``killed by SIGKILL (signal 9; exit code 137)``."""
+    sig = killed_by(code)
+    if sig is None:
+        return f"exit code {code}"
+    return f"killed by {sig.name} (signal {sig.value}{f'; exit code {code}' if code > 0 else ''})"
+
+
+def failed(code: int) -> str:
+    """``failed with exit code 3`` or ``was killed by SIGKILL (signal 9)``: after a rank."""
+    return f"was {ended(code)}" if killed_by(code) else f"failed with {ended(code)}"
 
 
 def read_reports(folder: str) -> dict[int, dict[str, Any]]:
@@ -58,7 +82,8 @@ def summary_line(
 
     Args:
         rank: the rank.
-        status: its exit status (128 + N for signal N), or None if it is still running.
+        status: its return code (-N for signal N; a launcher's 128 + N is read alike), or None
+            if it is still running.
         report: its report, if it wrote one.
         root: the root cause's report, if any: a rank that ``distcomm run`` stopped is said to
             be stopped after the root cause's collective mismatch, or to be a rank that the
@@ -68,10 +93,10 @@ def summary_line(
         return f"rank {rank}: {_what_happened(report)}"
     if status is None or status == 0:
         return f"rank {rank}: finished" if status == 0 else f"rank {rank}: still running"
-    if status > 128 and status - 128 in (signal.SIGTERM, signal.SIGKILL):
-        line = f"rank {rank}: stopped by distcomm run ({signal.Signals(status - 128).name})"
-        return line + _after(rank, root)
-    return f"rank {rank}: exit code {status}"
+    sig = killed_by(status)
+    if sig in (signal.SIGTERM, signal.SIGKILL):
+        return f"rank {rank}: stopped by distcomm run ({sig.name})" + _after(rank, root)
+    return f"rank {rank}: {ended(status)}"
 
 
 def _what_happened(report: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
-from distcomm._processes.variables import exit_status
+from distcomm._processes.failures import ended, killed_by
 from distcomm.errors import RankFailedError
 
 __all__ = ["ask_for_stacks", "died", "listen_for_stack_requests", "read_text", "where_they_are"]
@@ -28,8 +28,8 @@ def died(rank: int, world_size: int, code: int | None, where: str = "") -> RankF
     """The RankFailedError for a rank that ended (exit ``code``: negative for a signal, None
     when unknown) before reporting a result; ``where`` (e.g. ``" in tests/x.py::test_y"``) is
     added after the rank."""
-    if code is not None and code < 0:
-        why = f"was killed by {signal.Signals(-code).name} (exit code {exit_status(code)})"
+    if code is not None and killed_by(code) is not None:
+        why = f"was {ended(code)}"
     elif code is not None:
         why = f"exited with code {code}"
     else:

@@ -22,13 +22,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from types import FrameType
-from typing import IO, Any, TextIO
+from collections.abc import Sequence
+from typing import IO, TextIO
 
 from distcomm._plugins.loader import check_backend
 from distcomm._processes import failures, tracebacks
 from distcomm._processes.arguments import checked_argv, open_logs
+from distcomm._processes.signals import caught_signals
 from distcomm._processes.variables import (
     exit_status,
     launch_variables,
@@ -42,10 +42,6 @@ __all__ = ["run"]
 
 #: Seconds between two looks at the ranks.
 _POLL = 0.05
-#: What ``signal.signal`` takes and returns.
-_Handler = Callable[[int, FrameType | None], Any] | int | None
-#: Signals the launcher forwards to every rank.
-_FORWARDED = (signal.SIGINT, signal.SIGTERM)
 #: Where a rank's uncaught exception is reported (distcomm._runtime.failure_reports.VARIABLE).
 _REPORTS = "DISTCOMM_RUN_REPORTS"
 #: A traceback on a rank's stderr is held back until the rank exits, or this many seconds.
@@ -128,25 +124,29 @@ def _run_attempts(
 ) -> int:
     """Run the job, and again in a fresh world after each failure (not after a signal), at most
     ``max_restarts`` more times; return the last attempt's exit status. ``logs`` are closed at
-    the end, whatever happens."""
+    the end, whatever happens. SIGINT and SIGTERM are caught (:func:`caught_signals`) from
+    before the run's folder is made until it is removed."""
     defaults = torchrun_defaults(nprocs, os.environ, err)  # says so, as torchrun does
     try:
-        restart = 0
-        while True:
-            job = _Job(argv, nprocs, backend, grace, out, err, restart)
-            job.logs, job.reports = logs, tempfile.mkdtemp(prefix="distcomm-run-")  # 0700
-            job.defaults = {**defaults, "TORCHELASTIC_MAX_RESTARTS": str(max_restarts)}
-            try:
-                status = job.run()
-            finally:
-                shutil.rmtree(job.reports, ignore_errors=True)
-            if status == 0 or job.signals or restart == max_restarts:
-                return status
-            restart += 1
-            job._say(
-                f"attempt {restart} of {max_restarts + 1} failed (exit code {status}); starting "
-                f"every rank again (restart {restart} of {max_restarts})"
-            )
+        with caught_signals() as signals:
+            restart = 0
+            while True:
+                job = _Job(argv, nprocs, backend, grace, out, err, restart)
+                job.logs, job.signals = logs, signals
+                job.defaults = {**defaults, "TORCHELASTIC_MAX_RESTARTS": str(max_restarts)}
+                try:
+                    job.reports = tempfile.mkdtemp(prefix="distcomm-run-")  # 0700
+                    status = job.run()
+                finally:
+                    if job.reports:
+                        shutil.rmtree(job.reports, ignore_errors=True)
+                if status == 0 or job.signals or restart == max_restarts:
+                    return status
+                restart += 1
+                job._say(
+                    f"attempt {restart} of {max_restarts + 1} failed ({failures.ended(status)});"
+                    f" starting every rank again (restart {restart} of {max_restarts})"
+                )
     finally:
         for log in logs or ():
             log.close()
@@ -175,7 +175,7 @@ class _Job:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.readers: list[threading.Thread] = []
         self.signals: list[int] = []  # appended by the signal handler, read by the main loop
-        self.failed: tuple[int, int] | None = None  # (rank, exit status) of the first failure
+        self.failed: tuple[int, int] | None = None  # (rank, return code) of the first failure
         self.write_lock = threading.Lock()
         self.logs: list[IO[bytes]] | None = None  # rank-N.log files (--log-dir)
         self.reports = ""  # the folder of the ranks' failure reports
@@ -185,7 +185,6 @@ class _Job:
         self.interrupted: list[int] = []  # the ranks that were running at a Ctrl-C
 
     def run(self) -> int:
-        previous = self._install_handlers()
         try:
             self._start()
             self._watch()
@@ -194,8 +193,6 @@ class _Job:
             self._kill(signal.SIGKILL)
             for proc in self.procs:
                 proc.wait()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             for reader in self.readers:
                 reader.join(timeout=1.0)
         if self.failed is not None:
@@ -216,17 +213,17 @@ class _Job:
         line = f"interrupted (Ctrl-C); stopped {stopped} rank{'s' if stopped > 1 else ''}"
         return line + (f" ({killed} with SIGKILL)" if killed else "")
 
-    def _report_failure(self, first: int, first_status: int) -> int:
+    def _report_failure(self, first: int, first_code: int) -> int:
         """The root cause's traceback under a heading, a line per other rank, the verdict."""
         reports = failures.read_reports(self.reports)
         root = failures.root_cause(reports, first)
         codes = [proc.poll() for proc in self.procs]
         code = codes[root]
-        stopped = code is not None and -code in (signal.SIGTERM, signal.SIGKILL)
-        status = first_status if stopped or not code else exit_status(code)
+        stopped = root != first and code is not None and -code in (signal.SIGTERM, signal.SIGKILL)
+        code = first_code if stopped or not code else code
         report = reports.get(root)
         where = f" on {report['host']}" if report and report.get("host") else ""
-        how = "then stopped by distcomm run" if stopped else f"exit code {status}"
+        how = "then stopped by distcomm run" if stopped else failures.ended(code)
         with self.write_lock:
             held = self.held.pop(root, (0.0, []))[1]
             self.held.clear()  # the other ranks' tracebacks: one line each below
@@ -238,22 +235,13 @@ class _Job:
             self._say(f"the first error: rank {root}{where} ({how}):")
             for line in held:
                 self._write(self.stderr, line)
-        for rank, code in enumerate(codes):
+        for rank, other in enumerate(codes):
             if rank != root:
-                code = None if code is None else exit_status(code)
-                self._say(failures.summary_line(rank, code, reports.get(rank), report))
-        self._say(f"rank {root} failed with exit code {status}; stopped the other ranks")
-        return status
+                self._say(failures.summary_line(rank, other, reports.get(rank), report))
+        self._say(f"rank {root} {failures.failed(code)}; stopped the other ranks")
+        return exit_status(code)
 
     # -- steps --------------------------------------------------------------------------------
-    def _install_handlers(self) -> dict[int, _Handler]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        return {sig: signal.signal(sig, self._on_signal) for sig in _FORWARDED}
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signals.append(signum)
-
     def _start(self) -> None:
         """Start every rank; each keeps a copy of this process's stderr (``DISTCOMM_RUN_STDERR``)
         for its last line should this process die (:mod:`distcomm._runtime.launcher_watch`)."""
@@ -296,9 +284,7 @@ class _Job:
         while True:
             codes = [proc.poll() for proc in self.procs]
             if not stopping and not self.signals:
-                self.failed = next(
-                    ((rank, exit_status(c)) for rank, c in enumerate(codes) if c), None
-                )
+                self.failed = next(((rank, c) for rank, c in enumerate(codes) if c), None)
                 if self.failed is not None:
                     stopping, deadline = True, time.monotonic() + self.grace
                     self._kill(signal.SIGTERM)

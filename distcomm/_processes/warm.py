@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import Any, cast
 
 from distcomm._processes import warm_rank
+from distcomm._processes.failures import ended
 from distcomm._processes.rank_ends import ask_for_stacks, died, read_text, where_they_are
 from distcomm._processes.variables import launch_variables, new_run_id
 from distcomm.backend.ports import free_port
@@ -196,10 +197,10 @@ class RankProcesses:
     def _ended(self) -> str | None:
         """How the launcher or a spawned rank ended early, or None while they run."""
         if self._launcher is not None and self._launcher.poll() is not None:
-            return f"the launcher exited with code {self._launcher.returncode}"
+            return f"the launcher ended ({ended(self._launcher.returncode)})"
         for rank, proc in enumerate(self._spawned):
             if proc.exitcode is not None:
-                return f"rank {rank} exited with code {proc.exitcode}"
+                return f"rank {rank} ended ({ended(proc.exitcode)})"
         return None
 
     def output_tail(self, lines: int = 40) -> str:

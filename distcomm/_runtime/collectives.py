@@ -14,6 +14,13 @@ from typing import Any
 from distcomm._operations import DEFAULT_BUCKET_BYTES
 from distcomm._runtime import state
 from distcomm._runtime.detection import detect_environment
+from distcomm._torch_names import (
+    explains_torch_form,
+    fill_placeholders,
+    not_a_communicator,
+    short,
+    torch_form_error,
+)
 from distcomm.errors import InvalidArgumentError, NotInitializedError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 
@@ -40,8 +47,15 @@ _solo: Communicator | None = None
 _solo_lock = threading.Lock()
 
 
-def resolve_group(group: Any) -> Communicator:
-    """The communicator a module-level call acts on (see the module docstring)."""
+def resolve_group(group: Any, torch_form: str = "") -> Communicator:
+    """The communicator a module-level call acts on (see the module docstring).
+
+    Args:
+        group: what the caller passed as ``group=``.
+        torch_form: the caller's name when torch's namesake takes a list where distcomm's
+            takes ``group`` (``all_gather_object(object_list, obj)``): a ``group`` that is not a
+            communicator then gets the error naming torch's form.
+    """
     if group is None:
         ctx = state.current()
         if ctx is not None:
@@ -54,10 +68,7 @@ def resolve_group(group: Any) -> Communicator:
             "`if group: distcomm.all_reduce(t, group=group)`."
         )
     if not hasattr(group, "all_reduce") or not hasattr(group, "world_size"):
-        raise InvalidArgumentError(
-            f"group={group!r} is not a distcomm communicator. HINT: pass one returned by "
-            "distcomm.new_group(), comm.split(), or None for the default."
-        )
+        raise not_a_communicator(group, torch_form)
     return group  # type: ignore[no-any-return]
 
 
@@ -286,14 +297,19 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
 
     On ``src`` (and in a world of 1) it returns the very object passed, not a copy. Buffers of
     256 KiB or more are sent straight from the object's memory, each in its own broadcast (as
-    mpi4py's pkl5 does): no packing copy at all.
+    mpi4py's pkl5 does): no packing copy at all. Code written for torch's
+    ``broadcast_object_list`` works too: a rank other than ``src`` that passes a list of Nones
+    (``[None] * n``) gets it filled in place when ``src``'s object is a list of ``n`` items.
 
     Args:
         obj: the object to send, on ``src`` (picklable); ignored on the other ranks.
         src: the sending rank, a rank of the communicator in use.
         group: the communicator (one from ``new_group`` or ``split``); None: the default one.
     """
-    return resolve_group(group).broadcast_object(obj, src)
+    received = resolve_group(group).broadcast_object(obj, src)
+    if obj.__class__ is list and obj is not received:
+        fill_placeholders(obj, received)
+    return received
 
 
 def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
@@ -302,10 +318,15 @@ def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
     Args:
         obj: this rank's object (picklable).
         group: the communicator (one from ``new_group`` or ``split``); None: the default one.
+
+    Raises:
+        InvalidArgumentError: called in torch's form, ``all_gather_object(object_list, obj)``
+            (``group`` is not a communicator); the message names distcomm's form.
     """
-    return resolve_group(group).all_gather_object(obj)
+    return resolve_group(group, "all_gather_object").all_gather_object(obj)
 
 
+@explains_torch_form
 def gather_object(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None:
     """Every rank's object on ``dst``; None elsewhere.
 
@@ -316,10 +337,17 @@ def gather_object(obj: Any, dst: int = 0, group: Any = None) -> list[Any] | None
 
     Returns:
         On ``dst``, a list of world_size objects in rank order; None on the other ranks.
+
+    Raises:
+        InvalidArgumentError: called in torch's form, ``gather_object(obj, object_gather_list,
+            dst)``; the message names distcomm's form.
     """
-    return resolve_group(group).gather_object(obj, dst)
+    if dst is None or dst.__class__ is list:
+        raise torch_form_error("gather_object", f"dst={short(dst)} is not a rank")
+    return resolve_group(group, "gather_object").gather_object(obj, dst)
 
 
+@explains_torch_form
 def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: Any = None) -> Any:
     """``objs[rank]`` from ``src``.
 
@@ -333,9 +361,12 @@ def scatter_object(objs: Sequence[Any] | None, src: int = 0, group: Any = None) 
         This rank's object, ``objs[rank]``.
 
     Raises:
-        InvalidArgumentError: on ``src``, ``objs`` is not one object per rank.
+        InvalidArgumentError: on ``src``, ``objs`` is not one object per rank; or the call is
+            in the form of torch's ``scatter_object_list(output_list, input_list, src)``.
     """
-    return resolve_group(group).scatter_object(objs, src)
+    if src is None or src.__class__ is list:
+        raise torch_form_error("scatter_object", f"src={short(src)} is not a rank")
+    return resolve_group(group, "scatter_object").scatter_object(objs, src)
 
 
 def all_reduce_coalesced(

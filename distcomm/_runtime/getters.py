@@ -6,7 +6,10 @@ After ``init`` they answer from the running communicator; before, from the detec
 
 from __future__ import annotations
 
+from typing import Any
+
 from distcomm._runtime import state
+from distcomm._runtime.collectives import resolve_group
 from distcomm._runtime.detection import detect_environment
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import NotInitializedError
@@ -51,16 +54,21 @@ def _launch() -> LaunchInfo:
     return ctx.launch if ctx is not None else detect_environment()
 
 
-def get_rank() -> int:
+def get_rank(group: Any = None) -> int:
     """This process's global rank: the default communicator's (before init: the detected
-    launch's)."""
+    launch's); with ``group``, its rank in that communicator (``group.rank``), as torch's
+    ``get_rank(group)``."""
+    if group is not None:
+        return resolve_group(group).rank
     ctx = state.current()
     return ctx.comm.rank if ctx is not None else detect_environment().rank
 
 
-def get_world_size() -> int:
+def get_world_size(group: Any = None) -> int:
     """The number of ranks: the default communicator's size (before init: the detected
-    launch's world size)."""
+    launch's world size); with ``group``, that communicator's (``group.world_size``)."""
+    if group is not None:
+        return resolve_group(group).world_size
     ctx = state.current()
     return ctx.comm.world_size if ctx is not None else detect_environment().world_size
 

@@ -16,6 +16,8 @@ from distcomm import _settings
 from distcomm._plugins.names import (
     FIRST_PARTY_BACKENDS,
     FIRST_PARTY_PRIORITIES,
+    LIBRARIES,
+    backend_hint,
     install_hint,
     normalise_backend,
 )
@@ -135,6 +137,9 @@ def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
                 available, reason = spec.is_available(launch)
             except Exception as exc:
                 available, reason = False, f"is_available() raised {type(exc).__name__}: {exc}"
+        first_party = FIRST_PARTY_BACKENDS.get(name) == distribution
+        if not available and first_party and name in LIBRARIES and "HINT:" not in reason:
+            reason = f"{reason.strip().rstrip('.')}. HINT: {backend_hint(name)}"
         out.append(
             Candidate(
                 name,
@@ -148,7 +153,7 @@ def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
     for name, distribution in FIRST_PARTY_BACKENDS.items():
         if name in registry.backends:
             continue
-        reason, hint = _missing(distribution, failed, blocked)
+        reason, hint = _missing(name, failed, blocked)
         out.append(
             Candidate(
                 name, distribution, False, reason, priority=FIRST_PARTY_PRIORITIES[name], hint=hint
@@ -157,9 +162,10 @@ def _candidates(registry: Registry, launch: LaunchInfo) -> list[Candidate]:
     return out
 
 
-def _missing(distribution: str, failed: dict[str, str], blocked: dict[str, str]) -> tuple[str, str]:
-    """Why a first-party distribution registered no backend, and the fix: installing it helps
-    only when it is not installed."""
+def _missing(name: str, failed: dict[str, str], blocked: dict[str, str]) -> tuple[str, str]:
+    """Why a first-party backend's distribution registered no backend, and the fix: installing
+    it helps only when it is not installed."""
+    distribution = FIRST_PARTY_BACKENDS[name]
     install = install_hint(distribution)
     if distribution in failed:
         return (
@@ -172,7 +178,7 @@ def _missing(distribution: str, failed: dict[str, str], blocked: dict[str, str])
             f"{distribution} is blocked by DISTCOMM_DISABLE_PLUGINS",
             f"take {plugin!r} out of DISTCOMM_DISABLE_PLUGINS (or unset it)",
         )
-    return f"not installed ({install})", install
+    return f"not installed ({install})", backend_hint(name)
 
 
 def _chosen(
@@ -273,7 +279,7 @@ def _not_found(
             f"{missing.reason}; available: {available}. HINT: {missing.hint}"
         )
     # Installed but blocked or broken is told apart from not installed (installing would not help).
-    uninstalled = [b for b, c in absent.items() if c.hint == install_hint(c.distribution)]
+    uninstalled = [b for b, c in absent.items() if c.hint == backend_hint(b)]
     grouped = "; ".join(
         f"{', '.join(sorted(b for b in uninstalled if FIRST_PARTY_BACKENDS[b] == dist))} ({dist})"
         for dist in sorted({FIRST_PARTY_BACKENDS[b] for b in uninstalled})

@@ -16,6 +16,7 @@ keeps its buffers until the process exits: the engine may still write into them.
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -129,8 +130,10 @@ class BaseWork:
         return self._kit_done
 
     # -- the Work protocol ---------------------------------------------------------------------
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         """Block until the operation completes and its result is in place; return True.
+
+        ``timeout`` is in seconds, or a ``datetime.timedelta`` as torch's Work takes it.
 
         Raises:
             DistTimeoutError: not complete within ``timeout`` seconds (default: the
@@ -140,6 +143,8 @@ class BaseWork:
         if self._kit_done:
             return True
         comm = self._kit_comm
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
         marked = comm if timeout is None else None
         if marked is not None:  # what this rank is blocked in, for watchdogs and diagnostics
             marked.blocked_op = self._kit_label()

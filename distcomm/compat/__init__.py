@@ -13,4 +13,5 @@ written against it runs by changing one import; the originals' known defects are
 - :mod:`distcomm.compat.flame`: flame's ``flame.pytorch.distributed_training``.
 - :mod:`distcomm.compat.modelopt`: TensorRT Model Optimizer's
   ``modelopt.torch.export.distribute``.
+- :mod:`distcomm.compat.torch_distributed`: ``torch.distributed`` itself (docs/from-torch.md).
 """

@@ -4,6 +4,7 @@ the pieces (reports, root cause, one-liners) on their own."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from jobs import run_job
 
+from distcomm._processes import failures
 from distcomm._processes.failures import root_cause, summary_line
 from distcomm._runtime.failure_reports import COMMUNICATION
 
@@ -236,12 +238,46 @@ MISMATCH = report(1, "mismatch", op="broadcast", seq=7)
         (0, None, MISMATCH, "finished"),
         (None, None, None, "still running"),
         (3, None, MISMATCH, "exit code 3"),
+        (-signal.SIGTERM, None, None, "stopped by distcomm run (SIGTERM)"),
+        (
+            -signal.SIGKILL,
+            None,
+            MISMATCH,
+            "stopped by distcomm run (SIGKILL) after rank 1's collective mismatch at operation #7",
+        ),
+        (-signal.SIGSEGV, None, None, "killed by SIGSEGV (signal 11)"),
+        (139, None, None, "killed by SIGSEGV (signal 11; exit code 139)"),
     ],
 )
 def test_a_line_says_what_happened_to_the_rank(
     status: int | None, own: dict[str, Any] | None, root: dict[str, Any] | None, line: str
 ) -> None:
     assert summary_line(2, status, own, root) == f"rank 2: {line}"
+
+
+@pytest.mark.parametrize(
+    ("code", "ended", "failed"),
+    [
+        (1, "exit code 1", "failed with exit code 1"),
+        (128, "exit code 128", "failed with exit code 128"),
+        (-signal.SIGKILL, "killed by SIGKILL (signal 9)", "was killed by SIGKILL (signal 9)"),
+        (-signal.SIGTERM, "killed by SIGTERM (signal 15)", "was killed by SIGTERM (signal 15)"),
+        (
+            137,
+            "killed by SIGKILL (signal 9; exit code 137)",
+            "was killed by SIGKILL (signal 9; exit code 137)",
+        ),  # a shell's or a launcher's 128 + N
+        (
+            143,
+            "killed by SIGTERM (signal 15; exit code 143)",
+            "was killed by SIGTERM (signal 15; exit code 143)",
+        ),
+        (255, "exit code 255", "failed with exit code 255"),  # 128 + 127: no such signal
+    ],
+)
+def test_how_a_rank_ended_names_the_signal(code: int, ended: str, failed: str) -> None:
+    assert failures.ended(code) == ended
+    assert failures.failed(code) == failed
 
 
 PRINTS_THEN_DIES = """

@@ -195,25 +195,31 @@ time.sleep(60)
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("fail", "code", "shown"),
+    ("fail", "code", "how", "shown"),
     [
-        ("raise RuntimeError('rank one gives up')", 1, "RuntimeError: rank one gives up"),
-        ("sys.exit(3)", 3, None),
-        ("os.kill(os.getpid(), signal.SIGKILL)", 137, None),
+        (
+            "raise RuntimeError('rank one gives up')",
+            1,
+            "failed with exit code 1",
+            "RuntimeError: rank one gives up",
+        ),
+        ("sys.exit(3)", 3, "failed with exit code 3", None),
+        ("os.kill(os.getpid(), signal.SIGKILL)", 137, "was killed by SIGKILL (signal 9)", None),
+        ("os.kill(os.getpid(), signal.SIGTERM)", 143, "was killed by SIGTERM (signal 15)", None),
     ],
-    ids=["exception", "exit-3", "sigkill"],
+    ids=["exception", "exit-3", "sigkill", "sigterm"],
 )
 def test_the_first_failing_rank_stops_the_others(
-    tmp_path: Path, fail: str, code: int, shown: str | None
+    tmp_path: Path, fail: str, code: int, how: str, shown: str | None
 ) -> None:
+    """The launcher's status is the shell's (128 + N for signal N); its words name the signal."""
     script = write(tmp_path / "fail.py", FAILING.replace("FAIL", fail))
     pids = tmp_path / "pids"
     pids.mkdir()
     result = distcomm_run("-n", "4", "--grace", "1", str(script), str(pids), cwd=tmp_path)
     assert result.returncode == code, result.stderr
-    assert result.stderr.splitlines()[-1] == (
-        f"distcomm run: rank 1 failed with exit code {code}; stopped the other ranks"
-    )
+    assert result.stderr.splitlines()[-1] == f"distcomm run: rank 1 {how}; stopped the other ranks"
+    assert "exit code 137" not in result.stderr and "exit code 143" not in result.stderr
     if shown is not None:
         errors = lines_of(result.stderr, 1)
         assert errors[0] == "Traceback (most recent call last):" and errors[-1] == shown

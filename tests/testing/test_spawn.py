@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -77,6 +78,8 @@ def last_rank_fails(directory: str, how: str) -> None:
         wait_for_pids(directory, distcomm.get_world_size())
         if how == "raise":
             raise ValueError(f"rank {distcomm.get_rank()} gives up")
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(3)
     time.sleep(60)
 
@@ -142,6 +145,15 @@ def test_a_rank_that_exits_without_reporting_is_reported(
     assert info.value.rank == nprocs - 1
     assert "exited with code 3 without reporting" in str(info.value)
     assert_killed(tmp_path, nprocs)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_by_a_signal_is_reported_with_its_name(tmp_path: Path) -> None:
+    with pytest.raises(RankFailedError) as info:
+        spawn(last_rank_fails, 1, str(tmp_path), "kill", backend="fakelink")
+    assert info.value.rank == 0
+    assert "rank 0 was killed by SIGKILL (signal 9) without reporting" in str(info.value)
+    assert_killed(tmp_path, 1)
 
 
 def assert_killed(directory: Path, nprocs: int) -> None:

@@ -141,7 +141,11 @@ def create(
         )
     name, why = find_module()
     if name is None:
-        raise BackendUnavailableError(f"linklink: {why}", backend="linklink", reason=why)
+        raise BackendUnavailableError(
+            f"linklink: {why}. HINT: `distcomm info` says what the linklink backend needs.",
+            backend="linklink",
+            reason=why,
+        )
     link = importlib.import_module(name)
     owns = not link.is_initialized()
     if owns:

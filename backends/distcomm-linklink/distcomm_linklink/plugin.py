@@ -26,13 +26,15 @@ _NAMES = ("linklink", "spring.linklink")
 
 
 def find_module() -> tuple[str | None, str]:
-    """(the importable linklink module's name or None, why)."""
+    """(the importable linklink module's name or None, why). The reasons carry no HINT: distcomm
+    adds its one hint for the linklink backend (what to install, what to use instead) wherever
+    it says that linklink cannot run."""
     for name in _NAMES:
         loaded = sys.modules.get(name)
         if getattr(loaded, "__distcomm_shim__", False):
             return None, (
                 f"`{name}` is distcomm.compat.linklink (install() was called), not the linklink "
-                "library: the backend cannot run on distcomm itself. HINT: use another backend."
+                "library: the backend cannot run on distcomm itself"
             )
         try:
             found = loaded is not None or importlib.util.find_spec(name) is not None
@@ -40,10 +42,7 @@ def find_module() -> tuple[str | None, str]:
             found = False
         if found:
             return name, f"`import {name}` works"
-    return None, (
-        "neither `linklink` nor `spring.linklink` can be imported (linklink is SenseTime's "
-        "library, not on PyPI). HINT: install it, or use gloo, nccl or mpi"
-    )
+    return None, "neither `linklink` nor `spring.linklink` can be imported"
 
 
 def is_available(launch: LaunchInfo) -> tuple[bool, str]:
