@@ -359,9 +359,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Usage errors exit through argparse (``SystemExit(2)``); ``run`` returns the job's status.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser, run_parser = _build_parser()
     if args_list[:1] == ["run"]:
-        return _run(run_parser, args_list[1:])
+        from distcomm._processes.signals import caught_signals
+
+        with caught_signals():  # from the first step: a Ctrl-C while starting stops the job
+            return _run(_build_parser()[1], args_list[1:])
+    parser, _ = _build_parser()
     args = parser.parse_args(args_list)
     from distcomm.errors import DistcommError
 
