@@ -22,20 +22,22 @@ __all__ = ["ended", "failed", "killed_by", "read_reports", "root_cause", "summar
 _QUOTED = 100
 
 
-def killed_by(code: int) -> signal.Signals | None:
-    """The signal that ended a process, from its return code (``-N``) or the exit status that a
-    shell or launcher gives a child killed by signal N (``128 + N``); None for an ordinary exit."""
-    number = -code if code < 0 else code - 128 if code > 128 else 0
+def killed_by(code: int, launcher: bool = False) -> signal.Signals | None:
+    """The signal that ended a process, from its return code (``-N``); for a ``launcher``'s
+    exit status (mpirun's, srun's, distcomm run's own), also from ``128 + N``, the way a
+    launcher reports a child killed by signal N. None for an ordinary exit: a Python process's
+    own ``sys.exit(130)`` is an exit code."""
+    number = -code if code < 0 else code - 128 if launcher and code > 128 else 0
     try:
         return signal.Signals(number) if number else None
     except ValueError:
         return None
 
 
-def ended(code: int) -> str:
-    """How a process ended, in words: ``exit code 3``, ``killed by SIGKILL (signal 9)``, or,
-    from a shell's ``128 + N``, ``killed by SIGKILL (signal 9; exit code 137)``."""
-    sig = killed_by(code)
+def ended(code: int, launcher: bool = False) -> str:
+    """How a process ended, in words: ``exit code 3``, ``killed by SIGKILL (signal 9)``, or, for
+    a ``launcher``'s ``128 + N``, ``killed by SIGKILL (signal 9; exit code 137)``."""
+    sig = killed_by(code, launcher)
     if sig is None:
         return f"exit code {code}"
     return f"killed by {sig.name} (signal {sig.value}{f'; exit code {code}' if code > 0 else ''})"
@@ -82,8 +84,7 @@ def summary_line(
 
     Args:
         rank: the rank.
-        status: its return code (-N for signal N; a launcher's 128 + N is read alike), or None
-            if it is still running.
+        status: its return code (-N for signal N), or None if it is still running.
         report: its report, if it wrote one.
         root: the root cause's report, if any: a rank that ``distcomm run`` stopped is said to
             be stopped after the root cause's collective mismatch, or to be a rank that the

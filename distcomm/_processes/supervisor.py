@@ -143,9 +143,10 @@ def _run_attempts(
                 if status == 0 or job.signals or restart == max_restarts:
                     return status
                 restart += 1
+                how = failures.ended(status, launcher=True)
                 job._say(
-                    f"attempt {restart} of {max_restarts + 1} failed ({failures.ended(status)});"
-                    f" starting every rank again (restart {restart} of {max_restarts})"
+                    f"attempt {restart} of {max_restarts + 1} failed ({how}); starting every rank "
+                    f"again (restart {restart} of {max_restarts})"
                 )
     finally:
         for log in logs or ():

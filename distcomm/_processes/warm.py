@@ -197,7 +197,7 @@ class RankProcesses:
     def _ended(self) -> str | None:
         """How the launcher or a spawned rank ended early, or None while they run."""
         if self._launcher is not None and self._launcher.poll() is not None:
-            return f"the launcher ended ({ended(self._launcher.returncode)})"
+            return f"the launcher ended ({ended(self._launcher.returncode, launcher=True)})"
         for rank, proc in enumerate(self._spawned):
             if proc.exitcode is not None:
                 return f"rank {rank} ended ({ended(proc.exitcode)})"

@@ -4,6 +4,7 @@ AttributeError naming distcomm's equivalent."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -124,5 +125,5 @@ def test_an_unknown_name_is_a_plain_attribute_error() -> None:
 
 def test_the_porting_guide_names_every_equivalent() -> None:
     guide = (Path(__file__).resolve().parents[2] / "docs" / "from-torch.md").read_text()
-    missing = [name for name in EQUIVALENTS if f"`{name}" not in guide]
+    missing = [name for name in EQUIVALENTS if not re.search(rf"`{name}[`(.]", guide)]
     assert missing == [], f"docs/from-torch.md's table lacks {missing}"

@@ -220,25 +220,29 @@ MISMATCH = report(1, "mismatch", op="broadcast", seq=7)
             "also failed: ValueError: " + "x" * 99 + "...",
         ),
         (1, report(2, "other", type="SystemError", message=""), None, "also failed: SystemError"),
-        (143, None, None, "stopped by distcomm run (SIGTERM)"),
+        (-signal.SIGTERM, None, None, "stopped by distcomm run (SIGTERM)"),
         (
-            143,
+            -signal.SIGTERM,
             None,
             MISMATCH,
             "stopped by distcomm run (SIGTERM) after rank 1's collective mismatch at operation #7",
         ),
         (
-            137,
+            -signal.SIGKILL,
             None,
             TIMEOUT,
             "stopped by distcomm run (SIGKILL); rank 1 timed out waiting for it",
         ),
-        (143, None, report(1, "timeout", missing_ranks=[0]), "stopped by distcomm run (SIGTERM)"),
-        (143, None, report(1, "other"), "stopped by distcomm run (SIGTERM)"),
+        (
+            -signal.SIGTERM,
+            None,
+            report(1, "timeout", missing_ranks=[0]),
+            "stopped by distcomm run (SIGTERM)",
+        ),
+        (-signal.SIGTERM, None, report(1, "other"), "stopped by distcomm run (SIGTERM)"),
         (0, None, MISMATCH, "finished"),
         (None, None, None, "still running"),
         (3, None, MISMATCH, "exit code 3"),
-        (-signal.SIGTERM, None, None, "stopped by distcomm run (SIGTERM)"),
         (
             -signal.SIGKILL,
             None,
@@ -246,7 +250,7 @@ MISMATCH = report(1, "mismatch", op="broadcast", seq=7)
             "stopped by distcomm run (SIGKILL) after rank 1's collective mismatch at operation #7",
         ),
         (-signal.SIGSEGV, None, None, "killed by SIGSEGV (signal 11)"),
-        (139, None, None, "killed by SIGSEGV (signal 11; exit code 139)"),
+        (139, None, None, "exit code 139"),  # a rank's own exit code, not a signal
     ],
 )
 def test_a_line_says_what_happened_to_the_rank(
@@ -260,24 +264,27 @@ def test_a_line_says_what_happened_to_the_rank(
     [
         (1, "exit code 1", "failed with exit code 1"),
         (128, "exit code 128", "failed with exit code 128"),
+        (130, "exit code 130", "failed with exit code 130"),  # a rank's own sys.exit(130)
         (-signal.SIGKILL, "killed by SIGKILL (signal 9)", "was killed by SIGKILL (signal 9)"),
         (-signal.SIGTERM, "killed by SIGTERM (signal 15)", "was killed by SIGTERM (signal 15)"),
-        (
-            137,
-            "killed by SIGKILL (signal 9; exit code 137)",
-            "was killed by SIGKILL (signal 9; exit code 137)",
-        ),  # a shell's or a launcher's 128 + N
-        (
-            143,
-            "killed by SIGTERM (signal 15; exit code 143)",
-            "was killed by SIGTERM (signal 15; exit code 143)",
-        ),
-        (255, "exit code 255", "failed with exit code 255"),  # 128 + 127: no such signal
     ],
 )
 def test_how_a_rank_ended_names_the_signal(code: int, ended: str, failed: str) -> None:
     assert failures.ended(code) == ended
     assert failures.failed(code) == failed
+
+
+@pytest.mark.parametrize(
+    ("status", "ended"),
+    [
+        (137, "killed by SIGKILL (signal 9; exit code 137)"),
+        (143, "killed by SIGTERM (signal 15; exit code 143)"),
+        (255, "exit code 255"),  # 128 + 127: no such signal
+        (3, "exit code 3"),
+    ],
+)
+def test_a_launcher_s_128_plus_n_is_read_as_the_signal(status: int, ended: str) -> None:
+    assert failures.ended(status, launcher=True) == ended
 
 
 PRINTS_THEN_DIES = """

@@ -18,8 +18,8 @@ distcomm's safety kept where torch's behaviour is a known trap:
   (torch's ``monitored_barrier`` is gloo's only).
 - The object functions read a peer's bytes through distcomm's allow-list, not plain pickle
   (docs/security.md); their ``device`` argument is accepted and unused: no GPU has to be the
-  current one for them to work. A rank whose list is the wrong size raises after the exchange
-  instead of leaving the others waiting.
+  current one for them to work. A rank whose output list is the wrong size raises after the
+  exchange instead of leaving the others waiting.
 - Arguments distcomm cannot honour (``store``, ``pg_options``, a group's own backend or timeout)
   raise InvalidArgumentError naming them, never silently ignored.
 
@@ -124,7 +124,7 @@ def __getattr__(name: str) -> Any:
     raise missing_name(
         __name__,
         name,
-        f"torch.distributed.{name} is not part of the drop-in: call torch.distributed.{name} "
-        "itself on torch's default process group, which distcomm makes beside any backend "
+        f"the drop-in has no {name}; where torch.distributed.{name} exists, call it on "
+        "torch's default process group, which distcomm makes beside any backend "
         "(distcomm.init(torch_group=True); docs/interop.md)",
     )

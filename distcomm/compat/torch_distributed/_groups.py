@@ -91,7 +91,8 @@ def init_process_group(
         store: must be None: the rendezvous is the launch's or ``init_method``'s.
         group_name: accepted for torch's sake (torch ignores it too).
         pg_options: must be None.
-        device_id: the device of this rank (``distcomm.init(device=...)``).
+        device_id: the device of this rank (``distcomm.init(device=...)``); an int ``n`` is
+            ``"cuda:n"``, as in torch.
 
     Raises:
         InvalidArgumentError: ``store`` or ``pg_options`` given, an ``init_method`` other than
@@ -112,7 +113,7 @@ def init_process_group(
         rank=None if rank < 0 else rank,
         world_size=None if world_size < 0 else world_size,
         timeout=timeout,
-        device=device_id,
+        device=f"cuda:{device_id}" if isinstance(device_id, int) else device_id,
         **_rendezvous(init_method),
     )
 
@@ -210,10 +211,11 @@ def _refused_group_arguments(
         return f"backend={backend!r}: a group runs on the default group's, {world.backend!r}"
     if timeout is not None:
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-        if float(seconds) != world.timeout:  # type: ignore[attr-defined]
+        shared = getattr(world, "timeout", None)
+        if shared is None or float(seconds) != shared:
             return (
-                f"timeout={timeout!r}: a group shares the default group's timeout, "
-                f"{world.timeout} s (init_process_group(timeout=...))"  # type: ignore[attr-defined]
+                f"timeout={timeout!r}: a group shares the default group's timeout, {shared} s "
+                "(init_process_group(timeout=...))"
             )
     return ""
 
@@ -232,12 +234,21 @@ def member(group: Any, op: str) -> Communicator | None:
     return resolve_group(group)
 
 
-def root(comm: Communicator, rank: int | None, group_rank: int | None, name: str) -> int:
+def root(
+    comm: Communicator,
+    rank: int | None,
+    group_rank: int | None,
+    name: str,
+    default: int | None = None,
+) -> int:
     """The group's rank for torch's global ``rank`` (``src``, ``dst``, ``peer``) or its
-    ``group_rank`` (``group_src``, ...); global rank 0 when neither is given, as torch.
+    ``group_rank`` (``group_src``, ...); when neither is given, the global rank ``default``
+    (torch's gather, scatter and object functions take 0), else an error (torch's broadcast,
+    reduce, send and P2POp need one).
 
     Raises:
-        InvalidArgumentError: both given, or a global rank that is not in the group.
+        InvalidArgumentError: both given, neither (without a default), or a global rank that is
+            not in the group.
     """
     if group_rank is not None:
         if rank is not None:
@@ -246,7 +257,14 @@ def root(comm: Communicator, rank: int | None, group_rank: int | None, name: str
                 f"global rank, group_{name} the group's."
             )
         return group_rank
-    return get_group_rank(comm, 0 if rank is None else rank)
+    if rank is None:
+        if default is None:
+            raise InvalidArgumentError(
+                f"neither {name} nor group_{name} given; one is needed, as in torch. HINT: "
+                f"{name}=GLOBAL_RANK, or group_{name}= the group's rank."
+            )
+        rank = default
+    return get_group_rank(comm, rank)
 
 
 def get_rank(group: Any = None) -> int:

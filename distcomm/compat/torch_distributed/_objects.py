@@ -4,8 +4,9 @@
 What differs from torch, on purpose: a peer's bytes are read through distcomm's allow-list
 (``distcomm.allow_objects``; docs/security.md), not plain pickle; ``device`` is accepted and
 unused (distcomm moves the bytes itself, so no GPU has to be the current one); and a rank whose
-list is the wrong size raises after the exchange, so that the other ranks are never left
-waiting for it.
+output list is the wrong size raises after the exchange, so that the other ranks are never left
+waiting for it (``scatter_object_list``'s input list is checked on ``src`` before it, as in
+torch).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def broadcast_object_list(
     comm = member(group, "broadcast_object_list")
     if comm is None:
         return
-    sender = root(comm, src, group_src, "src")
+    sender = root(comm, src, group_src, "src", 0)
     received = comm.broadcast_object(list(object_list), sender)
     if comm.rank != sender:
         if len(received) != len(object_list):
@@ -82,15 +83,16 @@ def gather_object(
     comm = member(group, "gather_object")
     if comm is None:
         return
-    receiver = root(comm, dst, group_dst, "dst")
+    receiver = root(comm, dst, group_dst, "dst", 0)
     gathered = comm.gather_object(obj, receiver)
     if gathered is not None:
         _fill("gather_object", "object_gather_list", object_gather_list, gathered)
     elif object_gather_list is not None:
         raise InvalidArgumentError(
             "gather_object: object_gather_list must be None on the ranks other than dst "
-            f"(this is rank {comm.rank} of the group, dst is {receiver}). HINT: pass "
-            "object_gather_list on dst only, as torch requires."
+            f"(this is global rank {comm.global_ranks[comm.rank]}, dst global rank "
+            f"{comm.global_ranks[receiver]}). HINT: pass object_gather_list on dst only, as "
+            "torch requires."
         )
 
 
@@ -111,7 +113,7 @@ def scatter_object_list(
     comm = member(group, "scatter_object_list")
     if comm is None:
         return
-    sender = root(comm, src, group_src, "src")
+    sender = root(comm, src, group_src, "src", 0)
     mine = comm.scatter_object(scatter_object_input_list if comm.rank == sender else None, sender)
     _fill("scatter_object_list", "scatter_object_output_list", scatter_object_output_list, [mine])
 

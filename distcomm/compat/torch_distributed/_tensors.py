@@ -11,6 +11,7 @@ from typing import Any
 import distcomm
 from distcomm._runtime.collectives import resolve_group
 from distcomm.compat.torch_distributed._groups import member, root
+from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator, ReduceOp, Work
 
 __all__ = [
@@ -109,7 +110,7 @@ def gather(
     comm = member(group, "gather")
     if comm is None:
         return None
-    return comm.gather(tensor, gather_list, root(comm, dst, group_dst, "dst"), async_op)
+    return comm.gather(tensor, gather_list, root(comm, dst, group_dst, "dst", 0), async_op)
 
 
 def scatter(
@@ -125,7 +126,7 @@ def scatter(
     comm = member(group, "scatter")
     if comm is None:
         return None
-    return comm.scatter(tensor, scatter_list, root(comm, src, group_src, "src"), async_op)
+    return comm.scatter(tensor, scatter_list, root(comm, src, group_src, "src", 0), async_op)
 
 
 def reduce_scatter(
@@ -236,9 +237,18 @@ def irecv(
     return comm.irecv(tensor, sender, tag)
 
 
-class P2POp(distcomm.P2POp):
-    """One message of :func:`batch_isend_irecv`, as torch's: ``peer`` is a global rank
-    (``group_peer`` the group's); the op keeps the group's rank as its ``peer``."""
+class P2POp:
+    """One message of :func:`batch_isend_irecv`, as torch's: ``peer`` is the global rank and
+    ``group_peer`` the group's, whichever was given.
+
+    Attributes:
+        op: :func:`isend` or :func:`irecv` (or distcomm's, torch's, or their names).
+        tensor: the message or the buffer.
+        peer: the global rank sent to or received from.
+        group: the group; None: the default one.
+        tag: the message's tag.
+        group_peer: ``peer``'s rank in ``group``.
+    """
 
     def __init__(
         self,
@@ -249,15 +259,19 @@ class P2POp(distcomm.P2POp):
         tag: int = 0,
         group_peer: int | None = None,
     ) -> None:
-        rank = root(resolve_group(group), peer, group_peer, "peer")
-        super().__init__(op, tensor, rank, group, tag)
+        comm = resolve_group(group)
+        self.group_peer = root(comm, peer, group_peer, "peer")
+        self.peer = comm.global_ranks[self.group_peer]
+        self.op, self.tensor, self.group, self.tag = op, tensor, group, tag
+
+    def __repr__(self) -> str:
+        kind = getattr(self.op, "__name__", self.op)
+        return f"P2POp({kind}, peer={self.peer}, group_peer={self.group_peer}, tag={self.tag})"
 
 
-def batch_isend_irecv(p2p_op_list: Sequence[distcomm.P2POp]) -> list[Work]:
+def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[Work]:
     """Start every message of ``p2p_op_list`` (its receives first); their Works."""
-    # as distcomm's own ops: distcomm copies them, and a copy of ours would read its group's
-    # rank as a global one
-    ops = [distcomm.P2POp(op.op, op.tensor, op.peer, op.group, op.tag) for op in p2p_op_list]
+    ops = [distcomm.P2POp(op.op, op.tensor, op.group_peer, op.group, op.tag) for op in p2p_op_list]
     return distcomm.batch_isend_irecv(ops)
 
 
@@ -269,13 +283,22 @@ def barrier(
 ) -> Work | None:
     """Wait for every rank of ``group``. It never waits forever: past ``timeout`` (default:
     ``init_process_group``'s) it raises DistTimeoutError naming the ranks that had not come.
-    ``device_ids`` is accepted for torch's sake (the device is the default group's)."""
+    ``device_ids`` is accepted for torch's sake (the device is the default group's).
+
+    Raises:
+        InvalidArgumentError: ``timeout`` with ``async_op=True``: give it to ``wait``.
+    """
     del device_ids
     comm = member(group, "barrier")
     if comm is None:
         return None
-    if timeout is None or async_op:
+    if timeout is None:
         return comm.barrier(async_op)
+    if async_op:
+        raise InvalidArgumentError(
+            f"barrier(async_op=True, timeout={timeout!r}): a Work takes its timeout when waited "
+            "for. HINT: dist.barrier(async_op=True).wait(timeout=...)."
+        )
     _within(comm, timeout)
     return None
 
