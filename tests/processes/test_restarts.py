@@ -27,12 +27,19 @@ print(f"rank {comm.rank}: restart {restart}, run {os.environ['DISTCOMM_RUN_ID']}
 distcomm.finalize()
 """
 
-#: Rank 1 fails on every attempt, with exit status 3 + the restart count.
+#: Rank 1 fails on every attempt, with exit status 3 + the restart count, once rank 0 has said
+#: which attempt it is in (else, on a loaded machine, rank 0 could be stopped before it prints).
 ALWAYS = """
-import os, sys
+import os, pathlib, sys, time
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print(f"attempt {restart}: run {os.environ['DISTCOMM_RUN_ID']}", flush=True)
-if os.environ["RANK"] == "1":
+said = pathlib.Path(f"rank-0-said-attempt-{restart}")
+if os.environ["RANK"] == "0":
+    said.write_text("")
+else:
+    deadline = time.monotonic() + 60
+    while not said.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     sys.exit(3 + restart)
 """
 
