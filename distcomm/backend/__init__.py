@@ -21,6 +21,7 @@ from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.devices import select_cuda_device
 from distcomm.backend.hooks import hookimpl, hookspec
 from distcomm.backend.ports import free_port
+from distcomm.backend.primitives import PLANNED, CallKind, NotPlanned
 from distcomm.backend.registry import PluginRecord, Registry
 from distcomm.backend.specs import (
     ALL_DTYPES,
@@ -37,15 +38,18 @@ __all__ = [
     "ALL_DTYPES",
     "DTYPE_NAMES",
     "FLOAT_DTYPES",
+    "PLANNED",
     "Adapter",
     "AllOf",
     "BackendSpec",
     "BaseCommunicator",
     "BaseWork",
+    "CallKind",
     "Capabilities",
     "CompletedWork",
     "EnvironmentSpec",
     "LaunchInfo",
+    "NotPlanned",
     "PluginRecord",
     "Registry",
     "WrappedWork",

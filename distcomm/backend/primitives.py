@@ -6,11 +6,8 @@ native device. With ``async_op=True`` a primitive may return a Work; None means 
 Required: ``_all_reduce``, ``_broadcast``, ``_all_gather_into``, ``_isend``, ``_irecv``, ``_split``.
 Optional (defaults built on the required ones): ``_reduce``, ``_reduce_scatter``,
 ``_reduce_scatter_v``, ``_gather``, ``_scatter``, ``_all_to_all``, ``_all_to_all_v``,
-``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and the shortcuts of blocking calls
-like the ones before them, ``_all_reduce_plain``, ``_broadcast_plain``, ``_reduce_plain``,
-``_all_gather_into_plain``, ``_reduce_scatter_plain``, ``_all_to_all_plain``,
-``_gather_plain``, ``_scatter_plain``, ``_send_plain``, ``_recv_plain`` (no default: the general
-pipeline).
+``_all_gather_v``, ``_barrier``, ``_adopt``, ``_finalize``; and ``_plan``, the engine's plan for
+a kind of call the pipeline took before (no default: every call takes the pipeline).
 Not a primitive but overridable the same way: ``_native_call``, the engine's own API for an
 operation, which ``distcomm bench --compare raw`` times beside distcomm's.
 
@@ -21,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from distcomm.backend.arrays import adapter_for
 from distcomm.backend.work import AllOf, BaseWork, WrappedWork
@@ -32,10 +29,50 @@ if TYPE_CHECKING:
     from distcomm.backend.specs import Capabilities
     from distcomm.protocol import Communicator, NonMember
 
-__all__ = ["INTERNAL_TAG", "Primitives", "offsets"]
+__all__ = ["INTERNAL_TAG", "PLANNED", "CallKind", "NotPlanned", "Primitives", "offsets"]
 
 #: The tag the default ``_all_to_all`` uses; user tags stay below it.
 INTERNAL_TAG = 2**30
+
+
+class NotPlanned(Exception):
+    """Raised by a plan, before it moved anything, for a call of its kind that it cannot move as
+    it is (its memory is not contiguous, say): the kit then takes the call through the
+    pipeline, which stages it."""
+
+
+class CallKind(NamedTuple):
+    """The kind of call an engine is asked to plan (:meth:`~distcomm.backend.primitives.
+    Primitives._plan`): every later call of the kind has an ``x`` of ``array``'s class, dtype
+    and byte size, and the same root and tag."""
+
+    #: The operation: one of :data:`PLANNED`.
+    op: str
+    #: The first call's array (the tensor; for all_gather_into_tensor, reduce_scatter_tensor and
+    #: all_to_all_single the input): an example of the kind, not to be kept.
+    array: Any
+    #: The root (broadcast's src, reduce's and gather's dst, scatter's src), a message's peer
+    #: (None: a receive from any rank), None for the others.
+    root: int | None
+    #: A message's tag (0 for collectives).
+    tag: int = 0
+
+
+#: The operations an engine may plan; the rest always take the pipeline.
+PLANNED = frozenset(
+    {
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_to_all_single",
+        "gather",
+        "scatter",
+        "send",
+        "recv",
+    }
+)
 
 
 class Primitives:
@@ -46,43 +83,20 @@ class Primitives:
     backend_name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
-    #: Optional shortcut of the commonest call, ``_all_reduce_plain(tensor) -> bool``: a blocking
-    #: SUM, in place, of ``tensor`` exactly as the caller passed it (a numpy array or a torch
-    #: tensor). Return False, having sent nothing, when ``tensor`` is not plain for the engine
-    #: (not contiguous, not in CPU memory, not a native dtype): the general pipeline then runs.
-    #: ``all_reduce`` calls it inside its sequence number and "blocked in" mark, and turns
-    #: ``engine_errors`` into EngineError, like every primitive.
-    _all_reduce_plain: Callable[[Any], bool] | None = None
-    #: Optional shortcuts of the other blocking collectives, alike: each returns False, having
-    #: sent nothing, when its arrays are not plain for the engine. The pipeline has checked
-    #: that the call is like the calls before it (the same op and root; the tensors' class,
-    #: dtype and byte size, the output's size against the input's), so a primitive looks only
-    #: at what its engine needs (contiguous, CPU, a dtype it moves). Reductions are SUM.
-    #: ``_broadcast_plain(tensor, src)``, ``_reduce_plain(tensor, dst)``,
-    #: ``_all_gather_into_plain(output, tensor)``, ``_reduce_scatter_plain(output, input)``,
-    #: ``_all_to_all_plain(output, input)`` (even chunks).
-    _broadcast_plain: Callable[[Any, int], bool] | None = None
-    _reduce_plain: Callable[[Any, int], bool] | None = None
-    _all_gather_into_plain: Callable[[Any, Any], bool] | None = None
-    _reduce_scatter_plain: Callable[[Any, Any], bool] | None = None
-    _all_to_all_plain: Callable[[Any, Any], bool] | None = None
-    #: Optional shortcuts of a blocking ``gather`` and ``scatter``, alike:
-    #: ``_gather_plain(tensor, gather_list, dst)`` and ``_scatter_plain(tensor, scatter_list,
-    #: src)``. The list is given on the root only (None elsewhere), and the kit has checked it:
-    #: a list or tuple of world_size arrays of exactly ``tensor``'s class, dtype and byte size.
-    #: A primitive looks at what its engine needs (each array contiguous, in its memory, a
-    #: dtype it moves) and at arrays that share memory (``tensor`` may be one of the list's):
-    #: it copies through a buffer of its own or returns False, having sent nothing. Results
-    #: are the pipeline's: entry r of the list is rank r's tensor, in the entry's own shape.
-    _gather_plain: Callable[[Any, Any, int], bool] | None = None
-    _scatter_plain: Callable[[Any, Any, int], bool] | None = None
-    #: Optional shortcuts of a blocking ``send`` and ``recv`` of a plain array:
-    #: ``_send_plain(tensor, dst, tag) -> bool`` and ``_recv_plain(tensor, src, tag)`` -> the
-    #: sender's rank (``src`` None: any rank), or None having received nothing. The kit has
-    #: checked the rank and the tag against its own rules; a backend with fewer tags refuses
-    #: the others here (the pipeline then says why).
-    _send_plain: Callable[[Any, int, int], bool] | None = None
-    _recv_plain: Callable[[Any, int | None, int], int | None] | None = None
+    #: Optional: the engine's plan for a kind of blocking call the pipeline took once,
+    #: ``_plan(kind) -> run`` or None (no plan: every call of the kind takes the pipeline).
+    #: ``kind`` is a :class:`~distcomm.backend.CallKind` (op, an example array, root, tag) of
+    #: an op in ``distcomm.backend.PLANNED``, with a dtype the engine moves; reductions are SUM
+    #: (all_reduce in place). ``run(x, y)`` moves one call of the kind: ``x`` the tensor (the
+    #: input where the op has an output), ``y`` the output, gather's and scatter's list (on the
+    #: root; None elsewhere), or None; ``recv``'s returns the sender's rank where its kind's root
+    #: is None (any rank). The kit calls it inside the call's ``seq`` and "blocked in" mark and
+    #: turns ``engine_errors`` into EngineError; it has checked that ``x`` is of the kind and
+    #: ``y`` fits (class, dtype, size; the list's length), so a plan looks only at what its
+    #: engine needs: memory that is contiguous and on a device it moves, else it raises
+    #: :class:`~distcomm.backend.NotPlanned` before moving anything and the pipeline stages the
+    #: call. Results are the pipeline's: entry r of a gathered list is rank r's tensor.
+    _plan: Callable[[CallKind], Callable[[Any, Any], Any] | None] | None = None
     #: Whether large object payloads may go through node memory when every rank is a process
     #: of one node (:mod:`distcomm._node_memory`). An engine whose own transfer is as fast on
     #: one node (MPI's shared-memory transport: a 16 MiB broadcast_object at 2 ranks took 2.5

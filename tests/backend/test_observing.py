@@ -2,18 +2,19 @@
 
 The conformance topic ``debugging`` checks on every backend that a hook sees each public call
 once; here are the rules around it: what it costs when nothing is registered, nesting, errors,
-a hook that raises, removal, and the all_reduce shortcut.
+a hook that raises, removal, and the plans (bypassed while hooks are registered).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 import distcomm
-from distcomm.backend import BaseCommunicator
+from distcomm.backend import BaseCommunicator, CallKind, NotPlanned
 from distcomm.backend._pipeline import observing
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 from distcomm.fakelink import Fabric, FakeLinkCommunicator
@@ -141,24 +142,31 @@ def test_hooks_run_in_order_and_after_hooks_in_reverse() -> None:
     assert order == ["b1", "b2", "a2", "a1"]
 
 
-def test_the_all_reduce_shortcut_is_bypassed_while_hooks_are_registered() -> None:
-    calls: list[Any] = []
+def test_plans_are_bypassed_while_hooks_are_registered() -> None:
+    runs: list[Any] = []
 
-    class Shortcut(FakeLinkCommunicator):
-        def _all_reduce_plain(self, tensor: Any) -> bool:
-            calls.append(tensor)
-            return False  # "not taken": the general pipeline runs
+    class Planned(FakeLinkCommunicator):
+        def _plan(self, kind: CallKind) -> Callable[[Any, Any], None]:
+            def run(x: Any, y: Any) -> None:
+                runs.append(x)
+                raise NotPlanned  # nothing moved: the general pipeline runs
+
+            return run
 
     fabric = Fabric(1)
     launch = distcomm.LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
-    comm = Shortcut(fabric, 0, rank=0, world_size=1, launch=launch)
-    comm.debug = "off"  # the shortcut is for unchecked calls
+    comm = Planned(fabric, 0, rank=0, world_size=1, launch=launch)
+    comm.debug = "off"  # plans are for unchecked calls
+    comm.world_of_one_shortcut = False  # a world of 1 that calls its engine, and plans
+    comm.all_reduce(np.ones(1))  # the pipeline's: the kind learned, its plan asked for
     comm.all_reduce(np.ones(1))
-    assert len(calls) == 1
+    assert len(runs) == 1
     seen: list[str] = []
     with distcomm.add_hook(before=lambda e: seen.append(e.op)):
         comm.all_reduce(np.ones(1))
-    assert len(calls) == 1 and seen == ["all_reduce"]
+    assert len(runs) == 1 and seen == ["all_reduce"]
+    comm.all_reduce(np.ones(1))  # the hook removed: the plan again
+    assert len(runs) == 2 and seen == ["all_reduce"]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ frees the communicators distcomm created.
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,6 +24,7 @@ from distcomm import (
 from distcomm.backend import (
     BaseCommunicator,
     BaseWork,
+    CallKind,
     Capabilities,
     abort_job,
     abort_on_uncaught_exception,
@@ -33,6 +34,7 @@ from distcomm.backend import (
 )
 from distcomm.backend.aborts import on_timeout
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm_mpi import plans
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.leftovers import clean_abort, remove_at_abort, remove_leftovers
 from distcomm_mpi.native import native_call
@@ -40,6 +42,8 @@ from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.sidechannel import SideChannel, channel
 
 __all__ = ["MpiCommunicator", "MpiWork", "create"]
+
+_IN_PLACE = MPI.IN_PLACE
 
 _OPS = {
     ReduceOp.SUM: MPI.SUM,
@@ -50,180 +54,6 @@ _OPS = {
     ReduceOp.BOR: MPI.BOR,
     ReduceOp.BXOR: MPI.BXOR,
 }
-#: numpy dtypes MPI reduces natively (the shortcut of ``all_reduce``).
-_DIRECT = frozenset(np.dtype(name) for name in MPI_CAPABILITIES.dtypes)
-#: The same, by identity: numpy's built-in dtypes are singletons, and an id is cheaper to look
-#: up than a dtype's hash (a byte-swapped dtype is another object: not found, the pipeline's).
-_DIRECT_IDS = frozenset(id(dtype) for dtype in _DIRECT)
-# The shortcut's constants, bound once (an attribute lookup per call is measurable there).
-_SUM, _MPI_SUM, _IN_PLACE, _ndarray = ReduceOp.SUM, MPI.SUM, MPI.IN_PLACE, np.ndarray
-_fromaddress = MPI.buffer.fromaddress
-_ANY_SOURCE = MPI.ANY_SOURCE
-_mpi_buffer = MPI.buffer
-#: The MPI datatype of each numpy dtype MPI moves, by the dtype's id (as :data:`_DIRECT_IDS`).
-_NUMPY_TYPES = {id(dtype): MPI.Datatype.fromcode(dtype.char) for dtype in _DIRECT}
-#: The largest scratch buffer a communicator keeps for the rooted shortcuts (:class:`_Scratch`);
-#: a larger one is made for its call only (its copy costs more than the allocation then).
-_SCRATCH_KEPT = 64 << 20
-
-
-class _TorchTypes:
-    """torch.Tensor and the MPI datatypes of its native dtypes, bound when torch is first seen
-    (this module imports no torch: numpy-only programs never load it)."""
-
-    def __init__(self) -> None:
-        self.tensor: type = _TorchTypes  # a class no argument has, until torch is seen
-        self.types: dict[Any, Any] = {}
-
-    def bind(self, cls: type) -> bool:
-        """Whether ``cls`` is torch.Tensor; remembers it the first time."""
-        torch = sys.modules.get("torch")
-        if torch is None or cls is not torch.Tensor:
-            return False
-        self.types = {
-            getattr(torch, name): MPI.Datatype.fromcode(np.dtype(name).char)
-            for name in MPI_CAPABILITIES.dtypes
-        }
-        self.tensor = cls
-        return True
-
-
-_torch = _TorchTypes()
-
-
-def _plain_buf(x: Any) -> Any:
-    """``x`` as MPI's buffer for a shortcut: a numpy array of a dtype MPI moves as it is (mpi4py
-    refuses one that is not contiguous with BufferError), a contiguous CPU tensor of one as a
-    buffer at its address with its MPI type; None: anything else (the pipeline takes it)."""
-    cls = x.__class__
-    if cls is _ndarray:  # C order: mpi4py takes a Fortran-ordered one too, in memory order
-        ok = id(x.dtype) in _DIRECT_IDS and (x.ndim < 2 or x.flags.c_contiguous)
-        return x if ok else None
-    if cls is _torch.tensor or _torch.bind(cls):
-        mpi_type = _torch.types.get(x.dtype)
-        if mpi_type is None or not x.is_cpu or not x.is_contiguous():
-            return None
-        return [_fromaddress(x.data_ptr(), x.nbytes), mpi_type]
-    return None
-
-
-def _mpi_type(x: Any) -> Any:
-    """The MPI datatype of a numpy array or torch tensor; None: a dtype MPI lacks, or
-    another class."""
-    cls = x.__class__
-    if cls is _ndarray:
-        return _NUMPY_TYPES.get(id(x.dtype))
-    if cls is _torch.tensor or _torch.bind(cls):
-        return _torch.types.get(x.dtype)
-    return None
-
-
-def _address(x: Any, writable: bool) -> int | None:
-    """Where a numpy array or torch tensor's memory starts, if it is contiguous (C order) in
-    CPU memory (and, ``writable``, may be written); None otherwise."""
-    if x.__class__ is _ndarray:  # (MPI.buffer takes a Fortran-ordered array too)
-        if not x.flags.c_contiguous:
-            return None
-        b = _mpi_buffer(x)
-        return None if writable and b.readonly else int(b.address)
-    if not x.is_cpu or not x.is_contiguous():
-        return None
-    return int(x.data_ptr())
-
-
-def _region(parts: Any, nbytes: int, writable: bool) -> int | None:
-    """Where the memory of ``parts`` starts when they are consecutive contiguous chunks of
-    ``nbytes`` bytes each (``big.chunk(n)``, ``np.split(big, n)``): one buffer MPI takes as
-    it is; None otherwise."""
-    start = end = -1
-    for p in parts:
-        at = _address(p, writable)
-        if at is None or (end >= 0 and at != end):
-            return None
-        if start < 0:
-            start = at
-        end = at + nbytes
-    return start
-
-
-class _Views:
-    """Memory seen as ``world`` arrays like ``x``: ``flat`` (1-D), ``stacked`` (``world`` rows
-    of ``x``'s shape), ``rows`` (each row), ``buf`` (MPI's buffer of it)."""
-
-    __slots__ = ("buf", "flat", "rows", "stacked")
-
-    def __init__(self, memory: Any, x: Any, world: int, mpi_type: Any) -> None:
-        if x.__class__ is _ndarray:
-            self.flat = memory.view(x.dtype)
-        else:
-            self.flat = sys.modules["torch"].from_numpy(memory).view(x.dtype)
-        self.stacked = self.flat.reshape((world, *x.shape))
-        self.rows = tuple(self.stacked)
-        self.buf = [_fromaddress(memory.ctypes.data, memory.nbytes), mpi_type]
-
-    def copy_in(self, parts: Any) -> None:
-        """Scatter's list into the memory: numpy's in one ``concatenate``, torch's in one
-        ``stack`` when every part has the rows' shape (else part by part)."""
-        if self.flat.__class__ is _ndarray:
-            np.concatenate(parts, axis=None, out=self.flat)
-            return
-        torch = sys.modules["torch"]
-        shape = self.stacked.shape[1:]
-        with torch.no_grad():
-            if all(p.shape == shape for p in parts):
-                torch.stack(parts, out=self.stacked)
-                return
-            for row, p in zip(self.rows, parts, strict=True):
-                row.copy_(p.reshape(shape))
-
-    def copy_out(self, parts: Any) -> None:
-        """Gather's memory into its list: row r into part r, in the part's shape."""
-        if self.flat.__class__ is _ndarray:
-            for row, p in zip(self.rows, parts, strict=True):
-                p[...] = row.reshape(p.shape)
-            return
-        with sys.modules["torch"].no_grad():
-            for row, p in zip(self.rows, parts, strict=True):
-                p.copy_(row if p.shape == row.shape else row.view(p.shape))
-
-
-class _Scratch:
-    """A communicator's buffer for the rooted shortcuts whose list is not one buffer: the list
-    is copied into it (scatter) or out of it (gather) around the MPI call. It grows as needed
-    (kept up to :data:`_SCRATCH_KEPT`); its views are made once per kind of call."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.memory = np.empty(0, np.uint8)
-        self.views: dict[Any, _Views] = {}
-
-    def of(self, x: Any, mpi_type: Any) -> _Views:
-        """The scratch as world_size arrays like ``x``."""
-        key = (x.__class__, x.dtype, x.shape)
-        found = self.views.get(key)
-        if found is not None:
-            return found
-        total = x.nbytes * self.world
-        if total > _SCRATCH_KEPT:
-            return _Views(np.empty(total, np.uint8), x, self.world, mpi_type)
-        if total > self.memory.nbytes:
-            self.memory = np.empty(max(total, 2 * self.memory.nbytes), np.uint8)
-            self.views.clear()
-        if len(self.views) >= 64:
-            self.views.clear()
-        found = self.views[key] = _Views(self.memory[:total], x, self.world, mpi_type)
-        return found
-
-
-def _overlap(a: Any, b: Any) -> bool:
-    """Whether arrays ``a`` and ``b`` (numpy or torch, on the CPU) share memory."""
-    if a is b:
-        return True
-    if a.__class__ is _ndarray:  # two arrays that own their memory never share it
-        return not (a.base is None and b.base is None) and bool(np.may_share_memory(a, b))
-    start, end = a.data_ptr(), a.data_ptr() + a.nbytes
-    other = b.data_ptr()
-    return bool(other < end and start < other + b.nbytes)
 
 
 def buf(x: Any) -> Any:
@@ -346,7 +176,7 @@ class MpiCommunicator(BaseCommunicator):
         self._reduce_scatter_block, self._alltoall = comm.Reduce_scatter_block, comm.Alltoall
         self._send, self._recv = comm.Send, comm.Recv
         self._gather_call, self._scatter_call = comm.Gather, comm.Scatter
-        self._scratch = _Scratch(self.world_size)
+        self._scratch = plans.Scratch(self.world_size)
         self._side = side
         self._key = side.register(self)
         self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
@@ -413,153 +243,9 @@ class MpiCommunicator(BaseCommunicator):
         return None
 
     # -- primitives ---------------------------------------------------------------------------
-    def _all_reduce_plain(self, tensor: Any) -> bool:
-        """The commonest call: a blocking SUM of a contiguous CPU array of a native dtype (numpy
-        array or torch tensor) goes straight to ``Allreduce``, a tensor as a buffer at its
-        address (not ``.numpy()``)."""
-        cls = tensor.__class__
-        if cls is _ndarray:
-            if id(tensor.dtype) not in _DIRECT_IDS or not (
-                tensor.ndim < 2 or tensor.flags.c_contiguous
-            ):
-                return False
-            b: Any = tensor
-        elif cls is _torch.tensor or _torch.bind(cls):
-            mpi_type = _torch.types.get(tensor.dtype)
-            if mpi_type is None or not tensor.is_cpu or not tensor.is_contiguous():
-                return False
-            b = [_fromaddress(tensor.data_ptr(), tensor.nbytes), mpi_type]
-        else:
-            return False
-        try:
-            self._allreduce(_IN_PLACE, b, _MPI_SUM)
-        except BufferError:  # a non-contiguous array: nothing was sent; the pipeline copies
-            return False
-        return True
-
-    # The other shortcuts: the kit has checked that the call is like the calls before it (its
-    # tensors' class, dtype and sizes); what is left is whether MPI takes the arrays as they are.
-    # (A BufferError from mpi4py is raised before anything is sent.)
-    def _broadcast_plain(self, tensor: Any, src: int) -> bool:
-        b = _plain_buf(tensor)
-        if b is None:
-            return False
-        try:
-            self._bcast(b, src)
-        except BufferError:
-            return False
-        return True
-
-    def _reduce_plain(self, tensor: Any, dst: int) -> bool:
-        b = _plain_buf(tensor)
-        if b is None:
-            return False
-        try:
-            if self._kit_rank == dst:
-                self._reduce_call(_IN_PLACE, b, _MPI_SUM, dst)
-            else:
-                self._reduce_call(b, None, _MPI_SUM, dst)
-        except BufferError:
-            return False
-        return True
-
-    def _all_gather_into_plain(self, output: Any, tensor: Any) -> bool:
-        return self._pair(self._allgather, tensor, output)
-
-    def _reduce_scatter_plain(self, output: Any, input: Any) -> bool:
-        return self._pair(self._reduce_scatter_block, input, output, _MPI_SUM)
-
-    def _all_to_all_plain(self, output: Any, input: Any) -> bool:
-        return self._pair(self._alltoall, input, output)
-
-    def _gather_plain(self, tensor: Any, gather_list: Any, dst: int) -> bool:
-        if gather_list is not None:
-            return self._rooted_plain(True, tensor, gather_list, dst)
-        b = _plain_buf(tensor)
-        if b is None:
-            return False
-        try:
-            self._gather_call(b, None, dst)
-        except BufferError:
-            return False
-        return True
-
-    def _scatter_plain(self, tensor: Any, scatter_list: Any, src: int) -> bool:
-        if scatter_list is not None:
-            return self._rooted_plain(False, tensor, scatter_list, src)
-        b = _plain_buf(tensor)
-        if b is None:
-            return False
-        try:
-            self._scatter_call(None, b, src)
-        except BufferError:
-            return False
-        return True
-
-    def _rooted_plain(self, gather: bool, tensor: Any, parts: Any, root: int) -> bool:
-        """The root's ``Gather`` into ``parts`` or ``Scatter`` from them. Where they are one
-        buffer (consecutive chunks) MPI takes it as it is, the tensor being its own chunk of it
-        ``MPI_IN_PLACE``; otherwise (or where the tensor is another part of it: MPI forbids
-        aliased buffers) the parts are copied through the communicator's scratch."""
-        mpi_type, nbytes = _mpi_type(tensor), tensor.nbytes
-        mine = None if mpi_type is None or not nbytes else _address(tensor, not gather)
-        if mine is None:
-            return False
-        own: Any = [_fromaddress(mine, nbytes), mpi_type]
-        start = _region(parts, nbytes, gather)
-        if start is not None:
-            slot = start + root * nbytes
-            if mine == slot or not start - nbytes < mine < start + nbytes * len(parts):
-                whole = [_fromaddress(start, nbytes * len(parts)), mpi_type]
-                own = _IN_PLACE if mine == slot else own
-                if gather:
-                    self._gather_call(own, whole, root)
-                else:
-                    self._scatter_call(whole, own, root)
-                return True
-        if tensor.__class__ is not _ndarray and not all(p.is_cpu for p in parts):
-            return False  # the pipeline copies across devices
-        scratch = self._scratch.of(tensor, mpi_type)
-        if gather:
-            self._gather_call(own, scratch.buf, root)
-            scratch.copy_out(parts)
-        else:
-            scratch.copy_in(parts)
-            self._scatter_call(scratch.buf, own, root)
-        return True
-
-    def _send_plain(self, tensor: Any, dst: int, tag: int) -> bool:
-        b = _plain_buf(tensor)
-        if b is None or tag >= self._tag_ub:
-            return False
-        try:
-            self._send(b, dst, tag)
-        except BufferError:
-            return False
-        return True
-
-    def _recv_plain(self, tensor: Any, src: int | None, tag: int) -> int | None:
-        b = _plain_buf(tensor)
-        if b is None or tag >= self._tag_ub:
-            return None
-        status = None if src is not None else MPI.Status()
-        try:
-            self._recv(b, _ANY_SOURCE if src is None else src, tag, status)
-        except BufferError:
-            return None
-        return src if status is None else int(status.Get_source())
-
-    def _pair(self, call: Any, send: Any, recv: Any, *rest: Any) -> bool:
-        """``call(send, recv, *rest)`` on two plain arrays that do not overlap (MPI forbids
-        aliased buffers; the pipeline handles a call in place)."""
-        s, r = _plain_buf(send), _plain_buf(recv)
-        if s is None or r is None or _overlap(send, recv):
-            return False
-        try:
-            call(s, r, *rest)
-        except BufferError:
-            return False
-        return True
+    def _plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+        """mpi4py's call for a kind of call on the caller's memory (:mod:`distcomm_mpi.plans`)."""
+        return plans.plan(self, kind)
 
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         c = self._comm
@@ -688,7 +374,7 @@ class MpiCommunicator(BaseCommunicator):
 
     def _finalize(self) -> None:
         monitor.unwatch(self)
-        self._scratch = _Scratch(self.world_size)  # its memory freed
+        self._scratch = plans.Scratch(self.world_size)  # its memory freed
         if self._owns and self._comm != MPI.COMM_NULL:
             self._comm.Free()
 

@@ -1,7 +1,7 @@
 """The mpi backend's buffer path inside a real MPI job (``mpirun -n N pytest --with-mpi``).
 
 - ``all_reduce`` on every layout: results, untouched neighbours, one operation each; and past
-  the first checked collectives, the shortcut taken (counted) with the right sums.
+  the first checked collectives, the engine's plan taken (counted) with the right sums.
 - float16 and bfloat16 (no MPI type: bridged through float32) against torch's own reduction of
   the same random values.
 - CUDA tensors: staged through host memory with one warning when MPI is not CUDA-aware, handed
@@ -22,7 +22,7 @@ from distcomm_mpi.communicator import create
 from distcomm_mpi.cuda import query_cuda_support
 
 import distcomm
-from distcomm.backend import arrays
+from distcomm.backend import CallKind, arrays
 from distcomm.protocol import Communicator
 
 pytestmark = pytest.mark.mpi
@@ -69,28 +69,39 @@ def test_all_reduce_sum_on_every_layout(
 @pytest.mark.parametrize("policy", ["sample", "off"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 @pytest.mark.parametrize("lib", ["numpy", "torch"])
-def test_all_reduce_past_the_first_checks_takes_the_shortcut(
+def test_all_reduce_past_the_first_checks_takes_the_plan(
     world: Communicator, lib: str, dtype: str, policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The calls above run inside the first 64 checked collectives of the world, where the
-    shortcut is never tried: here a group goes past them first, then 10 sums of rank-dependent
-    values (a MAX in place of the SUM would show) must take ``_all_reduce_plain``, one
-    operation each."""
+    """The calls above run inside the first 64 checked collectives of the world, where no plan
+    is tried: here a group goes past them first, then 10 sums of rank-dependent values (a MAX
+    in place of the SUM would show) must take the plan ``MpiCommunicator._plan`` gave for
+    their kind (asked once), one operation each."""
     outcomes: list[bool] = []
+    asked: list[str] = []
     cls: Any = type(world)
-    plain = cls._all_reduce_plain
+    engine = cls._plan
 
-    def counted(self: Any, tensor: Any) -> bool:
-        outcomes.append(plain(self, tensor))
-        return outcomes[-1]
+    def counting(self: Any, kind: CallKind) -> Any:
+        run = engine(self, kind)
+        if kind.op != "all_reduce" or run is None:
+            return run
+        asked.append(kind.op)
 
-    monkeypatch.setattr(cls, "_all_reduce_plain", counted)
+        def counted(x: Any, y: Any) -> Any:
+            outcomes.append(False)  # not taken until the plan returns (NotPlanned: never)
+            run(x, y)
+            outcomes[-1] = True
+
+        return counted
+
+    monkeypatch.setattr(cls, "_plan", counting)  # read when the group below is made
     group: Any = distcomm.new_group(range(world.world_size))
     group.debug = "off"
     for _ in range(64):
         group.all_reduce(np.zeros(1))
-    group.debug = policy
+    group.debug = policy  # the kinds forgotten: the first sum teaches its kind again
     outcomes.clear()
+    asked.clear()
     size, rank, wrong = group.world_size, group.rank, []
     for step in range(10):
         x = grid(lib, dtype, rank + 1 + step)
@@ -101,10 +112,10 @@ def test_all_reduce_past_the_first_checks_takes_the_shortcut(
             wrong.append(step)
     group.finalize()
     assert not wrong, f"rank {rank}: wrong sums (or seq) at steps {wrong}"
-    # under sample the first call starts the run (the pipeline records it); off, and a world of
-    # 1, record nothing
-    recorded = policy == "sample" and size > 1
-    assert outcomes == [True] * (9 if recorded else 10), outcomes
+    # the first call of the kind goes through the pipeline (the engine asked for its plan
+    # then), whatever the policy and the world size; the others take the plan
+    assert asked == ["all_reduce"], asked
+    assert outcomes == [True] * 9, outcomes
 
 
 @pytest.mark.parametrize("op", ["SUM", "AVG", "PRODUCT", "MIN", "MAX"])

@@ -16,26 +16,15 @@ import gc
 import inspect
 import math
 from collections.abc import Callable, Iterator
-from itertools import pairwise
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from torch.distributed import (
-    AllreduceOptions,
-    AllToAllOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
-)
-from torch.distributed.distributed_c10d import AllgatherOptions  # type: ignore[attr-defined]
 
 from distcomm import NON_MEMBER, InvalidArgumentError, ReduceOp
-from distcomm.backend import BaseCommunicator, BaseWork, Capabilities, as_torch, monitor
-from distcomm.backend.work import retained
+from distcomm.backend import BaseCommunicator, BaseWork, CallKind, Capabilities, as_torch, monitor
 from distcomm.protocol import Communicator, NonMember, Work
+from distcomm_torch import plans
 from distcomm_torch.mailbox import StoreMailbox
 from distcomm_torch.native import all_gather_single as _all_gather_single
 from distcomm_torch.native import native_call
@@ -136,52 +125,6 @@ def unbound_default_group() -> Iterator[None]:
         world.bound_device_id = bound
 
 
-def _numpy_arrays() -> Any:
-    """numpy's array class, or None without numpy (torch runs without it)."""
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is there wherever distcomm's tests run
-        return None
-    return numpy.ndarray
-
-
-# The shortcuts' constants, bound once (an attribute lookup per call is measurable there).
-_ndarray = _numpy_arrays()
-_Tensor, _from_numpy, _SUM = torch.Tensor, torch.from_numpy, dist.ReduceOp.SUM
-_EVEN: list[int] = []  # all_to_all's split sizes: even chunks
-_NO_INPUTS: list[Any] = []  # scatter's inputs off the root
-
-
-@functools.cache
-def _torch_dtypes(names: frozenset[str]) -> frozenset[torch.dtype]:
-    """The torch dtypes of distcomm's dtype ``names`` (a set a dtype is looked up in at once)."""
-    return frozenset(getattr(torch, name) for name in names)
-
-
-def _options(kind: Any, **fields: Any) -> Any:
-    """torch's options ``kind`` of a shortcut, with ``fields``: asynchronous as the pipeline's
-    calls (on nccl the collective runs on the group's stream and ``wait`` orders the current
-    stream after it; an older torch has no ``asyncOp``). Made once: torch copies it."""
-    opts = kind()
-    if hasattr(opts, "asyncOp"):
-        opts.asyncOp = True
-    for name, value in fields.items():
-        setattr(opts, name, value)
-    return opts
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether tensors ``a`` and ``b`` share memory (on the same device)."""
-    start, other = a.data_ptr(), b.data_ptr()
-    return other < start + a.nbytes and start < other + b.nbytes
-
-
-def _disjoint(tensors: list[torch.Tensor], nbytes: int) -> bool:
-    """Whether ``tensors`` of ``nbytes`` bytes each (contiguous) share no memory."""
-    starts = sorted(t.data_ptr() for t in tensors)
-    return all(b - a >= nbytes for a, b in pairwise(starts))
-
-
 def flat(x: Any) -> torch.Tensor:
     """A 1-D view of a contiguous array (torch's gather/scatter family wants matching dims)."""
     view: torch.Tensor = as_torch(x).view(-1)
@@ -270,42 +213,9 @@ class TorchCommunicator(BaseCommunicator):
             else StoreMailbox(progress, f"distcomm/mail/{self.native.group_name}", self.rank)
         )
         self._published = 0
-        self._bind_plain()
         if progress is not None and self.world_size > 1:
             monitor.watch(self)
             progress.answer_for(self)
-
-    def _bind_plain(self) -> None:
-        """What the shortcuts use on every call, found once: the group's own methods (an older
-        torch names the one-tensor gather, reduce-scatter and all-to-all ``_allgather_base``,
-        ``_reduce_scatter_base`` and ``alltoall_base``), the options of a SUM and of an
-        unrooted call, and the dtypes each may move as they are."""
-        pg = self.native
-        self._pg_allreduce = pg.allreduce
-        self._pg_broadcast = pg.broadcast
-        self._pg_reduce = pg.reduce
-        self._pg_gather = getattr(pg, "all_gather_single", None) or pg._allgather_base
-        self._pg_scatter = getattr(pg, "reduce_scatter_single", None) or pg._reduce_scatter_base
-        self._pg_all_to_all = getattr(pg, "all_to_all_single", None) or pg.alltoall_base
-        self._pg_send, self._pg_recv, self._pg_recv_any = pg.send, pg.recv, pg.recv_anysource
-        self._pg_gather_to, self._pg_scatter_from = pg.gather, pg.scatter
-        #: gather's outputs off the root: none, or one empty list where torch's calls go to
-        #: torchcomms (its gather wants one entry on every rank), as ``dist.gather`` passes.
-        uses_torchcomms = getattr(dist.distributed_c10d, "_use_torchcomms_enabled", None)
-        self._plain_no_outputs: list[Any] = [[]] if uses_torchcomms and uses_torchcomms() else []
-        self._opts_sum = _options(AllreduceOptions, reduceOp=_SUM)
-        self._opts_gather = _options(AllgatherOptions)
-        self._opts_scatter = _options(ReduceScatterOptions, reduceOp=_SUM)
-        self._opts_all_to_all = _options(AllToAllOptions)
-        self._opts_rooted: dict[int, tuple[Any, ...]] = {}
-        self._plain_moved = _torch_dtypes(self._kit_native_dtypes)
-        self._plain_summed = _torch_dtypes(self._kit_direct_dtypes)  # not bool: its SUM is OR
-        self._plain_cpu = "cpu" in self.devices
-        #: The messages' shortcuts move CPU memory only (gloo's): NCCL's messages, on the
-        #: group's streams, go through the pipeline. Group ranks found at the first message.
-        self._plain_any_source = self.capabilities.any_source
-        self._plain_peers: list[int] = []  # this communicator's rank r is torch's peers[r]
-        self._plain_senders: dict[int, int] = {}  # and back
 
     @property
     def native(self) -> Any:
@@ -421,213 +331,11 @@ class TorchCommunicator(BaseCommunicator):
             raise self.engine_failed(op, seq, exc) from exc
         return TorchWork(work, self, *buffers, args, op=op, seq=seq)
 
-    # -- the shortcuts of blocking calls (distcomm.backend._pipeline.shortcuts) ------------------
-    # The kit has checked that the call is like the calls before it (its op and root, its
-    # tensors' class, dtype and sizes); what is left is whether torch takes the arrays as they
-    # are. The group's own method runs the collective and torch's Work is waited for, as the
-    # pipeline waits for it (its timeout, its errors), without a TorchWork or torch's wrapper.
-    def _all_reduce_plain(self, tensor: Any) -> bool:
-        t = self._plain_of(tensor, self._plain_summed)
-        if t is None:
-            return False
-        return self._plain_run(self._pg_allreduce, [t], self._opts_sum)
-
-    def _broadcast_plain(self, tensor: Any, src: int) -> bool:
-        t = self._plain_of(tensor, self._plain_moved)
-        if t is None:
-            return False
-        opts = self._opts_rooted.get(src) or self._rooted(src)
-        return self._plain_run(self._pg_broadcast, [t], opts[0])
-
-    def _reduce_plain(self, tensor: Any, dst: int) -> bool:
-        t = self._plain_of(tensor, self._plain_summed)
-        if t is None:
-            return False
-        opts = self._opts_rooted.get(dst) or self._rooted(dst)
-        return self._plain_run(self._pg_reduce, [t], opts[1])
-
-    def _all_gather_into_plain(self, output: Any, tensor: Any) -> bool:
-        pair = self._plain_pair(output, tensor, self._plain_moved)
-        if pair is None:
-            return False
-        return self._plain_run(self._pg_gather, *pair, self._opts_gather)
-
-    def _reduce_scatter_plain(self, output: Any, input: Any) -> bool:
-        pair = self._plain_pair(output, input, self._plain_summed)
-        if pair is None:
-            return False
-        return self._plain_run(self._pg_scatter, *pair, self._opts_scatter)
-
-    def _all_to_all_plain(self, output: Any, input: Any) -> bool:
-        pair = self._plain_pair(output, input, self._plain_moved)
-        if pair is None:
-            return False
-        return self._plain_run(self._pg_all_to_all, *pair, _EVEN, _EVEN, self._opts_all_to_all)
-
-    def _gather_plain(self, tensor: Any, gather_list: Any, dst: int) -> bool:
-        t = self._plain_of(tensor, self._plain_moved)
-        if t is None:
-            return False
-        outputs: Any = self._plain_no_outputs
-        if gather_list is not None:
-            both = self._plain_parts(t, gather_list, True)
-            if both is None:
-                return False
-            t, parts = both
-            outputs = [parts]
-        opts = self._opts_rooted.get(dst) or self._rooted(dst)
-        return self._plain_run(self._pg_gather_to, outputs, [t], opts[2])
-
-    def _scatter_plain(self, tensor: Any, scatter_list: Any, src: int) -> bool:
-        t = self._plain_of(tensor, self._plain_moved)
-        if t is None:
-            return False
-        inputs: Any = _NO_INPUTS
-        if scatter_list is not None:
-            both = self._plain_parts(t, scatter_list, False)
-            if both is None:
-                return False
-            t, parts = both
-            inputs = [parts]
-        opts = self._opts_rooted.get(src) or self._rooted(src)
-        return self._plain_run(self._pg_scatter_from, [t], inputs, opts[3])
-
-    # Blocking messages (distcomm.backend._pipeline.p2p): the kit has checked the rank and the
-    # tag. The group's own send, recv or recv_anysource runs, and torch's Work is waited for as
-    # the pipeline's TorchWork is (:meth:`_plain_message`).
-    def _send_plain(self, tensor: Any, dst: int, tag: int) -> bool:
-        t = self._plain_of(tensor, self._plain_moved) if self._plain_cpu else None
-        if t is None:
-            return False
-        peers = self._plain_peers or self._plain_ranks()
-        self._plain_message(self._pg_send, ([t], peers[dst], tag), "send to", dst, tag)
-        return True
-
-    def _recv_plain(self, tensor: Any, src: int | None, tag: int) -> int | None:
-        t = self._plain_of(tensor, self._plain_moved) if self._plain_cpu else None
-        if t is None:
-            return None
-        peers = self._plain_peers or self._plain_ranks()
-        if src is not None:
-            self._plain_message(self._pg_recv, ([t], peers[src], tag), "recv from", src, tag)
-            return src
-        if not self._plain_any_source:  # the pipeline refuses it, saying why
-            return None
-        work = self._plain_message(self._pg_recv_any, ([t], tag), "recv from", None, tag)
-        return self._plain_senders[int(work._source_rank())]
-
-    def _plain_ranks(self) -> list[int]:
-        """Torch's group rank of each rank of this communicator, found once (the inverse in
-        ``_plain_senders``), as the pipeline's ``dist.isend`` / ``TorchWork.source`` map them."""
-        pg = self.native
-        if self._group is None:
-            peers = list(self.global_ranks)
-        else:
-            peers = [dist.get_group_rank(pg, g) for g in self.global_ranks]
-        self._plain_senders = {p: r for r, p in enumerate(peers)}
-        self._plain_peers = peers
-        return peers
-
-    def _plain_of(self, x: Any, dtypes: frozenset[torch.dtype]) -> Any:
-        """``x`` as the tensor torch moves, if torch takes it as it is: a torch tensor (that
-        class exactly) or a numpy array (a view of its memory, as :func:`as_torch` makes),
-        contiguous, of one of ``dtypes``, on the device the group moves (the pipeline's
-        ``adapter.is_plain``); else None, and the pipeline takes the call."""
-        cls = x.__class__
-        if cls is _Tensor:
-            if x.dtype not in dtypes or not x.is_contiguous():
-                return None
-            if x.is_cpu:  # is_cpu is several times faster than .device
-                return x if self._plain_cpu else None
-            on, bound = x.device, self.bound_device
-            return x if on.type in self.devices and bound in (None, str(on)) else None
-        if cls is _ndarray and self._plain_cpu and x.flags.c_contiguous:
-            try:
-                t = _from_numpy(x)
-            except (TypeError, ValueError):  # a dtype torch lacks, a byte order not native
-                return None
-            return t if t.dtype in dtypes else None
-        return None
-
-    def _plain_pair(
-        self, output: Any, input: Any, dtypes: frozenset[torch.dtype]
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``output`` and ``input`` as flat tensors torch takes as they are (:meth:`_plain_of`),
-        if they do not overlap (the pipeline handles a call in place); else None."""
-        out, inp = self._plain_of(output, dtypes), self._plain_of(input, dtypes)
-        if out is None or inp is None or _overlap(out, inp):
-            return None
-        # 1-D, as the pipeline's (flat): torch wants the input's dims to divide the output's
-        return (out if out.dim() == 1 else out.view(-1)), (inp if inp.dim() == 1 else inp.view(-1))
-
-    def _plain_parts(
-        self, t: torch.Tensor, parts: Any, written: bool
-    ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-        """The root's list of a rooted shortcut (world_size arrays like ``t``: the kit checked)
-        and ``t`` as torch takes them: each part as :meth:`_plain_of`, none sharing memory with
-        ``t``, nor (``written``: a gather's) with another part (the pipeline handles those); all
-        1-D where the parts' shapes differ from ``t``'s (torch wants one shape). None where a
-        part is not plain."""
-        taken = [self._plain_of(p, self._plain_moved) for p in parts]
-        if any(q is None or _overlap(q, t) for q in taken):
-            return None
-        if written and not _disjoint(taken, t.nbytes):
-            return None
-        shape = t.shape
-        if all(q.shape == shape for q in taken):
-            return t, taken
-        return t.view(-1), [q.view(-1) for q in taken]
-
-    def _rooted(self, root: int) -> tuple[Any, ...]:
-        """The options of a broadcast from, a SUM reduce to, a gather to and a scatter from
-        rank ``root``, made at its first call (torch takes its rank in the group)."""
-        group_rank = dist.get_group_rank(self.native, self.global_ranks[root])
-        made = (
-            _options(BroadcastOptions, rootRank=group_rank, rootTensor=0),
-            _options(ReduceOptions, rootRank=group_rank, rootTensor=0, reduceOp=_SUM),
-            _options(GatherOptions, rootRank=group_rank),
-            _options(ScatterOptions, rootRank=group_rank),
-        )
-        self._opts_rooted[root] = made
-        return made
-
-    def _plain_run(self, start: Callable[..., Any], *args: Any) -> bool:
-        """``start(*args)``, a collective of the group, waited for as the pipeline waits for its
-        Work (:meth:`TorchWork._block`, the group's timeout): torch's errors become distcomm's
-        (a timeout, :meth:`_timeout_of`, the communicator's DistTimeoutError naming the ranks
-        that had not arrived; another failure EngineError), and the tensors of a call that did
-        not complete are kept (:func:`~distcomm.backend.work.retained`): torch may still write
-        into them."""
-        try:
-            start(*args).wait()
-        except BaseException as exc:  # a Ctrl-C too, as BaseWork.wait
-            retained().append(args)
-            if isinstance(exc, RuntimeError):  # torch's DistBackendError, DistNetworkError, ...
-                raise self.engine_failed(self.op, self.seq, exc) from exc
-            raise
-        return True
-
-    def _plain_message(
-        self, start: Callable[..., Any], args: tuple[Any, ...], way: str, peer: Any, tag: int
-    ) -> Any:
-        """``start(*args)``, a message of the group, waited for as :meth:`_plain_run` waits
-        for a collective (the group's timeout, as :meth:`TorchWork._block`); its Work. torch's
-        errors become distcomm's naming the message as the pipeline's Work names it (``way``
-        "send to" or "recv from" rank ``peer``, None: any rank, with ``tag``): a timeout the
-        communicator's DistTimeoutError, another failure EngineError; the tensors of a message
-        that did not complete are kept."""
-        try:
-            work = start(*args)
-            work.wait()
-        except BaseException as exc:  # a Ctrl-C too, as BaseWork.wait
-            retained().append(args)
-            if isinstance(exc, RuntimeError):
-                sender = "any rank" if peer is None else f"rank {peer}"
-                raise self.engine_failed(f"{way} {sender} (tag {tag})", None, exc) from exc
-            raise
-        return work
-
     # -- primitives ---------------------------------------------------------------------------
+    def _plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+        """The group's own call for a kind of blocking call (:mod:`distcomm_torch.plans`)."""
+        return plans.plan(self, kind)
+
     # torch is always called with async_op=True: a blocking call would wait with torch's own
     # timeout and raise torch's RuntimeError; the pipeline waits for the Work instead.
     def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import confirmation, ledger, shortcuts, splits
-from distcomm.backend._pipeline.shortcuts import UNEVEN
+from distcomm.backend._pipeline import confirmation, ledger, splits
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
@@ -20,12 +19,7 @@ class Movement(Steps):
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
-        shortcut = self._broadcast_plain
-        if (
-            shortcut is not None
-            and not async_op
-            and shortcuts.run(self, "broadcast", shortcut, tensor, src)
-        ):
+        if not async_op and self._kit_planned("broadcast", tensor, src):
             return None
         adapter, dtype = self._kit_begin(tensor, "tensor")
         self._kit_check_rank(src, "src")
@@ -59,13 +53,8 @@ class Movement(Steps):
         self, output_tensor: Any, input_tensor: Any, async_op: bool = False
     ) -> Work | None:
         """Gather every rank's ``input_tensor`` into ``output_tensor`` (world_size times larger)."""
-        plain = self._all_gather_into_plain
-        if (
-            plain is not None
-            and not async_op
-            and shortcuts.run(
-                self, "all_gather_into_tensor", plain, input_tensor, None, output_tensor
-            )
+        if not async_op and self._kit_planned(
+            "all_gather_into_tensor", input_tensor, None, output_tensor
         ):
             return None
         adapter, dtype = self._kit_begin(input_tensor, "input_tensor")
@@ -92,29 +81,15 @@ class Movement(Steps):
 
         With split sizes (rows of the first dimension, as torch's), the chunks may differ:
         ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
-        A blocking call like the ones before it first tries a shortcut (even: the backend's
-        ``_all_to_all_plain``; uneven: :func:`~distcomm.backend._pipeline.splits.shortcut`).
+        A blocking call like the ones before it runs the engine's plan for its kind (even), or
+        skips the record-keeping (uneven: :func:`~distcomm.backend._pipeline.splits.shortcut`).
         """
         if input_split_sizes is None and output_split_sizes is None:
-            plain = self._all_to_all_plain
-            if (
-                plain is not None
-                and not async_op
-                and shortcuts.run(self, "all_to_all_single", plain, input, None, output)
-            ):
+            if not async_op and self._kit_planned("all_to_all_single", input, None, output):
                 return None
         elif (
             input_split_sizes is not None
             and not async_op
-            and self.seq + 1 < self._kit_next_check
-            and (
-                self._kit_history is None  # nothing to record, or a call like the run's:
-                or (
-                    self._kit_plain_nbytes == UNEVEN
-                    and input.__class__ is self._kit_plain_cls
-                    and input.dtype is self._kit_plain_dtype
-                )
-            )
             and splits.shortcut(self, output, input, output_split_sizes, input_split_sizes)
         ):
             return None

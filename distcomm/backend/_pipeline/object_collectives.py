@@ -7,8 +7,8 @@ CPU side channel for a GPU engine). Each counts as one collective, whatever it s
 A call like one the pipeline took before (the same op and root) skips the kit's steps outside
 the mismatch check's points, with no hooks, on a communicator that is its own object channel
 (:meth:`ObjectCollectives._kit_object_shortcut`): nothing is left to check or record but its
-fingerprint, as for the tensors' shortcuts (:mod:`~distcomm.backend._pipeline.shortcuts`). Its
-bytes move as the pipeline's would, so that ranks may take either way.
+fingerprint, as for the tensors' plans (:mod:`~distcomm.backend._pipeline.plans`). Its bytes
+move as the pipeline's would, so that ranks may take either way.
 """
 
 from __future__ import annotations
@@ -104,16 +104,16 @@ class ObjectCollectives(Steps):
             or (root is not None and (root.__class__ is not int or root < 0))
         ):
             return None
-        fp = self._kit_plain_fps.get((op, None, None, None, root))
+        entry = self._kit_plans.kinds.get((op, None, None, None, root))
         h = self._kit_history
         channel = self._object_channel()
-        if fp is None or channel is not self:
+        if entry is None or channel is not self:
             return None
+        fp = entry[1]
         if h is not None and fp != h.run_fp:
             if fp not in h.agreed:
                 return None
             h.start_run(seq, fp)
-            self._kit_plain_op = None  # the tensors' shortcuts' run is interrupted
         self.op = op
         self.seq = seq
         return channel

@@ -10,9 +10,9 @@ exchange, new_group and split, a reduction emulated by gathering, the check) is 
 
 While no hook is registered the methods are the plain ones: the wrappers are put on the class
 when the first hook is added and taken off when the last is removed, and the step that numbers
-an operation tests one class attribute (``_observing``). The shortcuts (a backend's
-``_all_reduce_plain``, the uneven all-to-all's) are bypassed while hooks are registered, so that
-every call is seen.
+an operation tests one class attribute (``_observing``). The engine's plans
+(:mod:`~distcomm.backend._pipeline.plans`) and the uneven all-to-all's way past the records are
+bypassed while hooks are registered, so that every call is seen.
 
 ``event.started`` and ``event.finished`` come from :mod:`~distcomm._device_clock`:
 for a blocking call on a CUDA tensor each is read once the device finished its queued work (at

@@ -3,8 +3,8 @@ send_object and recv_object.
 
 Messages carry no sequence number (only collectives are numbered); a blocking send or recv is
 the non-blocking one waited for, under a "blocked in" mark of its own (the Work sets it), or
-the backend's blocking shortcut (``_send_plain``, ``_recv_plain``) under the same mark, for
-arguments the pipeline would take as they are. On a
+the engine's plan for the message's kind (:mod:`~distcomm.backend._pipeline.plans`) under the
+same mark, for arguments the pipeline would take as they are. On a
 backend that does not match messages by tag (``capabilities.p2p_tags`` False) a non-zero tag is
 refused before anything is sent. A batch checks every one of its messages before it starts
 any, then posts the receives before the sends (so that neighbours sending to each other never
@@ -20,7 +20,8 @@ from distcomm import _object_codec as objects
 from distcomm._unpickling import Refused
 from distcomm.backend._pipeline.object_collectives import refusal
 from distcomm.backend._pipeline.steps import Steps
-from distcomm.backend.primitives import INTERNAL_TAG
+from distcomm.backend.arrays import cached_adapter
+from distcomm.backend.primitives import INTERNAL_TAG, NotPlanned
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.protocol import P2POp, Work
 
@@ -32,23 +33,27 @@ class PointToPoint(Steps):
 
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst`` (a rank of this communicator)."""
-        plain = self._send_plain
-        if (
-            plain is not None
-            and self._kit_plain_message(dst, tag)
-            and self._kit_message(plain, f"send to rank {dst} (tag {tag})", tensor, dst, tag)
-        ):
-            return
+        plan = self._kit_message_plan("send", tensor, dst, tag)
+        if plan is not None:
+            try:
+                self._kit_message(plan, f"send to rank {dst} (tag {tag})", tensor)
+                return
+            except NotPlanned:
+                pass  # nothing was sent: the pipeline takes it
         self.isend(tensor, dst, tag).wait()
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's rank."""
-        plain = self._recv_plain
-        if plain is not None and self._kit_plain_message(src, tag):
+        plan = self._kit_message_plan("recv", tensor, src, tag)
+        if plan is not None:
             sender = "any rank" if src is None else f"rank {src}"
-            source = self._kit_message(plain, f"recv from {sender} (tag {tag})", tensor, src, tag)
-            if source is not None:
-                return int(source)
+            try:
+                source = self._kit_message(plan, f"recv from {sender} (tag {tag})", tensor)
+                rank = src if source is None else source  # any rank: the plan says
+                assert rank is not None, "a plan of a receive from any rank names the sender"
+                return int(rank)
+            except NotPlanned:
+                pass  # nothing was received: the pipeline takes it
         work = self.irecv(tensor, src, tag)
         work.wait()
         source = getattr(work, "source", None)
@@ -155,10 +160,26 @@ class PointToPoint(Steps):
         self._kit_check_p2p(op)
         self._kit_check_tag_matched(op, tag)
 
-    def _kit_plain_message(self, peer: Any, tag: Any) -> bool:
-        """Whether a blocking message to or from ``peer`` (a rank; None: any, for a receive)
-        with ``tag`` may try the backend's shortcut: arguments the pipeline would take as they
-        are (it explains anything else), on a usable communicator."""
+    def _kit_message_plan(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
+        """The engine's plan for blocking message ``op`` of ``x`` to or from ``peer`` (a rank;
+        None: any, for a receive) with ``tag``, when the pipeline would take the arguments as
+        they are (it explains anything else) on a usable communicator; else None."""
+        if not self._kit_message_fits(peer, tag):
+            return None
+        try:
+            entry = self._kit_plans.kinds.get((op, x.__class__, x.dtype, x.nbytes, peer, tag))
+        except (AttributeError, TypeError):  # not an array
+            return None
+        if entry is not None:
+            return entry[0]
+        adapter = cached_adapter(x)
+        if adapter is None or adapter.dtype(x) not in self._kit_native_dtypes:
+            return None
+        return self._kit_plans.learn_message(op, x, peer, tag)
+
+    def _kit_message_fits(self, peer: Any, tag: Any) -> bool:
+        """Whether a message to or from ``peer`` with ``tag`` has arguments the pipeline takes
+        as they are, on a usable communicator."""
         return (
             self.unusable is None
             and (
@@ -170,13 +191,15 @@ class PointToPoint(Steps):
             and (tag == 0 or self.capabilities.p2p_tags)
         )
 
-    def _kit_message(self, plain: Any, label: str, tensor: Any, peer: Any, tag: int) -> Any:
-        """``plain(tensor, peer, tag)``, blocking under a "blocked in" mark of its own, as a
-        waited-for Work's; an engine's exception becomes EngineError. Its answer: falsy (None,
-        False) when nothing was sent."""
+    def _kit_message(self, plan: Any, label: str, tensor: Any) -> Any:
+        """``plan(tensor, None)``, blocking under a "blocked in" mark of its own, as a
+        waited-for Work's; an engine's exception becomes EngineError (NotPlanned passes: nothing
+        moved)."""
         self.blocked_op, self.blocked_seq = label, -next(self.p2p_marks)
         try:
-            return plain(tensor, peer, tag)
+            return plan(tensor, None)
+        except NotPlanned:
+            raise
         except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists
             raise
         except self.engine_errors as exc:

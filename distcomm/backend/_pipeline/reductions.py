@@ -6,9 +6,9 @@ data reduces as logical or / and, AVG is emulated (SUM, then a division) where t
 it, an op the engine lacks altogether is computed from an all-gather, and a Python number is
 gathered as an object and reduced exactly (:func:`reduce_numbers`). The commonest call, a
 blocking SUM like the calls before it (the same class, dtype and size: nothing new for the
-mismatch check to record), first tries the backend's ``_all_reduce_plain`` shortcut; a blocking
-SUM ``reduce`` or ``reduce_scatter_tensor`` like the calls before it, ``_reduce_plain`` and
-``_reduce_scatter_plain`` (``shortcuts.run``).
+mismatch check to record), and a blocking SUM ``reduce`` or ``reduce_scatter_tensor`` like
+the calls before it, run the engine's plan for their kind
+(:mod:`~distcomm.backend._pipeline.plans`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from distcomm import _object_codec as objects
-from distcomm.backend._pipeline import shortcuts
 from distcomm.backend._pipeline.staging import Staged
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import (
@@ -31,7 +30,7 @@ from distcomm.backend.arrays import (
     normalise_bool_op,
 )
 from distcomm.backend.primitives import offsets
-from distcomm.errors import DistcommError, InvalidArgumentError
+from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp, Work
 
 __all__ = ["Reductions", "reduce_numbers"]
@@ -49,37 +48,8 @@ class Reductions(Steps):
 
         A plain int or float is reduced and the result returned (exactly, through objects).
         """
-        if op is _SUM and not async_op and self.unusable is None:
-            plain = self._all_reduce_plain
-            seq = self.seq + 1
-            if (
-                plain is not None
-                and seq < self._kit_next_check
-                and (
-                    self._kit_history is None  # nothing to record, or a call like the run's:
-                    or (
-                        tensor.__class__ is self._kit_plain_cls
-                        and self._kit_plain_op == "all_reduce"
-                        and tensor.dtype is self._kit_plain_dtype
-                        and tensor.nbytes == self._kit_plain_nbytes
-                    )
-                )
-            ):
-                self.op = "all_reduce"
-                self.blocked_seq = self.seq = seq
-                try:
-                    done = plain(tensor)
-                except DistcommError:  # distcomm's own: never wrapped as an engine's
-                    raise
-                except self.engine_errors as exc:
-                    raise self.engine_failed("all_reduce", self.seq, exc) from exc
-                finally:
-                    self.blocked_seq = 0
-                if done:
-                    return None
-                self.seq -= 1  # nothing was sent: the general pipeline counts it
-            elif plain is not None and shortcuts.run(self, "all_reduce", plain, tensor):
-                return None  # like an earlier call, in a run of others
+        if op is _SUM and not async_op and self._kit_planned("all_reduce", tensor):
+            return None
         return self._kit_all_reduce_steps(tensor, op, async_op)
 
     def _kit_all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
@@ -113,13 +83,7 @@ class Reductions(Steps):
         self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
-        plain = self._reduce_plain
-        if (
-            plain is not None
-            and op is _SUM
-            and not async_op
-            and shortcuts.run(self, "reduce", plain, tensor, dst)
-        ):
+        if op is _SUM and not async_op and self._kit_planned("reduce", tensor, dst):
             return None
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._kit_begin(tensor, "tensor")
@@ -142,12 +106,10 @@ class Reductions(Steps):
         self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``input`` (world_size chunks) across ranks; rank r gets chunk r in ``output``."""
-        plain = self._reduce_scatter_plain
         if (
-            plain is not None
-            and op is _SUM
+            op is _SUM
             and not async_op
-            and shortcuts.run(self, "reduce_scatter_tensor", plain, input, None, output)
+            and self._kit_planned("reduce_scatter_tensor", input, None, output)
         ):
             return None
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)

@@ -3,15 +3,14 @@
 Both check the root and its list the same way (:meth:`Rooted._kit_rooted`); the engine works on one
 contiguous buffer of world_size chunks, which the list is copied into (scatter) or out of
 (gather). A blocking call like one the pipeline took before, its list world_size arrays like the
-tensor on the root (None elsewhere), first tries the backend's ``_gather_plain`` or
-``_scatter_plain`` (``shortcuts.run``).
+tensor on the root (None elsewhere), runs the engine's plan for its kind
+(:mod:`~distcomm.backend._pipeline.plans`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from distcomm.backend._pipeline import shortcuts
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import Adapter
 from distcomm.protocol import Work
@@ -30,12 +29,7 @@ class Rooted(Steps):
         async_op: bool = False,
     ) -> Work | None:
         """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (None elsewhere)."""
-        plain = self._gather_plain
-        if (
-            plain is not None
-            and not async_op
-            and shortcuts.run(self, "gather", plain, tensor, dst, gather_list)
-        ):
+        if not async_op and self._kit_planned("gather", tensor, dst, gather_list):
             return None
         adapter, dtype = self._kit_rooted("gather", tensor, gather_list, "gather_list", dst, "dst")
         if self._kit_solo:
@@ -59,12 +53,7 @@ class Rooted(Steps):
         async_op: bool = False,
     ) -> Work | None:
         """Give rank r ``scatter_list[r]`` from ``src``, in ``tensor``."""
-        plain = self._scatter_plain
-        if (
-            plain is not None
-            and not async_op
-            and shortcuts.run(self, "scatter", plain, tensor, src, scatter_list)
-        ):
+        if not async_op and self._kit_planned("scatter", tensor, src, scatter_list):
             return None
         adapter, dtype = self._kit_rooted(
             "scatter", tensor, scatter_list, "scatter_list", src, "src"

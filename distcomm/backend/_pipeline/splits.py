@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from distcomm import _object_codec as objects
 from distcomm.backend._pipeline import ledger
+from distcomm.backend._pipeline.plans import UNEVEN
 from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
 
@@ -120,18 +121,31 @@ def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> N
 
 
 def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> bool:
-    """Run a blocking uneven all-to-all (the caller saw that it needs no record and is no check
-    point) straight through the backend's ``_all_to_all_v`` when its arguments need nothing
-    more than a look (:func:`_row_of_plain`). Returns whether it ran; False: nothing was sent,
-    and the pipeline takes the call (and explains what is wrong)."""
+    """Run a blocking uneven all-to-all of a class and dtype the pipeline took before (and the
+    ranks agreed on), outside the check points, straight through the backend's
+    ``_all_to_all_v`` when its arguments need nothing more than a look (:func:`_row_of_plain`).
+    Returns whether it ran; False: nothing was sent, and the pipeline takes the call (and
+    explains what is wrong)."""
+    seq = comm.seq + 1
+    if seq >= comm._kit_next_check:
+        return False
+    try:
+        entry = comm._kit_plans.kinds.get(
+            (UNEVEN, "all_to_all_single", input.__class__, input.dtype)
+        )
+    except (AttributeError, TypeError):  # not an array
+        return False
+    h = comm._kit_history
+    if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
+        return False
     row = _row_of_plain(comm, output, input, expected, sent)
     if row < 0:
         return False
-    seq = comm.seq + 1
     comm.op = "all_to_all_single"
     comm.blocked_seq = comm.seq = seq
-    h = comm._kit_history
     if h is not None:
+        if entry[1] != h.run_fp:
+            h.start_run(seq, entry[1])
         keep(comm, h, sent, expected)
     try:
         work = comm._all_to_all_v(
@@ -150,8 +164,9 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
 
 def _row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> int:
     """The elements of a row when the call needs no more than a look: two contiguous arrays of
-    one class, one dtype the engine moves, on a device it moves, rows of the same size, split
-    lists of ints summing to their rows, a usable communicator of more than one rank; else -1."""
+    one class and dtype (the kit found it native), on a device it moves, rows of the same size,
+    split lists of ints summing to their rows, a usable communicator of more than one rank;
+    else -1."""
     world = comm._kit_world_size
     if (
         type(sent) is not list
@@ -169,10 +184,6 @@ def _row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any
         adapter is None
         or not adapter.is_plain(input, comm.devices, comm.bound_device)
         or not adapter.is_plain(output, comm.devices, comm.bound_device)
-        or (  # the run's dtype was found native when it started
-            input.dtype is not comm._kit_plain_dtype
-            and adapter.dtype(input) not in comm._kit_native_dtypes
-        )
     ):
         return -1
     shape, rows_out = input.shape, output.shape

@@ -23,13 +23,14 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from distcomm.backend._pipeline import agreement, observing, shortcuts
+from distcomm.backend._pipeline import agreement, observing
 from distcomm.backend._pipeline.checks import ArgumentChecks
 from distcomm.backend._pipeline.failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
+from distcomm.backend._pipeline.plans import Plans
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
-from distcomm.backend.primitives import Primitives
+from distcomm.backend.primitives import NotPlanned, Primitives
 from distcomm.backend.specs import Capabilities
 from distcomm.backend.work import BaseWork, CompletedWork, PendingWorks
 from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
@@ -70,14 +71,6 @@ class Steps(ArgumentChecks, Failures, Primitives):
     _kit_vote: Any = None
     #: What this rank called (None: the policy is off, or a world of 1).
     _kit_history: CallHistory | None = None
-    #: The current run's op, root, and the class, dtype and byte size of its tensor, when the
-    #: op has a shortcut (:mod:`~distcomm.backend._pipeline.shortcuts`): a blocking call like
-    #: them takes the backend's plain primitive without a record.
-    _kit_plain_op: str | None = None
-    _kit_plain_root: int | None = None
-    _kit_plain_cls: Any = None
-    _kit_plain_dtype: Any = None
-    _kit_plain_nbytes: int = -1
     #: Which communicator this is among those of the same members: "" for a world, then
     #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
     _kit_lineage: str = ""
@@ -114,9 +107,10 @@ class Steps(ArgumentChecks, Failures, Primitives):
         #: The thread that made this communicator: the one that uses it (one thread per rank),
         #: whose stack :func:`distcomm.backend.stacks.where` shows a peer.
         self._kit_thread = threading.get_ident()
-        #: The kinds of call a shortcut may take, (op, class, dtype, nbytes, root) -> their
-        #: fingerprint (:func:`~distcomm.backend._pipeline.shortcuts.mark`).
-        self._kit_plain_fps: dict[tuple[Any, ...], int] = {}
+        #: The kinds of call the pipeline took, their plans and fingerprints
+        #: (:mod:`~distcomm.backend._pipeline.plans`).
+        self._kit_plans = Plans(self._plan)
+        self._kit_kinds = self._kit_plans.kinds  # the same dict, read on every planned call
         self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
         self._kit_pending = PendingWorks()
@@ -139,6 +133,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
     @world_of_one_shortcut.setter
     def world_of_one_shortcut(self, value: bool) -> None:
         self._kit_solo = bool(value) and self._kit_world_size == 1
+        self._kit_plans.forget()
 
     def describe(self) -> str:
         """A short label for messages: backend, name and size."""
@@ -186,7 +181,10 @@ class Steps(ArgumentChecks, Failures, Primitives):
         fp = 0
         if h is not None:
             fp = agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
-        shortcuts.mark(self, op, x, adapter, root, reduce_op, varies, fp)
+        if x is not None and not self._kit_solo:  # a world of 1 calls no engine
+            self._kit_plans.learn(
+                op, x, adapter, root, reduce_op, fp, self._kit_native_dtypes, varies
+            )
         if seq >= self._kit_next_check:
             self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
             if self._kit_world_size > 1:
@@ -209,7 +207,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         elif self._kit_history is None:
             self._kit_history = CallHistory(self)
             self._kit_history.agreed_seq = self.seq
-        self._kit_forget_plain()
+        self._kit_plans.forget()
 
     @contextlib.contextmanager
     def _kit_setting_up(self) -> Iterator[None]:
@@ -225,12 +223,12 @@ class Steps(ArgumentChecks, Failures, Primitives):
         finally:
             del self._kit_observing
             self.seq, self.op, self._kit_next_check, self._kit_history = saved
-            self._kit_forget_plain()  # its calls were not recorded: no shortcut from them
+            self._kit_plans.forget()  # its calls were not recorded: no plan from them
 
     def _kit_after_mismatch(self, error: CollectiveMismatchError) -> None:
         """The ranks found the collective mismatch ``error``. Where no rank ran the operation
         (this rank's latest), it counts as not made on every rank: the histories agree again,
-        all_reduce's shortcut is closed (it described the call refused) and the communicator
+        no kind is planned from what it described and the communicator
         stays usable. Otherwise it is retired."""
         h = self._kit_history
         if error.ran is not None:
@@ -238,15 +236,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         elif h is not None and not h.ended and self.seq == error.seq:
             h.neutralise(self.seq)
             h.agree(self.seq)
-            self._kit_forget_plain()
-
-    def _kit_forget_plain(self) -> None:
-        """The shortcuts are closed until a run of an op that has one starts (the
-        ``_kit_plain_*`` attributes describe that run)."""
-        self._kit_plain_op = self._kit_plain_cls = self._kit_plain_dtype = None
-        self._kit_plain_root = None
-        self._kit_plain_nbytes = -1
-        self._kit_plain_fps.clear()
+            self._kit_plans.forget()
 
     def _kit_can_confirm(self) -> bool:
         """Whether this communicator's calls can be confirmed by a vote of point-to-point
@@ -302,6 +292,47 @@ class Steps(ArgumentChecks, Failures, Primitives):
         finally:
             self.blocked_seq = 0
         return None
+
+    def _kit_planned(self, op: str, x: Any, root: Any = None, y: Any = None) -> bool:
+        """Run a blocking call of a kind the pipeline took before through the engine's plan for
+        it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
+        mark. Returns whether it ran; False: nothing moved, nothing was counted, and the
+        pipeline takes the call (and says what is wrong with it)."""
+        seq = self.seq + 1
+        if seq >= self._kit_next_check or self._kit_observing or self.unusable is not None:
+            return False
+        try:
+            entry = self._kit_kinds.get((op, x.__class__, x.dtype, x.nbytes, root))
+        except (AttributeError, TypeError):  # not an array, or a root that is no key
+            return False
+        if entry is None:
+            return False
+        plan, fp, fits = entry
+        if (
+            plan is None
+            or (root is not None and root.__class__ is not int)  # True is no rank
+            or (fits is not None and not fits(op, x, y, root, self._kit_rank, self._kit_world_size))
+        ):
+            return False
+        h = self._kit_history
+        if h is not None and fp != h.run_fp:
+            if fp not in h.agreed:
+                return False  # the pipeline confirms a kind first
+            h.start_run(seq, fp)
+        self.op = op
+        self.blocked_seq = self.seq = seq
+        try:
+            plan(x, y)
+        except NotPlanned:
+            self.seq = seq - 1  # nothing moved: the pipeline counts the call
+            return False
+        except DistcommError:  # distcomm's own: never wrapped as an engine's
+            raise
+        except self.engine_errors as exc:
+            raise self.engine_failed(op, seq, exc) from exc
+        finally:
+            self.blocked_seq = 0
+        return True
 
     # -- finish --------------------------------------------------------------------------------
     def _kit_complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
@@ -371,16 +402,14 @@ class Steps(ArgumentChecks, Failures, Primitives):
 
     def _kit_objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` here (and on the object channel); return the channel
-        its bytes travel on, or None in a world of 1. The kind (op, root) is remembered for the
-        object shortcut (:mod:`~distcomm.backend._pipeline.object_collectives`)."""
+        its bytes travel on, or None in a world of 1. The kind (op, root) is remembered: a later
+        call of it may skip the kit's steps
+        (:mod:`~distcomm.backend._pipeline.object_collectives`)."""
         self._kit_count(op, root=root)
         if self._kit_solo:
             return None
         h = self._kit_history
-        known = self._kit_plain_fps
-        if len(known) >= 256:
-            known.clear()
-        known[op, None, None, None, root] = 0 if h is None else h.run_fp
+        self._kit_plans.learn_objects(op, root, 0 if h is None else h.run_fp)
         channel = self._object_channel()
         if channel is not self:
             channel._kit_check_usable()

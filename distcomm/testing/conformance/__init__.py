@@ -18,7 +18,7 @@ groups, objects, the adversarial checks (temporaries in async operations, churn,
 every size), timeouts (a collective that the other ranks do not join), the mismatch check
 (ranks that call different collectives), and the debugging aids (the default sample, hooks, the
 main-only guard, ``assert_same``), and long runs of interleaved collectives past the check
-points (the backend's shortcuts).
+points (the backend's plans).
 """
 
 import importlib

@@ -1,12 +1,12 @@
-"""Checks of long runs of calls: past the mismatch check's check points a blocking call like an
-earlier one skips the pipeline and takes the backend's shortcut (its ``_broadcast_plain``,
-``_all_reduce_plain``, ... where it has them: :mod:`distcomm.backend.primitives`).
+"""Checks of long runs of calls: past the mismatch check's check points a blocking call of a
+kind the pipeline took before skips the pipeline and runs the backend's plan for that kind
+(its ``_plan``, where it has one: :meth:`distcomm.backend.primitives.Primitives._plan`).
 
-The calls interleave the collectives that have shortcuts (gather and scatter with the root's
+The calls interleave the collectives that may be planned (gather and scatter with the root's
 list as views of one buffer and as arrays of their own), with values that depend on the rank,
-the root and the round, so that a shortcut that moves the wrong data, the wrong reduction or
-from the wrong root is caught. Where the backend has a shortcut, the check also proves that it
-is taken.
+the root and the round, so that a plan that moves the wrong data, the wrong reduction or from
+the wrong root is caught. Where the backend plans an op, the check also proves that its plans
+take calls.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import distcomm
+from distcomm.backend import CallKind
 from distcomm.testing.conformance.registry import check
 from distcomm.testing.conformance.support import (
     check_policy,
@@ -27,17 +28,6 @@ from distcomm.testing.conformance.support import (
     make,
 )
 
-#: The shortcuts a backend may have (distcomm.backend.primitives).
-PLAIN = (
-    "_all_reduce_plain",
-    "_broadcast_plain",
-    "_reduce_plain",
-    "_all_gather_into_plain",
-    "_reduce_scatter_plain",
-    "_all_to_all_plain",
-    "_gather_plain",
-    "_scatter_plain",
-)
 N = 4
 ROUNDS = 6
 
@@ -49,31 +39,47 @@ def _values(dtype: str, rank: int, round_: int, n: int) -> list[Any]:
 
 
 @contextmanager
-def _counting(c: Any) -> Iterator[dict[str, int]]:
-    """Count the calls each of ``c``'s shortcuts took (those it has), restoring them after."""
+def _counting(c: Any) -> Iterator[tuple[set[str], dict[str, int]]]:
+    """The ops ``c``'s engine gave a plan for (its ``_plan`` returned one for a kind of them)
+    and the calls each op's plans took (a plan that raised NotPlanned took none), meanwhile.
+
+    The kit reads the engine's ``_plan`` when it makes the communicator, into its table of kinds
+    (``_kit_plans``); the table is given a counting wrapper of it here, and forgets the kinds
+    (so that the engine is asked again) on the way in and out. A communicator without that
+    table, or whose engine has no ``_plan``, plans nothing."""
+    planned: set[str] = set()
     taken: dict[str, int] = {}
-    saved = {name: c.__dict__.get(name) for name in PLAIN if getattr(c, name, None)}
-    for name in saved:
-        plain = getattr(c, name)
+    table: Any = getattr(c, "_kit_plans", None)
+    engine = getattr(table, "_engine_plan", None)
+    if engine is None:
+        yield planned, taken
+        return
 
-        def counted(*args: Any, _plain: Callable[..., bool] = plain, _name: str = name) -> bool:
-            done = _plain(*args)
-            taken[_name] = taken.get(_name, 0) + bool(done)
-            return done
+    def counting(kind: CallKind) -> Callable[[Any, Any], Any] | None:
+        run = engine(kind)
+        if run is None:
+            return None
+        op = kind.op
+        planned.add(op)
 
-        setattr(c, name, counted)
+        def counted(x: Any, y: Any) -> Any:
+            result = run(x, y)  # NotPlanned passes: no call taken
+            taken[op] = taken.get(op, 0) + 1
+            return result
+
+        return counted
+
+    table._engine_plan = counting
+    table.forget()
     try:
-        yield taken
+        yield planned, taken
     finally:
-        for name, before in saved.items():
-            if before is None:
-                delattr(c, name)
-            else:
-                setattr(c, name, before)
+        table._engine_plan = engine
+        table.forget()
 
 
 def _round(lib: str, dtype: str, r: int) -> None:
-    """One round of every collective that has a shortcut, each result checked."""
+    """One round of every collective that may be planned, each result checked."""
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
     root, what = r % world, f"round {r}, {lib} {dtype}"
     every = [_values(dtype, s, r, N * world) for s in range(world)]
@@ -106,7 +112,7 @@ def _round(lib: str, dtype: str, r: int) -> None:
 
 def _rooted(lib: str, dtype: str, root: int, what: str, every: list[list[Any]]) -> None:
     """gather to and scatter from ``root``, each twice: the root's list views of one buffer,
-    then arrays of their own (the shortcuts' two cases); each result checked."""
+    then arrays of their own (the plans' two cases); each result checked."""
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
     for shared in (True, False):
         how = f"{what}, {'views of one buffer' if shared else 'arrays of their own'}"
@@ -140,9 +146,10 @@ def _dtypes() -> list[str]:
 def long_runs_of_interleaved_collectives_move_the_right_data() -> None:
     """Rounds of all_reduce, broadcast, reduce, all_gather_into_tensor, reduce_scatter_tensor,
     all_to_all_single, gather and scatter in turn, each result checked, with no check points
-    (policy ``off``) and under the default; each shortcut the backend has is taken."""
+    (policy ``off``) and under the default; the plans of each op the backend plans take
+    calls."""
     c: Any = comm()
-    with _counting(c) as taken, check_policy("off"):
+    with _counting(c) as (planned, taken), check_policy("off"):
         for lib in libraries():
             for dtype in _dtypes():
                 for r in range(ROUNDS):
@@ -151,5 +158,5 @@ def long_runs_of_interleaved_collectives_move_the_right_data() -> None:
         for r in range(ROUNDS):
             _round(libraries()[0], _dtypes()[0], r)
     if c.world_size > 1 or not getattr(c, "world_of_one_shortcut", True):
-        never = sorted(name for name in PLAIN if getattr(c, name, None) and not taken.get(name))
-        expect(not never, f"the backend's shortcuts {never} never took a call: {taken}")
+        never = sorted(op for op in planned if not taken.get(op))
+        expect(not never, f"the backend's plans of {never} never took a call: {taken}")

@@ -1,19 +1,21 @@
-"""gloo's shortcuts of blocking calls (``TorchCommunicator._all_reduce_plain`` and the seven
-others), in one program of 2 ranks run once for the module.
+"""gloo's plans of blocking calls (``TorchCommunicator._plan``, :mod:`distcomm_torch.plans`),
+in one program of 2 ranks run once for the module.
 
-Past the first 64 collectives (all checked: the pipeline only), a blocking call like the ones
-before it goes to the shortcut (``distcomm.backend._pipeline.shortcuts``). The program counts
-what each shortcut said, by wrapping the world's ``_*_plain`` attributes (the kit reads them on
-the instance), and checks every result: runs of one op and interleaved ops, numpy arrays and
-torch tensors of float32, int64 and float64; gather and scatter to and from either rank, the
-root's list views of one buffer and arrays of their own. Arrays the engine does not take as they
-are (not contiguous, overlapping, a dtype gloo lacks, a root's list holding its tensor or
-transposed entries), a wrong-size output, a bool root and bad lists go through the pipeline.
-Blocking messages alike (``_send_plain``, ``_recv_plain``, counted the same way): ping-pongs of
-numpy arrays and torch tensors of five dtypes on three tags, rank 0 receiving from any rank;
-strided views and int16 through the pipeline; bad ranks and tags refused by the pipeline,
-sending nothing; a group of split whose ranks are not the world's.
-Last, rank 1 skips an all_reduce: rank 0's shortcut ends in distcomm's DistTimeoutError naming
+Past the first 64 collectives (all checked: the pipeline only), a blocking call of a kind the
+pipeline took before runs the engine's plan for that kind (``distcomm.backend._pipeline.plans``).
+The program counts what the plans did, by wrapping the engine's ``_plan`` that the world's
+``_kit_plans`` asks (each plan it returns counted), and checks every result: runs of one op and
+interleaved ops, numpy arrays and torch tensors of float32, int64 and float64; gather and scatter
+to and from either rank, the root's list views of one buffer and arrays of their own. Arrays the
+engine does not take as they are (not contiguous, overlapping, a root's list holding its tensor
+or transposed entries) make the plan raise NotPlanned and go through the pipeline; a dtype gloo
+lacks (int16) is never planned, a SUM of bools (an OR) has no plan; a wrong-size output, a bool
+root and bad lists never reach a plan: the pipeline refuses them.
+Blocking messages alike (planned from the first message of a kind): ping-pongs of numpy arrays
+and torch tensors of five dtypes on three tags, rank 0 receiving from any rank; strided views
+(NotPlanned) and int16 (never planned) through the pipeline; bad ranks and tags refused by the
+pipeline, sending nothing; a group of split whose ranks are not the world's.
+Last, rank 1 skips an all_reduce: rank 0's plan ends in distcomm's DistTimeoutError naming
 rank 1, not in torch's error and not in a hang; in a run of its own, rank 0's recv from rank 1,
 which never sends, ends the same way.
 """
@@ -33,25 +35,26 @@ import pytest
 import torch
 
 import distcomm
+from distcomm.backend import NotPlanned
 from distcomm.testing import WarmWorld
 
 pytestmark = pytest.mark.timeout(150)
 
 #: The world's timeout (DISTCOMM_TIMEOUT), in seconds: the skipped all_reduce waits that long.
 TIMEOUT = 3
-#: The shortcuts, by the op the kit names when it calls one.
-PLAIN = {
-    "all_reduce": "_all_reduce_plain",
-    "broadcast": "_broadcast_plain",
-    "reduce": "_reduce_plain",
-    "all_gather_into_tensor": "_all_gather_into_plain",
-    "reduce_scatter_tensor": "_reduce_scatter_plain",
-    "all_to_all_single": "_all_to_all_plain",
-    "gather": "_gather_plain",
-    "scatter": "_scatter_plain",
-}
-#: The shortcuts of blocking messages.
-MESSAGES = {"send": "_send_plain", "recv": "_recv_plain"}
+#: The planned collectives, as the kit names them.
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+)
+#: The planned blocking messages.
+MESSAGES = ("send", "recv")
 LIBS = ("numpy", "torch")
 DTYPES = ("float32", "int64", "float64")
 #: The dtypes of the messages (gloo moves them all as they are), and their tags.
@@ -59,7 +62,7 @@ MESSAGE_DTYPES = ("float32", "int64", "float64", "uint8", "bool")
 TAGS = (0, 7, 2**30 - 1)
 #: Calls in each run of one kind of call.
 RUN = 4
-#: The collectives checked first, where no shortcut is asked (agreement.SAMPLED_FIRST).
+#: The collectives checked first, where no plan runs (agreement.SAMPLED_FIRST).
 CHECKED = 64
 
 Call = Callable[[], Any]
@@ -67,18 +70,42 @@ Call = Callable[[], Any]
 
 # -- the program every rank runs ----------------------------------------------------------------
 class Ledger:
-    """What the world's shortcuts said, in order: (name, True / False / "raised")."""
+    """What the plans of ``comm`` did, in order, in :attr:`said`: (op, what the plan's run
+    did): True (it moved the call), False (NotPlanned: the pipeline took it), "raised"
+    (another exception), or a recv's sender (what its run returned). And in :attr:`asked`,
+    each kind the kit asked a plan for: (op, class, dtype, byte size, root, tag, whether the
+    engine planned it).
+    The kit asks the engine's ``_plan`` that its kinds (``comm._kit_plans``, kept for the
+    communicator's life) were given when the communicator was made: the ledger puts the
+    counted one there and forgets the kinds known so far."""
 
     def __init__(self, comm: Any) -> None:
         self.said: list[tuple[str, Any]] = []
-        for name in (*PLAIN.values(), *MESSAGES.values()):
-            setattr(comm, name, self._counted(name, getattr(comm, name)))
+        self.asked: list[tuple[Any, ...]] = []
+        kinds = comm._kit_plans
+        kinds._engine_plan = self._planner(kinds._engine_plan)
+        kinds.forget()
 
-    def _counted(self, name: str, plain: Callable[..., bool]) -> Callable[..., bool]:
-        def counted(*args: Any) -> bool:
-            self.said.append((name, "raised"))
-            done = plain(*args)
-            self.said[-1] = (name, done)
+    def _planner(self, plan: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def planner(kind: Any) -> Any:
+            run = plan(kind)
+            x = kind.array
+            dtype = str(x.dtype).removeprefix("torch.")
+            kept = (kind.op, type(x).__name__, dtype, x.nbytes, kind.root, kind.tag)
+            self.asked.append((*kept, run is not None))
+            return None if run is None else self._counted(kind.op, run)
+
+        return planner
+
+    def _counted(self, op: str, run: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def counted(x: Any, y: Any) -> Any:
+            self.said.append((op, "raised"))
+            try:
+                done = run(x, y)
+            except NotPlanned:
+                self.said[-1] = (op, False)
+                raise
+            self.said[-1] = (op, True if done is None else done)
             return done
 
         return counted
@@ -165,7 +192,7 @@ class Program:
         self.rank, self.size = self.comm.rank, self.comm.world_size
 
     def checked(self, label: str, call: Call, got: Any = None, want: Any = None) -> dict[str, Any]:
-        """Run ``call``: what the shortcuts said meanwhile, whether ``got`` holds ``want`` (None:
+        """Run ``call``: what the plans did meanwhile, whether ``got`` holds ``want`` (None:
         nothing to compare), the operations counted, and the distcomm error it raised, if any."""
         seq, start = self.comm.seq, len(self.ledger.said)
         error = None
@@ -186,7 +213,7 @@ class Program:
     def runs(self) -> list[dict[str, Any]]:
         """RUN calls of each kind, one kind after the other."""
         done = []
-        for op in PLAIN:
+        for op in COLLECTIVES:
             for lib in LIBS:
                 for dtype in DTYPES:
                     for i in range(RUN):
@@ -198,7 +225,7 @@ class Program:
         """RUN rounds of every op in turn, each of its own library and dtype."""
         done = []
         for i in range(RUN):
-            for k, op in enumerate(PLAIN):
+            for k, op in enumerate(COLLECTIVES):
                 lib, dtype = LIBS[k % 2], DTYPES[k % 3]
                 call, got, want = case(op, lib, dtype, i)
                 done.append(self.checked(f"interleaved {op} {lib} {dtype} #{i}", call, got, want))
@@ -212,9 +239,10 @@ class Program:
             done.append(self.checked(f"{label} #{n}", call, got, want))
         return done
 
-    def not_plain(self) -> list[dict[str, Any]]:
+    def not_planned(self) -> list[dict[str, Any]]:
         """Calls like the two before them (the same class, dtype and size) whose arrays gloo
-        does not take as they are: the shortcut says False and the pipeline runs them."""
+        does not take as they are: the plan raises NotPlanned and the pipeline runs them. Then
+        int16 (gloo moves none: never planned) and bool (a SUM is an OR: no plan)."""
         rank, size = self.rank, self.size
         base = np.arange(6, dtype="float32").reshape(2, 3)
         done = []
@@ -230,7 +258,7 @@ class Program:
         call = functools.partial(distcomm.all_gather_into_tensor, out, mine)
         want = np.concatenate([base + 100 * r for r in range(size)])
         done.append(self.checked("gather in place", call, out, want))
-        done += self.rooted_not_plain(base)
+        done += self.rooted_not_planned(base)
         for dtype in ("int16", "bool"):  # gloo moves no int16; a sum of bools is their OR
             for i in range(3):
                 z = np.array([rank + 1, 0, rank], dtype=dtype)
@@ -238,10 +266,11 @@ class Program:
                 done.append(self.checked(f"{dtype} #{i}", call, z, np.array([3, 0, 1], dtype)))
         return done
 
-    def rooted_not_plain(self, base: np.ndarray) -> list[dict[str, Any]]:
+    def rooted_not_planned(self, base: np.ndarray) -> list[dict[str, Any]]:
         """Rooted calls (to and from rank 0) whose root's list gloo does not take as it is: the
-        tensor is one of its entries (in place), or an entry is transposed. The root's shortcut
-        says False, the others' take the call, and the pipeline's results are right."""
+        tensor is one of its entries (in place), or an entry is transposed. The root's plan
+        raises NotPlanned, the other rank's takes the call, and the pipeline's results are
+        right."""
         rank, size = self.rank, self.size
         done = self.run("gather", "torch", "float32", "gather", i=1)  # to rank 0
         done += self.run("scatter", "torch", "float32", "scatter", i=0)  # from rank 0
@@ -263,7 +292,7 @@ class Program:
         return done
 
     def refused(self) -> list[dict[str, Any]]:
-        """Calls the shortcut must not take after a run like them: the pipeline refuses them
+        """Calls no plan may take after a run like them: the pipeline refuses them
         (InvalidArgumentError on every rank, nothing sent, the world usable after)."""
         x, wrong = torch.zeros(2, 3), torch.zeros(2 * self.size + 1, 3)
         done = self.run("all_gather_into_tensor", "torch", "float32", "gather")
@@ -284,7 +313,7 @@ class Program:
         return done
 
     def skipped(self, signal: Path) -> dict[str, Any]:
-        """Rank 1 skips an all_reduce like the two before it; rank 0 waits in the shortcut.
+        """Rank 1 skips an all_reduce like the two before it; rank 0 waits in the plan.
         Rank 1 waits for rank 0's error (``signal``, a file), then finalizes: its vote may see
         the all_reduce it skipped (the mismatch), or rank 0, retired, never votes (a warning)."""
         x = np.ones(3, dtype="float32")
@@ -340,8 +369,8 @@ def as_is(lib: str, values: np.ndarray) -> tuple[Any, Any]:
 
 
 class Messages:
-    """Blocking messages between ranks 0 and 1 of ``comm``, whose ``_send_plain`` and
-    ``_recv_plain`` ``ledger`` counts; each result a dict (:meth:`checked`)."""
+    """Blocking messages between ranks 0 and 1 of ``comm``, whose plans ``ledger`` counts;
+    each result a dict (:meth:`checked`)."""
 
     def __init__(self, comm: Any, ledger: Ledger) -> None:
         self.comm, self.ledger = comm, ledger
@@ -349,7 +378,7 @@ class Messages:
     def checked(
         self, label: str, call: Call, got: Any = None, want: Any = None, source: Any = None
     ) -> dict[str, Any]:
-        """Run ``call``: what the shortcuts said, whether ``got`` holds ``want`` (a strided
+        """Run ``call``: what the plans did, whether ``got`` holds ``want`` (a strided
         view's holder: the elements between kept), what it returned against ``source``, its
         distcomm error, and the "blocked in" mark after it."""
         start, error, returned = len(self.ledger.said), None, None
@@ -395,8 +424,8 @@ class Messages:
         )
         return [send(), recv()] if rank == 0 else [recv(), send()]
 
-    def plain(self) -> list[dict[str, Any]]:
-        """Ping-pongs of every library, dtype and tag: the shortcuts take them all."""
+    def planned(self) -> list[dict[str, Any]]:
+        """Ping-pongs of every library, dtype and tag: the plans take them all."""
         done = []
         for lib in LIBS:
             for dtype in MESSAGE_DTYPES:
@@ -404,9 +433,9 @@ class Messages:
                     done += self.ping(f"{lib} {dtype} tag {tag}", lib, dtype, tag, i)
         return done
 
-    def not_plain(self) -> list[dict[str, Any]]:
-        """Strided views (sent, received into) and int16 (gloo moves none): the shortcuts say
-        no, the pipeline moves them."""
+    def not_planned(self) -> list[dict[str, Any]]:
+        """Strided views (sent, received into: the plans raise NotPlanned) and int16 (gloo moves
+        none: never planned): the pipeline moves them."""
         done = []
         for lib in LIBS:
             done += self.ping(f"{lib} strided", lib, "float32", 3, 1, spread)
@@ -415,7 +444,7 @@ class Messages:
 
     def refused(self) -> list[dict[str, Any]]:
         """Bad ranks and tags (``True`` is rank 1's equal): the pipeline's InvalidArgumentError,
-        no shortcut asked; then a ping-pong on tag 0 gets its own data (nothing was sent)."""
+        no plan asked or run; then a ping-pong on tag 0 gets its own data (nothing was sent)."""
         comm, peer = self.comm, 1 - self.comm.rank
         bad = np.full(5, -1.0, np.float32)
         calls = {
@@ -437,12 +466,12 @@ def message_program(comm: Any, ledger: Ledger) -> dict[str, Any]:
     """The messages' checks on ``comm`` (the world, then a group of split whose rank 0 is the
     world's rank 1)."""
     m = Messages(comm, ledger)
-    found: dict[str, Any] = {"plain": m.plain(), "not plain": m.not_plain()}
+    found: dict[str, Any] = {"planned": m.planned(), "not planned": m.not_planned()}
     found["refused"] = m.refused()
     group = comm.split(0, key=-comm.rank)
     try:
         g = Messages(group, Ledger(group))
-        found["group"] = g.ping("group", "torch", "float32", 5, 3) + g.plain()[:10]
+        found["group"] = g.ping("group", "torch", "float32", 5, 3) + g.planned()[:10]
         found["group ranks"] = (group.rank, list(group.global_ranks))
     finally:
         group.finalize()
@@ -458,16 +487,18 @@ def program(workdir: str) -> dict[str, Any]:
         "warm-up": list(p.ledger.said),
         "runs": p.runs(),
         "interleaved": p.interleaved(),
-        "not plain": p.not_plain(),
+        "not planned": p.not_planned(),
         "refused": p.refused(),
         "last seq": p.comm.seq,
         "messages": message_program(p.comm, p.ledger),
+        "asked": list(p.ledger.asked),
+        "planned ops": sorted({k[0] for k, v in p.comm._kit_plans.kinds.items() if v[0]}),
         "skipped": p.skipped(Path(workdir) / "rank-0-timed-out"),
     }
 
 
 def never_sent(workdir: str) -> dict[str, Any]:
-    """A ping-pong (the shortcuts taken), then rank 0 receives from rank 1, which never sends:
+    """A ping-pong (the plans taken), then rank 0 receives from rank 1, which never sends:
     it waits for rank 0's error (``signal``), then finalizes (rank 0, retired, never votes)."""
     comm: Any = distcomm.get_communicator()
     ledger = Ledger(comm)
@@ -543,63 +574,82 @@ def problems(checks: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-def test_the_checked_collectives_never_ask_a_shortcut(ranks: list[dict[str, Any]]) -> None:
+def test_the_checked_collectives_never_run_a_plan(ranks: list[dict[str, Any]]) -> None:
     for rank, seen in enumerate(ranks):
-        assert seen["warm-up"] == [], f"rank {rank} asked a shortcut at a check point"
+        assert seen["warm-up"] == [], f"rank {rank} ran a plan at a check point"
         # every call below came before the next check point (seq 64 + 1024)
         assert CHECKED < seen["last seq"] < CHECKED + 1024, seen["last seq"]
 
 
-def test_runs_of_one_op_take_each_shortcut_with_right_results(
+def test_every_op_is_planned_once_per_kind(ranks: list[dict[str, Any]]) -> None:
+    """The world holds a plan for each of the ten ops; the kit asked the engine once per kind
+    (op, class, dtype, size, root, tag), and gloo planned every kind of a dtype it sums or
+    moves: bool's SUM alone has no plan, and int16 (not gloo's) was never asked."""
+    for rank, seen in enumerate(ranks):
+        assert seen["planned ops"] == sorted((*COLLECTIVES, *MESSAGES)), f"rank {rank}"
+        asked = [tuple(entry) for entry in seen["asked"]]
+        assert len(set(asked)) == len(asked), f"rank {rank}: a kind asked twice: {asked}"
+        unplanned = {entry for entry in asked if not entry[-1]}
+        bools = ("all_reduce", "ndarray", "bool", 3, None, 0, False)
+        assert unplanned == {bools}, f"rank {rank}: {asked}"
+        assert not [entry for entry in asked if entry[2] == "int16"], f"rank {rank}: {asked}"
+        ops = {entry[0] for entry in asked}
+        assert ops == {*COLLECTIVES, *MESSAGES}, f"rank {rank}: {sorted(ops)}"
+
+
+def test_runs_of_one_op_take_each_plan_with_right_results(
     ranks: list[dict[str, Any]],
 ) -> None:
     """The first calls of a run go through the pipeline (a new kind of call, confirmed with
-    the other ranks; broadcast's and reduce's roots alternate); the last two take the
-    shortcut. No shortcut refuses an array here, and every result is right."""
+    the other ranks; broadcast's and reduce's roots alternate); the last two run the plan. No
+    plan refuses an array here, and every result is right."""
     for rank, seen in enumerate(ranks):
         assert problems(seen["runs"]) == [], f"rank {rank}"
         for check in seen["runs"]:
             op, number = check["label"].split()[0], int(check["label"].split("#")[1])
-            took = [(PLAIN[op], True)]
+            took = [(op, True)]
             assert said(check) in ([], took), f"rank {rank}: {check['label']}: {said(check)}"
             if number >= RUN - 2:
-                assert said(check) == took, f"rank {rank}: {check['label']} missed the shortcut"
+                assert said(check) == took, f"rank {rank}: {check['label']} missed the plan"
 
 
-def test_interleaved_ops_each_take_their_shortcut(ranks: list[dict[str, Any]]) -> None:
+def test_interleaved_ops_each_run_their_plan(ranks: list[dict[str, Any]]) -> None:
     for rank, seen in enumerate(ranks):
         assert problems(seen["interleaved"]) == [], f"rank {rank}"
         for check in seen["interleaved"]:
-            took = [(PLAIN[check["label"].split()[1]], True)]
+            took = [(check["label"].split()[1], True)]
             assert said(check) == took, f"rank {rank}: {check['label']}: {said(check)}"
 
 
-#: The rooted calls the root's shortcut declines (:meth:`Program.rooted_not_plain`).
+#: The rooted calls the root's plan declines (:meth:`Program.rooted_not_planned`).
 ROOTED_DECLINED = {
-    "gather in its list": "_gather_plain",
-    "scatter in its list": "_scatter_plain",
-    "scatter of transposed entries": "_scatter_plain",
+    "gather in its list": "gather",
+    "scatter in its list": "scatter",
+    "scatter of transposed entries": "scatter",
 }
 
 
 def test_arrays_gloo_does_not_take_as_they_are_go_through_the_pipeline(
     ranks: list[dict[str, Any]],
 ) -> None:
-    """Not contiguous (numpy, torch), overlapping (an all-gather in place), int16 (not moved by
-    gloo), bool (a sum is an OR): the shortcut says False, having sent nothing, and the
-    pipeline's result is right. A root's list gloo does not take (its tensor in it, transposed
-    entries): the root's shortcut says False, the other rank's takes the call."""
-    declined = {"numpy transposed", "torch transposed", "gather in place"}
-    declined |= {f"{dtype} #{i}" for dtype in ("int16", "bool") for i in (1, 2)}
+    """Not contiguous (numpy, torch), overlapping (an all-gather in place): the plan raises
+    NotPlanned, having sent nothing, and the pipeline's result is right. int16 (not moved by
+    gloo) and bool (a sum is an OR) have no plan: the pipeline takes every call. A root's list
+    gloo does not take (its tensor in it, transposed entries): the root's plan raises
+    NotPlanned, the other rank's takes the call."""
+    declined = {"numpy transposed": "all_reduce", "torch transposed": "all_reduce"}
+    declined["gather in place"] = "all_gather_into_tensor"
     for rank, seen in enumerate(ranks):
-        assert problems(seen["not plain"]) == [], f"rank {rank}"
-        by_label = {check["label"]: check for check in seen["not plain"]}
-        for label in sorted(declined):
+        assert problems(seen["not planned"]) == [], f"rank {rank}"
+        by_label = {check["label"]: check for check in seen["not planned"]}
+        for label, op in sorted(declined.items()):
             ways = said(by_label[label])
-            assert len(ways) == 1 and ways[0][1] is False, f"rank {rank}: {label}: {ways}"
-        for label, name in ROOTED_DECLINED.items():  # by the root, rank 0, alone
+            assert ways == [(op, False)], f"rank {rank}: {label}: {ways}"
+        for label in (f"{dtype} #{i}" for dtype in ("int16", "bool") for i in range(3)):
+            assert said(by_label[label]) == [], f"rank {rank}: {label}: {said(by_label[label])}"
+        for label, op in ROOTED_DECLINED.items():  # by the root, rank 0, alone
             ways = said(by_label[label])
-            assert ways == [(name, rank != 0)], f"rank {rank}: {label}: {ways}"
+            assert ways == [(op, rank != 0)], f"rank {rank}: {label}: {ways}"
 
 
 def test_a_wrong_size_output_and_a_bool_root_get_the_pipelines_error(
@@ -613,20 +663,20 @@ def test_a_wrong_size_output_and_a_bool_root_get_the_pipelines_error(
             assert check["error"] == "InvalidArgumentError", f"rank {rank}: {label}: {check}"
             assert said(check) == [] and check["counted"] == 0, f"rank {rank}: {label}: {check}"
         assert problems(list(by_label.values())) == [], f"rank {rank}"
-        assert said(by_label["broadcast after"]) == [("_broadcast_plain", True)], rank
+        assert said(by_label["broadcast after"]) == [("broadcast", True)], rank
 
 
-def test_a_skipped_all_reduce_past_the_check_points_times_out_in_the_shortcut(
+def test_a_skipped_all_reduce_past_the_check_points_times_out_in_the_plan(
     ranks: list[dict[str, Any]],
 ) -> None:
-    """Rank 0's all_reduce waits in the shortcut for rank 1, which skipped it: after the
-    world's timeout it raises distcomm's DistTimeoutError naming rank 1 (torch's error its
-    cause), as the pipeline would, and the world is retired."""
+    """Rank 0's all_reduce waits in the plan for rank 1, which skipped it: after the world's
+    timeout it raises distcomm's DistTimeoutError naming rank 1 (torch's error its cause), as
+    the pipeline would, and the world is retired."""
     timed_out, skipped = ranks[0]["skipped"], ranks[1]["skipped"]
     assert skipped == {"skipped": True, "signalled": True}, skipped
     message = timed_out.get("message", "")
     assert timed_out["error"] == "DistTimeoutError", timed_out
-    assert said(timed_out) == [("_all_reduce_plain", "raised")], "not in the shortcut"
+    assert said(timed_out) == [("all_reduce", "raised")], "not in the plan"
     assert (timed_out["op"], timed_out["seq"]) == ("all_reduce", timed_out["expected_seq"])
     assert tuple(timed_out["missing"]) == (1,), message
     assert timed_out["cause"] == "RuntimeError", "torch's error is the cause"
@@ -657,18 +707,19 @@ def message_problems(checks: list[dict[str, Any]]) -> list[str]:
 
 
 def took(check: dict[str, Any]) -> list[tuple[str, Any]]:
-    """What the shortcut of ``check``'s message says when it takes it: True, the sender."""
+    """What the plan of ``check``'s message did when it took it: True (a send), the sender (a
+    recv's run returns it)."""
     if check["label"].endswith("send"):
-        return [("_send_plain", True)]
-    return [("_recv_plain", check["source"])]
+        return [("send", True)]
+    return [("recv", check["source"])]
 
 
-def test_messages_take_the_shortcuts_with_right_results(ranks: list[dict[str, Any]]) -> None:
+def test_messages_take_the_plans_with_right_results(ranks: list[dict[str, Any]]) -> None:
     """Every ping-pong of numpy and torch, five dtypes, three tags (the largest a user's) takes
-    the shortcuts from the first message (no check points for messages): the right data, rank
+    the plans from the first message (no check points for messages): the right data, rank
     0's receive from any rank returns 1, and the mark is cleared after each."""
     for rank, seen in enumerate(ranks):
-        checks = seen["messages"]["plain"]
+        checks = seen["messages"]["planned"]
         assert len(checks) == 2 * len(LIBS) * len(MESSAGE_DTYPES) * len(TAGS)
         assert message_problems(checks) == [], f"rank {rank}"
         for check in checks:
@@ -678,14 +729,13 @@ def test_messages_take_the_shortcuts_with_right_results(ranks: list[dict[str, An
 def test_messages_gloo_does_not_take_as_they_are_go_through_the_pipeline(
     ranks: list[dict[str, Any]],
 ) -> None:
-    """Strided views (the elements between kept) and int16: each shortcut asked once says no
-    (False, None), having sent nothing, and the pipeline's result is right."""
+    """Strided views (the elements between kept): each plan raises NotPlanned, having sent
+    nothing; int16: no plan is asked. The pipeline's result is right."""
     for rank, seen in enumerate(ranks):
-        checks = seen["messages"]["not plain"]
+        checks = seen["messages"]["not planned"]
         assert message_problems(checks) == [], f"rank {rank}"
         for check in checks:
-            name = took(check)[0][0]
-            declined = [(name, False if name == "_send_plain" else None)]
+            declined = [(took(check)[0][0], False)] if "strided" in check["label"] else []
             assert said(check) == declined, f"rank {rank}: {check['label']}: {said(check)}"
 
 
@@ -697,7 +747,7 @@ def test_bad_messages_get_the_pipelines_error_and_send_nothing(
         after = checks[-2:]
         for check in checks[:-2]:
             assert check["error"] == "InvalidArgumentError", f"rank {rank}: {check}"
-            assert said(check) == [], f"rank {rank}: {check['label']} asked {said(check)}"
+            assert said(check) == [], f"rank {rank}: {check['label']} ran {said(check)}"
             assert tuple(check["blocked"]) == (0, ""), f"rank {rank}: {check}"
         # a bad message sent after all would be received here instead of the peer's data
         assert message_problems(after) == [], f"rank {rank}"
@@ -706,7 +756,7 @@ def test_bad_messages_get_the_pipelines_error_and_send_nothing(
 
 def test_messages_on_a_group_of_split_use_its_ranks(ranks: list[dict[str, Any]]) -> None:
     """In a group of split whose order is the world's reversed, ranks and the sender returned
-    are the group's; the shortcuts take every message."""
+    are the group's; the plans take every message."""
     for rank, seen in enumerate(ranks):
         assert seen["messages"]["group ranks"] == (1 - rank, [1, 0]), f"rank {rank}"
         checks = seen["messages"]["group"]
@@ -715,12 +765,12 @@ def test_messages_on_a_group_of_split_use_its_ranks(ranks: list[dict[str, Any]])
             assert said(check) == took(check), f"rank {rank}: {check['label']}: {said(check)}"
 
 
-def test_a_recv_whose_sender_never_sends_times_out_in_the_shortcut(
+def test_a_recv_whose_sender_never_sends_times_out_in_the_plan(
     silent: list[dict[str, Any]],
 ) -> None:
     """Rank 0's recv from rank 1, which never sends: after the world's timeout, distcomm's
     DistTimeoutError naming the message and rank 1 (torch's error its cause), raised in the
-    shortcut, not torch's error nor a hang; the world is retired and the mark cleared."""
+    plan, not torch's error nor a hang; the world is retired and the mark cleared."""
     timed_out, quiet = silent
     assert quiet["signalled"], "rank 0 never said it was done"
     for rank, seen in enumerate(silent):
@@ -728,7 +778,7 @@ def test_a_recv_whose_sender_never_sends_times_out_in_the_shortcut(
         assert [said(c) for c in seen["ping"]] == [took(c) for c in seen["ping"]], rank
     message = timed_out.get("message", "")
     assert timed_out.get("error") == "DistTimeoutError", timed_out
-    assert said(timed_out) == [("_recv_plain", "raised")], "not in the shortcut"
+    assert said(timed_out) == [("recv", "raised")], "not in the plan"
     assert (timed_out["op"], timed_out["seq"]) == ("recv from rank 1 (tag 3)", None), message
     assert "recv from rank 1 (tag 3) on gloo 'world' (2 ranks)" in message, message
     assert f"did not complete within {TIMEOUT} s" in message, message

@@ -1,14 +1,17 @@
-"""The shortcuts of blocking collectives inside a real MPI job (``mpirun -n N pytest --with-mpi``).
+"""The mpi backend's plans of blocking collectives inside a real MPI job (``mpirun -n N pytest
+--with-mpi``).
 
 Past the mismatch check's check points (the default policy checks collectives 1..64, then every
-1024th), a blocking call like one the pipeline took goes to the backend's plain primitive
-(``_broadcast_plain``, ``_reduce_plain``, ``_all_gather_into_plain``, ``_reduce_scatter_plain``,
-``_all_to_all_plain``, ``_all_reduce_plain``, ``_gather_plain``, ``_scatter_plain``; counted here
-on the instance, where the kit reads them). As a careless user would call them:
+1024th), a blocking call of a kind the pipeline took goes to the plan the engine gave for that
+kind (``MpiCommunicator._plan``, :mod:`distcomm_mpi.plans`: broadcast, reduce,
+all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, all_reduce, gather, scatter;
+counted here by wrapping the plans where the kit keeps the engine's ``_plan``). As a careless
+user would call them:
 
-- every shortcut taken, counted, with the right results (numpy and torch, five dtypes,
+- every op's plan taken, counted, with the right results (numpy and torch, five dtypes,
   rank-dependent values, a root that is not 0), in runs of one op and interleaved, under the
-  default policy and ``off``; and the result check shown to catch a wrong shortcut;
+  default policy and ``off``, the engine asked once per kind; and the result check shown to
+  catch a wrong plan;
 - gather and scatter to and from the first and the last rank, the root's list chunks of one
   buffer, arrays of their own or strided views, and its tensor one of the list's entries: taken,
   right;
@@ -16,13 +19,13 @@ on the instance, where the kit reads them). As a careless user would call them:
   in-place gather and async calls through the pipeline, right;
 - groups made by ``split`` and ``new_group``;
 - a mismatch between check points named at the next one (seq 1088), on every rank;
-- hooks see every call: the shortcuts are bypassed while hooks are registered.
+- hooks see every call: the plans are bypassed while hooks are registered.
 
-And the shortcuts of blocking messages (``_send_plain``, ``_recv_plain``, counted alike): rings
-of numpy arrays and torch tensors of five dtypes on three tags (the largest this MPI takes), from
-a given rank and from any rank (the sender returned), taken every time with the right data, the
-check shown to catch a wrong shortcut; strided views through the pipeline; bad ranks and tags
-refused by the pipeline alike on every rank, sending nothing; a group of split.
+And the plans of blocking messages (send, recv, counted alike): rings of numpy arrays and torch
+tensors of five dtypes on three tags (the largest this MPI takes), from a given rank and from
+any rank (the sender returned), taken every time with the right data, the check shown to catch
+a wrong plan; plans that raise NotPlanned and strided views through the pipeline; bad ranks and
+tags refused by the pipeline alike on every rank, sending nothing; a group of split.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import distcomm_mpi.communicator as mpi_communicator
+import distcomm_mpi.plans as mpi_plans
 import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
 
 import distcomm
+from distcomm.backend import CallKind, NotPlanned
 from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
 from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
 from distcomm.protocol import Communicator
@@ -55,22 +59,8 @@ OPS = (
     "gather",
     "scatter",
 )
-PLAIN = dict(
-    zip(
-        OPS,
-        (
-            "_broadcast_plain",
-            "_reduce_plain",
-            "_all_gather_into_plain",
-            "_reduce_scatter_plain",
-            "_all_to_all_plain",
-            "_all_reduce_plain",
-            "_gather_plain",
-            "_scatter_plain",
-        ),
-        strict=True,
-    )
-)
+#: The ops with an output beside the input (the plan's ``y``).
+OUTPUTS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
 #: The ops whose input holds one chunk per rank.
 CHUNKED = ("reduce_scatter_tensor", "all_to_all_single")
 #: The ops whose list of world_size arrays is given on the root only.
@@ -83,36 +73,61 @@ STEPS = 4
 NEXT_CHECK = SAMPLED_FIRST + SAMPLE_EVERY
 
 
+Run = Callable[[Any, Any], Any]
+
+
+def wrap_plans(comm: Any, wrap: Callable[[CallKind, Run], Run]) -> None:
+    """Wrap the plans ``comm``'s engine gives from now on: each ``run`` it returns for a kind
+    becomes ``wrap(kind, run)``. The kit read ``MpiCommunicator._plan`` when it made ``comm``
+    (into its table of kinds, ``_kit_plans``): the table is given the wrapper of it, and forgets
+    the kinds learned before (so that the engine is asked again)."""
+    table = comm._kit_plans
+    engine = table._engine_plan
+
+    def plan(kind: CallKind) -> Run | None:
+        run = engine(kind)
+        return None if run is None else wrap(kind, run)
+
+    table._engine_plan = plan
+    table.forget()
+
+
 class Counted:
-    """Counting wrappers on a communicator's plain primitives (instance attributes, which the
-    kit reads): per op, the calls that reached the primitive and those it took. ``spoil[op]``,
-    when set, corrupts what a taken primitive wrote (to show that the result check fails)."""
+    """Counting wrappers on the plans of collectives ``comm``'s engine gives (:func:`wrap_plans`):
+    per op, the kinds it planned, the calls that reached a plan and those it took (a plan that
+    raised NotPlanned took none). ``spoil[op]``, when set, corrupts what a taken plan wrote (to
+    show that the result check fails)."""
 
     def __init__(self, comm: Any) -> None:
+        self.planned = dict.fromkeys(OPS, 0)
         self.calls = dict.fromkeys(OPS, 0)
         self.taken = dict.fromkeys(OPS, 0)
         self.spoil: dict[str, Callable[..., None]] = {}
-        for op in OPS:
-            setattr(comm, PLAIN[op], self._wrap(op, getattr(comm, PLAIN[op])))
+        wrap_plans(comm, self._wrap)
 
-    def _wrap(self, op: str, plain: Callable[..., bool]) -> Callable[..., bool]:
-        def counted(*args: Any) -> bool:
+    def _wrap(self, kind: CallKind, run: Run) -> Run:
+        op = kind.op
+        if op not in self.calls:
+            return run
+        self.planned[op] += 1
+
+        def counted(x: Any, y: Any) -> Any:
             self.calls[op] += 1
-            done = plain(*args)
-            self.taken[op] += bool(done)
-            if done and op in self.spoil:
-                self.spoil[op](written(op, args))
-            return done
+            result = run(x, y)  # NotPlanned passes: not taken
+            self.taken[op] += 1
+            if op in self.spoil:
+                self.spoil[op](written(op, x, y))
+            return result
 
         return counted
 
 
-def written(op: str, args: tuple[Any, ...]) -> Any:
-    """What the plain primitive of ``op`` called with ``args`` wrote on this rank: the tensor
-    (in place, or scatter's), the output, gather's last part on the root (None elsewhere)."""
+def written(op: str, x: Any, y: Any) -> Any:
+    """What the plan of ``op`` run with ``x`` and ``y`` wrote on this rank: the tensor (in place,
+    or scatter's), the output, gather's last part on the root (None elsewhere)."""
     if op == "gather":
-        return None if args[1] is None else args[1][-1]
-    return args[0]
+        return None if y is None else y[-1]
+    return y if op in OUTPUTS else x
 
 
 def fill(group: Any) -> None:
@@ -290,68 +305,72 @@ def _program(
 
 
 def _taken(counted: Counted, kinds: int) -> dict[str, str]:
-    return {op: f"taken {counted.taken[op]} of {kinds * STEPS}" for op in OPS}
+    return {
+        op: f"{counted.planned[op]} kinds planned, taken {counted.taken[op]} of {kinds * STEPS}"
+        for op in OPS
+    }
 
 
-def _expected(policy: str, size: int, kinds: int) -> dict[str, str]:
-    """What :func:`_taken` must say after :func:`_program` over ``kinds`` libraries x dtypes: the
-    first call of each kind goes through the pipeline (it is recorded), the others take the
-    shortcut; with nothing to record (off, a world of 1) all_reduce takes it every time."""
-    recorded = policy == "sample" and size > 1
-    want = {op: kinds * (STEPS - 1) for op in OPS}
-    if not recorded:
-        want["all_reduce"] = kinds * STEPS
-    return {op: f"taken {want[op]} of {kinds * STEPS}" for op in OPS}
+def _expected(kinds: int) -> dict[str, str]:
+    """What :func:`_taken` must say after :func:`_program` over ``kinds`` libraries x dtypes:
+    the engine planned each kind once, when its first call went through the pipeline; the
+    others took the plan (whatever the policy and the world size)."""
+    return {
+        op: f"{kinds} kinds planned, taken {kinds * (STEPS - 1)} of {kinds * STEPS}" for op in OPS
+    }
 
 
 @pytest.mark.parametrize("order", ["runs", "interleaved"])
 @pytest.mark.parametrize("policy", ["sample", "off"])
-def test_every_shortcut_is_taken_past_the_check_points_and_right(
+def test_every_plan_is_taken_past_the_check_points_and_right(
     group: Any, policy: str, order: str
 ) -> None:
-    """Past the check points every op's shortcut is taken (counted) for numpy and torch, five
+    """Past the check points every op's plan is taken (counted) for numpy and torch, five
     dtypes, a root that is not 0, with the right results and one operation a call."""
     group.debug = policy
     counted = Counted(group)
     wrong = _program(group, order)
     kinds = len(LIBS) * len(DTYPES)
     assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
-    assert _taken(counted, kinds) == _expected(policy, group.world_size, kinds)
+    assert _taken(counted, kinds) == _expected(kinds)
     assert counted.calls == counted.taken, f"refused: {counted.calls} reached, {counted.taken}"
 
 
-def _shortcut_steps(ops: tuple[str, ...], group: Any) -> list[tuple[str, str, str, int]]:
-    """The (lib, dtype, op, step) that take the shortcut in a "runs" program over ``ops`` (of
-    float32 and int64), in the program's order: every step but the first (all_reduce's first
-    too where nothing is recorded: a world of 1); a reduce's and a gather's result is checked on
-    the root."""
-    rank, root, size = group.rank, group.world_size - 1, group.world_size
+def _planned_steps(ops: tuple[str, ...], group: Any) -> list[tuple[str, str, str, int]]:
+    """The (lib, dtype, op, step) that take the plan in a "runs" program over ``ops`` (of
+    float32 and int64), in the program's order: every step but the first; a reduce's and a
+    gather's result is checked on the root."""
+    rank, root = group.rank, group.world_size - 1
     return [
         (lib, dtype, op, step)
         for lib in LIBS
         for dtype in ("float32", "int64")
         for op in OPS
         if op in ops and (op not in ("reduce", "gather") or rank == root)
-        for step in range(0 if op == "all_reduce" and size == 1 else 1, STEPS)
+        for step in range(1, STEPS)
     ]
 
 
 @pytest.mark.mpi(min_size=2)
-def test_the_result_check_catches_shortcuts_that_reduce_by_max(
+def test_the_result_check_catches_plans_that_reduce_by_max(
     group: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The check fails where it must: with the MPI op of the reduction shortcuts made MAX (the
-    pipeline's own table untouched), exactly the calls that took them are wrong."""
-    monkeypatch.setattr(mpi_communicator, "_MPI_SUM", MPI.MAX)
+    """The check fails where it must: with the MPI op of the reduction plans made MAX (the
+    pipeline's own table untouched; reduce_scatter_tensor's plan calls the group's
+    ``Reduce_scatter_block`` with its default op, SUM, which is made MAX here), exactly the
+    calls that took them are wrong."""
+    monkeypatch.setattr(mpi_plans, "_MPI_SUM", MPI.MAX)
+    block = group._reduce_scatter_block
+    monkeypatch.setattr(group, "_reduce_scatter_block", lambda s, r: block(s, r, MPI.MAX))
     wrong = _program(group, "runs", dtypes=("float32", "int64"))
     reductions = ("reduce", "reduce_scatter_tensor", "all_reduce")
-    assert wrong == _shortcut_steps(reductions, group)
+    assert wrong == _planned_steps(reductions, group)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_the_result_check_catches_a_shortcut_that_writes_wrong_data(group: Any, op: str) -> None:
-    """A primitive that corrupts one element of what it wrote (the tensor, the output, or
-    gather's last part on the root) is caught at exactly the calls that took it."""
+def test_the_result_check_catches_a_plan_that_writes_wrong_data(group: Any, op: str) -> None:
+    """A plan that corrupts one element of what it wrote (the tensor, the output, or gather's
+    last part on the root) is caught at exactly the calls that took it."""
     counted = Counted(group)
 
     def spoil(target: Any) -> None:
@@ -360,7 +379,7 @@ def test_the_result_check_catches_a_shortcut_that_writes_wrong_data(group: Any, 
 
     counted.spoil[op] = spoil
     wrong = _program(group, "runs", dtypes=("float32", "int64"))
-    assert wrong == _shortcut_steps((op,), group)
+    assert wrong == _planned_steps((op,), group)
 
 
 def _bad_calls(group: Any, lib: str) -> dict[str, Callable[[], Any]]:
@@ -448,7 +467,7 @@ def _good_call(group: Any, what: str, lib: str) -> None:
 def test_bad_calls_past_the_check_points_are_refused_alike_on_every_rank(
     group: Any, lib: str
 ) -> None:
-    """Past the check points, with every op's shortcut open (its run in progress), a bad call
+    """Past the check points, with every op's plan open (its kind known), a bad call
     raises the pipeline's InvalidArgumentError on every rank, counts nothing, sends nothing;
     the group goes on with right results."""
     counted = Counted(group)
@@ -466,7 +485,7 @@ def test_bad_calls_past_the_check_points_are_refused_alike_on_every_rank(
         except Exception as exc:
             outcomes[what] = f"{type(exc).__name__}: {exc}"
         if counted.taken != taken:
-            outcomes[what] += ", shortcut taken"
+            outcomes[what] += ", plan taken"
     wrong = _program(group, "interleaved", libs=(lib,), dtypes=("float32",))
     everyone = group.all_gather_object(outcomes)
     bad = {k: v for k, v in outcomes.items() if v != "InvalidArgumentError"}
@@ -494,20 +513,21 @@ def test_strided_views_go_through_the_pipeline_and_are_right(
     group: Any, lib: str, place: Place, place_out: Place
 ) -> None:
     """A strided view (every other element) as input, or as output, right after a call like it
-    (the shortcut open) goes through the pipeline: right results, the elements between kept."""
+    (its plan open) goes through the pipeline (the plan raises NotPlanned, or the kit takes no
+    plan for an output unlike the input): right results, the elements between kept."""
     counted = Counted(group)
     ops = [op for op in OPS if place is spread or _output(op, "float32", 1) is not None]
     wrong = []
     for step in range(3):
         for op in ops:
-            run_op(group, op, lib, "float32", step)  # contiguous: the shortcut from step 1 on
+            run_op(group, op, lib, "float32", step)  # contiguous: the plan from step 1 on
             taken = dict(counted.taken)
             if not run_op(group, op, lib, "float32", step, place, place_out):
                 wrong.append((op, step, "wrong"))
             if counted.taken != taken:
                 wrong.append((op, step, "taken"))
     assert not wrong, f"rank {group.rank}: strided views {wrong}"
-    assert all(counted.taken[op] for op in ops), f"no shortcut was open: {counted.taken}"
+    assert all(counted.taken[op] for op in ops), f"no plan was open: {counted.taken}"
 
 
 @pytest.mark.mpi(min_size=2)
@@ -517,7 +537,7 @@ def test_transposed_inputs_are_right(group: Any, lib: str) -> None:
     contiguous array, right after calls like it: every rank's results must be right (gathered,
     so that every rank fails or passes alike)."""
     for op in OPS:
-        run_op(group, op, lib, "float32", 0)  # every op's kind known: its shortcut open
+        run_op(group, op, lib, "float32", 0)  # every op's kind known: its plan open
     place = fortran if group.rank else as_is
     wrong = [
         (op, step)
@@ -537,7 +557,7 @@ def test_an_in_place_gather_goes_through_the_pipeline_and_is_right(group: Any, l
     n, r = group.world_size, group.rank
     wrong = []
     for step in range(4):
-        run_op(group, "all_gather_into_tensor", lib, "float32", step)  # the shortcut open
+        run_op(group, "all_gather_into_tensor", lib, "float32", step)  # the plan open
         everyone = [values("float32", s, step) for s in range(n)]
         full = np.full(K * n, -1, np.float32)
         full[r * K : (r + 1) * K] = everyone[r]
@@ -554,13 +574,13 @@ def test_an_in_place_gather_goes_through_the_pipeline_and_is_right(group: Any, l
 
 @pytest.mark.parametrize("how", ["chunks", "separate", "strided"])
 @pytest.mark.parametrize("root", ["first", "last"])
-def test_gather_and_scatter_take_the_shortcut_for_every_list_and_root(
+def test_gather_and_scatter_take_the_plan_for_every_list_and_root(
     group: Any, root: str, how: str
 ) -> None:
     """Past the check points, gathers to and scatters from rank 0 or the last rank, numpy and
     torch, five dtypes, the root's list chunks of one buffer (MPI takes it as it is), arrays of
     their own or strided views (both copied through the communicator's scratch): every call but
-    the first of its kind takes the shortcut, right."""
+    the first of its kind takes the plan, right."""
     at = 0 if root == "first" else group.world_size - 1
     counted = Counted(group)
     wrong = [
@@ -603,13 +623,13 @@ def _aliased(group: Any, op: str, lib: str, step: int, how: str, slot: int) -> b
 def test_rooted_calls_whose_tensor_is_in_the_list_are_right(group: Any, lib: str, how: str) -> None:
     """On the root, the tensor is an entry of its own list: its own slot (a chunk of the
     buffer: MPI_IN_PLACE) or another rank's (MPI forbids aliased buffers: through the scratch),
-    after calls like it (the shortcut open). Every result is the pipeline's, and MPI takes
+    after calls like it (the plan open). Every result is the pipeline's, and MPI takes
     every call."""
     counted = Counted(group)
     n, root = group.world_size, group.world_size - 1
     wrong = []
     for op in ROOTED:
-        run_op(group, op, lib, "float32", 0)  # the kind known: its shortcut open
+        run_op(group, op, lib, "float32", 0)  # the kind known: its plan open
         for step in range(1, 3):
             for slot in sorted({root, (root + 1) % n}):
                 if not _aliased(group, op, lib, step, how, slot):
@@ -621,8 +641,8 @@ def test_rooted_calls_whose_tensor_is_in_the_list_are_right(group: Any, lib: str
 
 
 @pytest.mark.parametrize("lib", LIBS)
-def test_async_calls_take_no_shortcut_and_are_right(group: Any, lib: str) -> None:
-    """async_op=True calls like the ones before them are never shortcut; their Works complete
+def test_async_calls_take_no_plan_and_are_right(group: Any, lib: str) -> None:
+    """async_op=True calls like the ones before them never run a plan; their Works complete
     with the right results."""
     counted = Counted(group)
     for op in OPS:
@@ -635,13 +655,13 @@ def test_async_calls_take_no_shortcut_and_are_right(group: Any, lib: str) -> Non
         if not run_op(group, op, lib, "float32", step, async_op=True)
     ]
     assert not wrong, f"rank {group.rank}: async calls wrong at {wrong}"
-    assert counted.calls == reached, f"an async call reached a plain primitive: {counted.calls}"
+    assert counted.calls == reached, f"an async call reached a plan: {counted.calls}"
 
 
 @pytest.mark.parametrize("how", ["split", "new_group"])
-def test_groups_from_split_and_new_group_take_the_shortcuts(world: Communicator, how: str) -> None:
+def test_groups_from_split_and_new_group_take_the_plans(world: Communicator, how: str) -> None:
     """A group of split (by parity, ranks in reverse order: group ranks are not world ranks) or
-    of new_group (every rank but 0) takes every shortcut past its check points, rightly."""
+    of new_group (every rank but 0) takes every plan past its check points, rightly."""
     n, r = world.world_size, world.rank
     if how == "split":
         made: Any = world.split(r % 2, key=-r)
@@ -657,18 +677,19 @@ def test_groups_from_split_and_new_group_take_the_shortcuts(world: Communicator,
         group.finalize()
     kinds = len(LIBS) * 2
     assert not wrong, f"rank {r} ({group.rank} of {group.global_ranks}): wrong at {wrong}"
-    assert _taken(counted, kinds) == _expected("sample", group.world_size, kinds)
+    assert _taken(counted, kinds) == _expected(kinds)
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", ["dtype", "reduce op"])
 def test_a_mismatch_between_check_points_is_named_at_the_next_one(group: Any, kind: str) -> None:
     """Rank 1 alone makes a call of another kind than the others', both known and agreed (so no
-    vote confirms it before the engine): a broadcast of int32 for one of float32 (shortcuts
-    both; MPI moves the same bytes) or an all_reduce by MAX for one by SUM (MPI runs the same
-    Allreduce). The check point at seq 1088 raises CollectiveMismatchError naming it on every
-    rank, and the group is retired. (A broadcast against a reduce cannot be run in one job: MPI
-    blocks in the mismatched collectives, and the watchdog ends the job.)"""
+    vote confirms it before the engine): a broadcast of int32 for one of float32 (planned
+    both; MPI moves the same bytes) or an all_reduce by MAX (the pipeline's) for one by SUM
+    (planned; MPI runs the same Allreduce). The check point at seq 1088 raises
+    CollectiveMismatchError naming it on every rank, and the group is retired. (A broadcast
+    against a reduce cannot be run in one job: MPI blocks in the mismatched collectives, and the
+    watchdog ends the job.)"""
     root = group.world_size - 1
     if kind == "dtype":
         calls = (
@@ -700,9 +721,8 @@ def test_a_mismatch_between_check_points_is_named_at_the_next_one(group: Any, ki
 
 
 def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> None:
-    """With the shortcuts open, hooks added see every call once (before and after), in order and
-    numbered; no plain primitive runs while they are on, and once removed the shortcuts are
-    taken again."""
+    """With the plans open, hooks added see every call once (before and after), in order and
+    numbered; no plan runs while they are on, and once removed the plans are taken again."""
     counted = Counted(group)
     _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
     reached = dict(counted.calls)
@@ -723,38 +743,44 @@ def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> No
     want = [(w, op, seq + i + 1) for i, op in enumerate(calls) for w in ("before", "after")]
     assert not wrong, f"rank {group.rank}: wrong under hooks at {wrong}"
     assert seen == want, f"rank {group.rank}: the hooks saw {len(seen)} events, want {len(want)}"
-    assert counted.calls == reached, f"a plain primitive ran under hooks: {counted.calls}"
+    assert counted.calls == reached, f"a plan ran under hooks: {counted.calls}"
     taken = dict(counted.taken)
     _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
     again = {op: counted.taken[op] - taken[op] for op in OPS}
-    assert again == dict.fromkeys(OPS, STEPS), f"after the hooks, shortcuts taken {again}"
+    assert again == dict.fromkeys(OPS, STEPS), f"after the hooks, plans taken {again}"
 
 
 # -- blocking messages ---------------------------------------------------------------------------
-MESSAGES = {"send": "_send_plain", "recv": "_recv_plain"}
+MESSAGES = ("send", "recv")
 
 
 class CountedMessages:
-    """Counting wrappers on a communicator's ``_send_plain`` and ``_recv_plain`` (instance
-    attributes, which the kit reads): the calls that reached each and those it took (send:
-    True; recv: a sender's rank). ``spoil``, when set, corrupts what a taken recv wrote;
-    ``refuse`` makes both decline (False, None) without asking MPI."""
+    """Counting wrappers on the plans of ``send`` and ``recv`` ``comm``'s engine gives
+    (:func:`wrap_plans`): the kinds it planned, the messages that reached each plan and those
+    it took (a plan that raised NotPlanned took none). ``spoil``, when set, corrupts what a
+    taken recv wrote; ``refuse`` makes both raise NotPlanned without asking MPI."""
 
     def __init__(self, comm: Any) -> None:
+        self.planned = dict.fromkeys(MESSAGES, 0)
         self.calls = dict.fromkeys(MESSAGES, 0)
         self.taken = dict.fromkeys(MESSAGES, 0)
         self.spoil: Callable[[Any], None] | None = None
         self.refuse = False
-        for way, name in MESSAGES.items():
-            setattr(comm, name, self._wrap(way, getattr(comm, name)))
+        wrap_plans(comm, self._wrap)
 
-    def _wrap(self, way: str, plain: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(tensor: Any, peer: Any, tag: int) -> Any:
+    def _wrap(self, kind: CallKind, run: Run) -> Run:
+        way = kind.op
+        if way not in self.calls:
+            return run
+        self.planned[way] += 1
+
+        def counted(tensor: Any, y: Any) -> Any:
             self.calls[way] += 1
-            said = (None if way == "recv" else False) if self.refuse else plain(tensor, peer, tag)
-            took = said is not None and said is not False
-            self.taken[way] += took
-            if took and way == "recv" and self.spoil is not None:
+            if self.refuse:
+                raise NotPlanned
+            said = run(tensor, y)  # NotPlanned passes: not taken
+            self.taken[way] += 1
+            if way == "recv" and self.spoil is not None:
                 self.spoil(tensor)
             return said
 
@@ -763,7 +789,7 @@ class CountedMessages:
 
 @pytest.fixture
 def peers(world: Communicator) -> Iterator[Any]:
-    """A new group of every rank (its shortcuts wrapped by the tests, not the world's)."""
+    """A new group of every rank (its plans wrapped by the tests, not the world's)."""
     made: Any = distcomm.new_group(range(world.world_size))
     yield made
     made.finalize()
@@ -823,22 +849,25 @@ def rings(group: Any, libs: tuple[str, ...] = LIBS, dtypes: tuple[str, ...] = DT
 
 
 @pytest.mark.mpi(min_size=2)
-def test_messages_in_a_ring_take_the_shortcuts_and_are_right(peers: Any) -> None:
+def test_messages_in_a_ring_take_the_plans_and_are_right(peers: Any) -> None:
     """Blocking send and recv of numpy arrays and torch tensors, five dtypes, three tags, from
-    the rank before and from any rank: every message takes its shortcut (no check points for
-    messages), with the right data and sender, and the mark cleared after each."""
+    the rank before and from any rank: the engine plans each kind of message (class, dtype,
+    size, peer, tag) once, on its first message, and every message takes its plan (no check
+    points for messages), with the right data and sender, and the mark cleared after each."""
     counted = CountedMessages(peers)
     wrong = rings(peers)
     messages = len(LIBS) * len(DTYPES) * 3 * 2
     assert not wrong, f"rank {peers.rank}: {wrong}"
+    kinds = {"send": messages // 2, "recv": messages}  # a send's kind for both ways of receiving
+    assert counted.planned == kinds, f"rank {peers.rank}: planned {counted.planned}"
     want = dict.fromkeys(MESSAGES, messages)
     assert counted.calls == want, f"rank {peers.rank}: reached {counted.calls}, want {want}"
     assert counted.taken == want, f"rank {peers.rank}: taken {counted.taken}, want {want}"
 
 
 @pytest.mark.mpi(min_size=2)
-def test_the_message_check_catches_a_recv_shortcut_that_writes_wrong_data(peers: Any) -> None:
-    """A recv shortcut that corrupts one element of what it received is caught at exactly the
+def test_the_message_check_catches_a_recv_plan_that_writes_wrong_data(peers: Any) -> None:
+    """A recv plan that corrupts one element of what it received is caught at exactly the
     messages that took it (every one), and nowhere once it is gone."""
     counted = CountedMessages(peers)
 
@@ -863,9 +892,9 @@ def test_the_message_check_catches_a_recv_shortcut_that_writes_wrong_data(peers:
 
 @pytest.mark.mpi(min_size=2)
 def test_declined_messages_go_through_the_pipeline_and_the_count_says_so(peers: Any) -> None:
-    """Shortcuts that decline every message (False, None, having sent nothing) are reached by
-    each; the pipeline moves them, right, and the count of those taken, 0, tells them from the
-    shortcuts' (the count check above fails for them)."""
+    """Plans that raise NotPlanned for every message (having sent nothing) are reached by each;
+    the pipeline moves them, right, and the count of those taken, 0, tells them from the plans'
+    (the count check above fails for them)."""
     counted = CountedMessages(peers)
     counted.refuse = True
     wrong = rings(peers, dtypes=("float32", "int8"))
@@ -878,8 +907,9 @@ def test_declined_messages_go_through_the_pipeline_and_the_count_says_so(peers: 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("lib", LIBS)
 def test_strided_messages_go_through_the_pipeline_and_are_right(peers: Any, lib: str) -> None:
-    """A strided view sent, and received into (the elements between kept): each shortcut is
-    asked and says no, having sent nothing; the pipeline moves the right data."""
+    """A strided view sent, and received into (the elements between kept): each plan is
+    reached and raises NotPlanned (mpi4py refuses the buffer), having sent nothing; the
+    pipeline moves the right data."""
     counted = CountedMessages(peers)
     wrong = [
         (tag, any_source, what)
@@ -919,12 +949,12 @@ def test_bad_messages_are_refused_alike_on_every_rank_and_send_nothing(
     peers: Any, lib: str
 ) -> None:
     """Bad ranks and tags raise the pipeline's InvalidArgumentError on every rank and take no
-    shortcut (one asked about a tag this MPI lacks says no); a ring after them, on tag 0,
+    plan (the engine gives none for a tag this MPI lacks); a ring after them, on tag 0,
     receives the good messages (a bad one sent would be received instead)."""
     counted = CountedMessages(peers)
     n = peers.world_size
     if n > 1:
-        rings(peers, libs=(lib,), dtypes=("float32",))  # the shortcuts in use
+        rings(peers, libs=(lib,), dtypes=("float32",))  # the plans in use
     outcomes = {}
     for what, call in _bad_messages(peers, lib).items():
         taken = dict(counted.taken)
@@ -936,7 +966,7 @@ def test_bad_messages_are_refused_alike_on_every_rank_and_send_nothing(
         except Exception as exc:
             outcomes[what] = f"{type(exc).__name__}: {exc}"
         if counted.taken != taken:
-            outcomes[what] += ", shortcut taken"
+            outcomes[what] += ", plan taken"
         if (peers.blocked_seq, peers.blocked_op) != (0, ""):
             outcomes[what] += f", blocked in {peers.blocked_op!r}"
     wrong = (
@@ -952,7 +982,7 @@ def test_bad_messages_are_refused_alike_on_every_rank_and_send_nothing(
 @pytest.mark.mpi(min_size=2)
 def test_messages_on_a_group_of_split_use_its_ranks(world: Communicator) -> None:
     """A group of split in reverse order (by parity on 4 ranks: two groups of 2), whose ranks
-    are not the world's: rings take the shortcuts, with the group's ranks as peers and as the
+    are not the world's: rings take the plans, with the group's ranks as peers and as the
     sender returned."""
     n, r = world.world_size, world.rank
     group: Any = world.split(r % 2 if n >= 4 else 0, key=-r)

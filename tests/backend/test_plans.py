@@ -1,21 +1,24 @@
-"""The kit's shortcuts of blocking collectives (:mod:`distcomm.backend._pipeline.shortcuts`) on
-fakelink thread-ranks.
+"""The kit's plans of blocking calls (:mod:`distcomm.backend._pipeline.plans`) on fakelink
+thread-ranks.
 
-FakeLink has no plain primitives: each test gives its communicators some (instance attributes,
-which the kit reads) that call the blocking primitives and log the ``seq`` each ran as. Proven
-here: a shortcut is taken only past the check points; the kinds of call are remembered per
-(op, class, dtype, byte size, root), so interleaved ops are taken; a new kind goes through the
-pipeline first; a policy change and a collective mismatch forget them; the history's running
-value is what it would be with no shortcuts; a primitive returning False leaves ``seq`` alone
-and the pipeline answers. gather and scatter are kinds alike; a list the pipeline would refuse
-(its length, an entry's dtype, class or size, a list off the root, none on it) never reaches
-their shortcuts.
+FakeLink has no plans: each test gives its communicators an engine's ``_plan`` (an instance
+attribute, :func:`give_plans`) whose plans call the blocking primitives and log the ``seq`` each
+ran as. Proven here: a plan is taken only past the check points; the kinds of call are
+remembered per (op, class, dtype, byte size, root), so interleaved ops are taken, and the engine
+is asked for the plan of each once; a new kind goes through the pipeline first; a policy change
+and a collective mismatch forget them (the engine is asked again); the history's running value
+is what it would be with no plans; a plan raising NotPlanned leaves ``seq`` alone and the
+pipeline answers, and a kind the engine has no plan for (None) takes the pipeline every time.
+gather and scatter are kinds alike; a list the pipeline would refuse (its length, an entry's
+dtype, class or size, a list off the root, none on it) never reaches their plans. Reductions
+other than SUM and calls with ``async_op`` are never planned.
 
-The shortcuts of blocking messages alike (``_send_plain``, ``_recv_plain``, here built on the
-communicator's own ``_isend`` / ``_irecv`` waited for): taken for every good message, under a
-"blocked in" mark of its own that is cleared after; never reached by bad ranks and tags (the
-pipeline's error, nothing sent); a False or None answer leaves the message to the pipeline; the
-ring's check shown to catch a wrong shortcut; a shortcut's errors become distcomm's.
+The plans of blocking messages alike (``send``, ``recv``, here built on the communicator's own
+``_isend`` / ``_irecv`` waited for): asked on the first message of a kind (op, class, dtype, byte
+size, peer, tag) and taken for every good message, under a "blocked in" mark of its own that is
+cleared after; never reached by bad ranks and tags (the pipeline's error, nothing sent, the
+engine not asked); a plan raising NotPlanned, or none, leaves the message to the pipeline; the
+ring's check shown to catch a wrong plan; a plan's errors become distcomm's.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import pytest
 import torch
 
 import distcomm
+from distcomm.backend import CallKind, NotPlanned
 from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.backend._pipeline.plans import OUTPUTS
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import (
     CollectiveMismatchError,
@@ -56,44 +61,68 @@ NEXT_CHECK = SAMPLED_FIRST + SAMPLE_EVERY
 K = 4
 
 
-class Plain:
-    """Plain primitives on ``comm`` (instance attributes) that run the blocking primitives; the
-    (op, seq) each took is in ``taken``. ``refuse``: return False, sending nothing (logged in
-    ``refused`` with the seq the kit gave the call)."""
+def give_plans(comm: Any, plan: Callable[[CallKind], Any]) -> None:
+    """Give ``comm``, a fakelink communicator already made, an engine's ``_plan``: an instance
+    attribute. The kit reads ``_plan`` once, when it makes a communicator (into its table of
+    kinds, ``_kit_plans``, whose dict it keeps for the communicator's life), so the table is
+    given the plan here and forgets what it learned without it; call this before the calls
+    whose kinds it should plan."""
+    comm._plan = plan
+    comm._kit_plans._engine_plan = plan
+    comm._kit_plans.forget()
 
-    def __init__(self, comm: Any, refuse: bool = False) -> None:
-        self.comm, self.refuse = comm, refuse
+
+def described(kind: CallKind) -> tuple[Any, ...]:
+    """What the engine was asked: the kind's op, class, dtype, byte size, root and tag (not the
+    example array, which is not to be kept)."""
+    x = kind.array
+    return (kind.op, x.__class__, x.dtype, x.nbytes, kind.root, kind.tag)
+
+
+class Planner:
+    """An engine's plans of collectives on ``comm`` (:func:`give_plans`) that run the blocking
+    primitives; each kind the engine was asked about is in ``asked`` (:func:`described`), the
+    (op, seq) each call a plan took in ``taken``. ``refuse``: the plans raise NotPlanned, moving
+    nothing (logged in ``refused`` with the seq the kit gave the call); ``none``: the engine has
+    no plan (``_plan`` returns None). A plan checks the ``y`` the kit passes: the output, the
+    root's list, None elsewhere."""
+
+    def __init__(self, comm: Any, refuse: bool = False, none: bool = False) -> None:
+        self.comm, self.refuse, self.none = comm, refuse, none
+        self.asked: list[tuple[Any, ...]] = []
         self.taken: list[tuple[str, int]] = []
         self.refused: list[tuple[str, int]] = []
-        c = comm
-        c._broadcast_plain = self._wrap("broadcast", lambda t, s: c._broadcast(t, s, False))
-        c._reduce_plain = self._wrap("reduce", lambda t, d: c._reduce(t, d, SUM, False))
-        c._all_gather_into_plain = self._wrap(
-            "all_gather_into_tensor", lambda o, t: c._all_gather_into(o, t, False)
-        )
-        c._reduce_scatter_plain = self._wrap(
-            "reduce_scatter_tensor", lambda o, i: c._reduce_scatter(o, i, SUM, False)
-        )
-        c._all_to_all_plain = self._wrap(
-            "all_to_all_single", lambda o, i: c._all_to_all(o, i, False)
-        )
-        c._all_reduce_plain = self._wrap("all_reduce", lambda t: c._all_reduce(t, SUM, False))
-        c._gather_plain = self._wrap("gather", lambda t, parts, d: plain_gather(c, t, parts, d))
-        c._scatter_plain = self._wrap("scatter", lambda t, parts, s: plain_scatter(c, t, parts, s))
+        give_plans(comm, self.plan)
 
-    def _wrap(self, op: str, call: Callable[..., Any]) -> Callable[..., bool]:
-        def plain(*args: Any) -> bool:
+    def plan(self, kind: CallKind) -> Callable[[Any, Any], None] | None:
+        self.asked.append(described(kind))
+        if self.none:
+            return None
+        c, op, root = self.comm, kind.op, kind.root
+        move: Callable[[Any, Any], Any] = {
+            "broadcast": lambda x, y: c._broadcast(x, root, False),
+            "reduce": lambda x, y: c._reduce(x, root, SUM, False),
+            "all_gather_into_tensor": lambda x, y: c._all_gather_into(y, x, False),
+            "reduce_scatter_tensor": lambda x, y: c._reduce_scatter(y, x, SUM, False),
+            "all_to_all_single": lambda x, y: c._all_to_all(y, x, False),
+            "all_reduce": lambda x, y: c._all_reduce(x, SUM, False),
+            "gather": lambda x, y: plan_gather(c, x, y, root),
+            "scatter": lambda x, y: plan_scatter(c, x, y, root),
+        }[op]
+        with_y = op in OUTPUTS or (op in ROOTED and c.rank == root)
+
+        def run(x: Any, y: Any) -> None:
+            assert (y is not None) == with_y, f"{op}: y={y!r}"
             if self.refuse:
-                self.refused.append((op, self.comm.seq))
-                return False
-            call(*args)
-            self.taken.append((op, self.comm.seq))
-            return True
+                self.refused.append((op, c.seq))
+                raise NotPlanned
+            move(x, y)
+            self.taken.append((op, c.seq))
 
-        return plain
+        return run
 
 
-def plain_gather(comm: Any, tensor: Any, parts: Any, dst: int) -> None:
+def plan_gather(comm: Any, tensor: Any, parts: Any, dst: int) -> None:
     """gather through the blocking ``_gather``, copied out into ``parts`` on ``dst``."""
     adapter = adapter_for(tensor)
     numel = adapter.numel(tensor)
@@ -103,7 +132,7 @@ def plain_gather(comm: Any, tensor: Any, parts: Any, dst: int) -> None:
         adapter.copy_(part, adapter.flat(out)[r * numel : (r + 1) * numel])
 
 
-def plain_scatter(comm: Any, tensor: Any, parts: Any, src: int) -> None:
+def plan_scatter(comm: Any, tensor: Any, parts: Any, src: int) -> None:
     """scatter through the blocking ``_scatter``, ``parts`` copied in on ``src``."""
     adapter = adapter_for(tensor)
     numel = adapter.numel(tensor)
@@ -219,117 +248,127 @@ def call_rooted(
     ("policy", "first", "calls"),
     [("sample", SAMPLED_FIRST + 1, NEXT_CHECK + 12), ("off", 2, 100), ("check", None, 100)],
 )
-def test_the_shortcut_is_taken_only_past_the_check_points(
+def test_the_plan_is_taken_only_past_the_check_points(
     policy: str, first: int | None, calls: int
 ) -> None:
-    """Broadcasts of one kind: under the default policy the shortcut is taken from call 65 on
-    but not at the check point 1088; off, from the second call (the first marks the kind);
-    under check, never. Every result is right."""
+    """Broadcasts of one kind: under the default policy the plan is taken from call 65 on but
+    not at the check point 1088; off, from the second call (the first teaches the kind, and the
+    engine is asked for its plan then, once); under check, never. Every result is right."""
 
-    def body() -> tuple[list[int], bool]:
+    def body() -> tuple[list[int], int, bool]:
         comm: Any = distcomm.get_communicator()
         comm.debug = policy
-        plain = Plain(comm)
+        planner = Planner(comm)
         kind = ("broadcast", "numpy", "float32", K, comm.world_size - 1)
         right = [call_kind(comm, kind, step) for step in range(calls)]
-        return [seq for _, seq in plain.taken], all(right)
+        return [seq for _, seq in planner.taken], len(planner.asked), all(right)
 
     want = [] if first is None else list(range(first, calls + 1))
     if policy == "sample":
         want.remove(NEXT_CHECK)
-    for taken, right in run_threads(body, 3):
+    for taken, asked, right in run_threads(body, 3):
         assert right, "a wrong broadcast"
         assert taken == want, f"taken at {taken[:3]}..{taken[-3:]} ({len(taken)}), want {len(want)}"
+        assert asked == 1, f"the engine was asked {asked} times for the plan of one kind"
 
 
-def test_kinds_are_remembered_so_that_interleaved_calls_take_the_shortcut() -> None:
+def _key(kind: tuple[Any, ...], world_size: int) -> tuple[Any, ...]:
+    """The key of a kind of :data:`KINDS` in the table: (op, class, dtype, byte size, root)."""
+    op, lib, dtype, numel, root = kind
+    dt = getattr(torch, dtype) if lib == "torch" else np.dtype(dtype)
+    size = numel * world_size if op in ("reduce_scatter_tensor", "all_to_all_single") else numel
+    cls = torch.Tensor if lib == "torch" else np.ndarray
+    return (op, cls, dt, size * np.dtype(dtype).itemsize, root)
+
+
+def test_kinds_are_remembered_so_that_interleaved_calls_take_their_plans() -> None:
     """Past the check points, rounds of the calls of :data:`KINDS` in turn: the first round
-    goes through the pipeline (each kind new), every later call takes the shortcut; the kinds
-    are remembered under their (op, class, dtype, byte size, root)."""
+    goes through the pipeline (each kind new; the engine asked for its plan, once, with the
+    kind's op, an array like the call's tensor and the root), every later call takes its plan;
+    the kinds are remembered under their (op, class, dtype, byte size, root)."""
 
-    def body() -> tuple[list[list[str]], list[Any], bool]:
+    def body() -> tuple[list[list[str]], list[Any], list[Any], bool]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
         past_the_first_checks(comm)
-        plain = Plain(comm)
+        asked = len(planner.asked)  # the fill's kind
         rounds, right = [], True
         for step in range(4):
-            before = len(plain.taken)
+            before = len(planner.taken)
             for kind in KINDS:
                 right &= call_kind(comm, kind, step)
-            rounds.append([op for op, _ in plain.taken[before:]])
-        return rounds, list(comm._kit_plain_fps), right
+            rounds.append([op for op, _ in planner.taken[before:]])
+        return rounds, list(comm._kit_plans.kinds), planner.asked[asked:], right
 
     ops = [kind[0] for kind in KINDS]
-    libs = {"numpy": np.ndarray, "torch": torch.Tensor}
-    keys = []
-    for op, lib, dtype, numel, root in KINDS:
-        dt = getattr(torch, dtype) if lib == "torch" else np.dtype(dtype)
-        size = numel * 3 if op in ("reduce_scatter_tensor", "all_to_all_single") else numel
-        keys.append((op, libs[lib], dt, size * np.dtype(dtype).itemsize, root))
-    for rounds, remembered, right in run_threads(body, 3):
+    keys = [_key(kind, 3) for kind in KINDS]
+    for rounds, remembered, asked, right in run_threads(body, 3):
         assert right, "a wrong result"
         assert rounds == [[], ops, ops, ops], rounds
         assert set(keys) <= set(remembered), set(keys) - set(remembered)
+        assert asked == [(*key, 0) for key in keys], asked
 
 
-def _path(comm: Any, plain: Plain, kind: tuple[Any, ...], step: int) -> str:
-    """Make a call of ``kind``: "shortcut" or "pipeline", the way it went ("wrong": a wrong
+def _path(comm: Any, planner: Planner, kind: tuple[Any, ...], step: int) -> str:
+    """Make a call of ``kind``: "plan" or "pipeline", the way it went ("wrong": a wrong
     result)."""
-    before = len(plain.taken)
+    before = len(planner.taken)
     if not call_kind(comm, kind, step):
         return "wrong"
-    return "shortcut" if len(plain.taken) > before else "pipeline"
+    return "plan" if len(planner.taken) > before else "pipeline"
 
 
-def test_a_new_kind_goes_through_the_pipeline_first_then_takes_the_shortcut() -> None:
+def test_a_new_kind_goes_through_the_pipeline_first_then_takes_its_plan() -> None:
     """Past the check points, three calls of each broadcast of :data:`KINDS` (a new size,
     dtype, class or root) in a row, then of the first again: a new kind's first call goes
-    through the pipeline (recorded, confirmed with the other ranks), the next take the
-    shortcut; the first kind, remembered, takes it at once."""
+    through the pipeline (recorded, confirmed with the other ranks), the next take its plan;
+    the first kind, remembered, takes it at once."""
     broadcasts = [kind for kind in KINDS if kind[0] == "broadcast"]
 
     def body() -> list[str]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
         past_the_first_checks(comm)
-        plain = Plain(comm)
         kinds = [*broadcasts, broadcasts[0]]
-        return [_path(comm, plain, kind, step) for kind in kinds for step in range(3)]
+        return [_path(comm, planner, kind, step) for kind in kinds for step in range(3)]
 
-    want = ["pipeline", "shortcut", "shortcut"] * len(broadcasts) + ["shortcut"] * 3
+    want = ["pipeline", "plan", "plan"] * len(broadcasts) + ["plan"] * 3
     assert run_threads(body, 3) == [want] * 3
 
 
 @pytest.mark.parametrize("policy", ["sample", "off"])
 def test_a_policy_change_forgets_the_kinds(policy: str) -> None:
-    """Setting ``debug`` (even to the policy in force) forgets the remembered kinds and closes
-    the run: a kind taken before goes through the pipeline once, then the shortcut again."""
+    """Setting ``debug`` (even to the policy in force) forgets the remembered kinds: a kind
+    taken before goes through the pipeline once (the engine asked for its plan again), then
+    takes its plan again."""
 
     def body() -> tuple[Any, ...]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
         past_the_first_checks(comm)
-        plain = Plain(comm)
-        path = [_path(comm, plain, KINDS[0], step) for step in range(3)]
-        before = (len(comm._kit_plain_fps) > 0, comm._kit_plain_op)
+        path = [_path(comm, planner, KINDS[0], step) for step in range(3)]
+        before = len(comm._kit_plans.kinds) > 0
         comm.debug = policy
-        after = (dict(comm._kit_plain_fps), comm._kit_plain_op, comm._kit_plain_nbytes)
-        path += [_path(comm, plain, KINDS[0], step) for step in range(3)]
-        return before, after, path
+        after = dict(comm._kit_plans.kinds)
+        path += [_path(comm, planner, KINDS[0], step) for step in range(3)]
+        key = (*_key(KINDS[0], comm.world_size), 0)
+        return before, after, path, planner.asked.count(key)
 
-    want = ["pipeline", "shortcut", "shortcut"] * 2
-    assert run_threads(body, 3) == [((True, "broadcast"), ({}, None, -1), want)] * 3
+    want = ["pipeline", "plan", "plan"] * 2
+    assert run_threads(body, 3) == [(True, {}, want, 2)] * 3
 
 
 def test_a_collective_mismatch_forgets_the_kinds() -> None:
-    """Past the check points and the shortcuts taken, ranks making different new calls (a
-    vote finds it before the engine) all raise CollectiveMismatchError; nothing ran, the
+    """Past the check points and the plans taken, ranks making different new calls (a vote
+    finds it before the engine) all raise CollectiveMismatchError; nothing ran, the
     communicator stays usable, and the kinds are forgotten: a known kind goes through the
-    pipeline once, then the shortcut."""
+    pipeline once, then its plan."""
 
     def body() -> tuple[Any, ...]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
         past_the_first_checks(comm)
-        plain = Plain(comm)
-        path = [_path(comm, plain, KINDS[0], step) for step in range(3)]
+        path = [_path(comm, planner, KINDS[0], step) for step in range(3)]
         odd = ("broadcast", "numpy", "float64" if comm.rank == 0 else "int32", 3, 0)
         at = comm.seq + 1
         try:
@@ -337,31 +376,31 @@ def test_a_collective_mismatch_forgets_the_kinds() -> None:
             outcome: Any = "no error"
         except CollectiveMismatchError as exc:
             outcome = (exc.seq == at, exc.ran)
-        after = (dict(comm._kit_plain_fps), comm._kit_plain_op, comm.unusable)
-        path += [_path(comm, plain, KINDS[0], step) for step in range(3)]
+        after = (dict(comm._kit_plans.kinds), comm.unusable)
+        path += [_path(comm, planner, KINDS[0], step) for step in range(3)]
         return outcome, after, path
 
-    want = ["pipeline", "shortcut", "shortcut"] * 2
-    assert run_threads(body, 3) == [((True, None), ({}, None, None), want)] * 3
+    want = ["pipeline", "plan", "plan"] * 2
+    assert run_threads(body, 3) == [((True, None), ({}, None), want)] * 3
 
 
 def test_a_kind_whose_agreement_was_forgotten_is_confirmed_again_first() -> None:
     """A remembered kind whose fingerprint the history no longer counts as agreed (it keeps
     4096; here cleared) goes through the pipeline, which confirms it with the other ranks,
-    before it takes the shortcut again; the run in progress keeps it."""
+    before it takes its plan again; the run in progress keeps it."""
 
     def body() -> list[str]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
         past_the_first_checks(comm)
-        plain = Plain(comm)
         kinds = (KINDS[0], KINDS[6])  # a broadcast and a reduce in turn
-        path = [_path(comm, plain, kind, step) for step in range(2) for kind in kinds]
+        path = [_path(comm, planner, kind, step) for step in range(2) for kind in kinds]
         comm._kit_history.agreed.clear()
-        path += [_path(comm, plain, kinds[1], 2)]  # the run in progress: the reduce's
-        path += [_path(comm, plain, kind, step) for step in (3, 4) for kind in kinds]
+        path += [_path(comm, planner, kinds[1], 2)]  # the run in progress: the reduce's
+        path += [_path(comm, planner, kind, step) for step in (3, 4) for kind in kinds]
         return path
 
-    want = ["pipeline"] * 2 + ["shortcut"] * 3 + ["pipeline"] + ["shortcut"] * 3
+    want = ["pipeline"] * 2 + ["plan"] * 3 + ["pipeline"] + ["plan"] * 3
     assert run_threads(body, 3) == [want] * 3
 
 
@@ -419,27 +458,27 @@ def _bad_rooted_calls(comm: Any, x: Any) -> dict[str, tuple[tuple[Any, ...], Cal
 
 
 def test_bad_calls_of_a_known_kind_are_left_to_the_pipeline() -> None:
-    """Past the check points, right after a good call of its op (the shortcut open), a call with
+    """Past the check points, right after a good call of its op (its plan taken), a call with
     an output unlike the input (size, dtype of the same byte size, class), a root of True (a
-    rank's equal) or a bad list (:func:`_bad_rooted_calls`) takes no shortcut: the pipeline
+    rank's equal) or a bad list (:func:`_bad_rooted_calls`) reaches no plan: the pipeline
     raises InvalidArgumentError, counting nothing."""
 
     def body() -> dict[str, str]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
         past_the_first_checks(comm)
-        plain = Plain(comm)
         outcomes = {}
         for what, (kind, call) in _bad_calls(comm).items():
             for step in range(2):
                 call_kind(comm, kind, step)
-            seq, taken = comm.seq, len(plain.taken)
+            seq, taken = comm.seq, len(planner.taken)
             try:
                 call()
                 outcomes[what] = "no error"
             except InvalidArgumentError:
                 outcomes[what] = "refused" if comm.seq == seq else "refused, seq moved"
-            if len(plain.taken) != taken:
-                outcomes[what] += ", shortcut taken"
+            if len(planner.taken) != taken:
+                outcomes[what] += ", plan taken"
         return outcomes
 
     for outcomes in run_threads(body, 3):
@@ -472,54 +511,126 @@ def _state(comm: Any) -> tuple[Any, ...]:
 
 
 @pytest.mark.parametrize("refuse", [False, True], ids=["taken", "refused"])
-def test_the_running_value_is_the_one_without_shortcuts(refuse: bool) -> None:
-    """The same program with plain primitives (taken, or all returning False) and without any:
-    the history's running value, runs and agreement are the same at the end."""
+def test_the_running_value_is_the_one_without_plans(refuse: bool) -> None:
+    """The same program with plans (taken, or all raising NotPlanned) and without any: the
+    history's running value, runs and agreement are the same at the end."""
 
-    def body(plain: bool) -> tuple[Any, ...]:
+    def body(planned: bool) -> tuple[Any, ...]:
         comm: Any = distcomm.get_communicator()
-        given = Plain(comm, refuse) if plain else None
+        given = Planner(comm, refuse) if planned else None
         right = program(comm)
         reached = 0 if given is None else len(given.refused if refuse else given.taken)
         return right, reached, _state(comm)
 
     without = run_threads(body, 3, False)
-    for (right, reached, state), (_, _, plain_state) in zip(
+    for (right, reached, state), (_, _, state_without) in zip(
         run_threads(body, 3, True), without, strict=True
     ):
         assert right, "a wrong result"
-        assert reached > 900, f"only {reached} calls reached the primitives"
-        assert state == plain_state
+        assert reached > 900, f"only {reached} calls reached the plans"
+        assert state == state_without
 
 
-def test_a_primitive_returning_false_leaves_seq_and_the_pipeline_answers() -> None:
-    """Primitives that return False (nothing sent) are reached, past the check points, by every
+def test_a_plan_raising_not_planned_leaves_seq_and_the_pipeline_answers() -> None:
+    """Plans that raise NotPlanned (nothing sent) are reached, past the check points, by every
     call of a known kind with that call's seq; the call is then counted once, by the pipeline,
-    with the right result."""
+    with the right result, and the plan stays: the engine is asked once per kind."""
 
-    def body() -> tuple[bool, list[tuple[str, int]], int]:
+    def body() -> tuple[bool, list[tuple[str, int]], int, int]:
         comm: Any = distcomm.get_communicator()
+        planner = Planner(comm, refuse=True)
         past_the_first_checks(comm)
-        plain = Plain(comm, refuse=True)
         right = all(call_kind(comm, kind, step) for step in range(3) for kind in KINDS)
-        return right, plain.refused, comm.blocked_seq
+        return right, planner.refused, comm.blocked_seq, len(planner.asked)
 
     known = SAMPLED_FIRST + len(KINDS)  # the first round goes through the pipeline
     want = [(kind[0], known + 1 + i) for i, kind in enumerate(KINDS * 2)]
-    assert run_threads(body, 3) == [(True, want, 0)] * 3
+    asked = 1 + len(KINDS)  # the fill's kind, then each of KINDS
+    assert run_threads(body, 3) == [(True, want, 0, asked)] * 3
+
+
+def test_a_kind_without_a_plan_takes_the_pipeline_every_time() -> None:
+    """An engine with no plan for the kinds (``_plan`` returns None) is asked once per kind;
+    past the check points every call then goes through the pipeline, right, one operation
+    each, and the kinds are remembered without a plan."""
+
+    def body() -> tuple[bool, int, list[Any], list[Any]]:
+        comm: Any = distcomm.get_communicator()
+        planner = Planner(comm, none=True)
+        past_the_first_checks(comm)
+        asked = len(planner.asked)
+        right = all(call_kind(comm, kind, step) for step in range(3) for kind in KINDS)
+        plans = [comm._kit_plans.kinds[_key(kind, comm.world_size)][0] for kind in KINDS]
+        return right, len(planner.taken) + len(planner.refused), planner.asked[asked:], plans
+
+    asked = [(*_key(kind, 3), 0) for kind in KINDS]
+    assert run_threads(body, 3) == [(True, 0, asked, [None] * len(KINDS))] * 3
+
+
+def test_reductions_other_than_sum_and_async_calls_are_never_planned() -> None:
+    """Past the check points, all_reduce, reduce and reduce_scatter_tensor by MAX go through
+    the pipeline every time and the engine is never asked about them; the same calls by SUM
+    are planned (asked once, the plan taken from the second call); then async_op=True calls of
+    those kinds go through the pipeline. Every result is right."""
+
+    def body() -> tuple[bool, list[str], list[tuple[str, int]], list[str], int]:
+        comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
+        past_the_first_checks(comm)
+        fills = len(planner.asked)
+        n, r = comm.world_size, comm.rank
+        ops = ("all_reduce", "reduce", "reduce_scatter_tensor")
+        right = True
+
+        def call(op: str, reduce_op: ReduceOp, step: int, async_op: bool = False) -> bool:
+            size = K * n if op == "reduce_scatter_tensor" else K
+            everyone = [values("float32", s, step, size) for s in range(n)]
+            want = (np.max if reduce_op is ReduceOp.MAX else np.sum)(everyone, axis=0)
+            x = everyone[r].copy()
+            if op == "all_reduce":
+                work, got = comm.all_reduce(x, reduce_op, async_op=async_op), x
+            elif op == "reduce":
+                work, got = comm.reduce(x, 0, reduce_op, async_op=async_op), x
+                want = want if r == 0 else x
+            else:
+                got = np.full(K, -1, np.float32)
+                work = comm.reduce_scatter_tensor(got, x, reduce_op, async_op=async_op)
+                want = want[r * K : (r + 1) * K]
+            if work is not None:
+                work.wait()
+            return bool(np.array_equal(got, want))
+
+        for step in range(3):
+            for op in ops:
+                right &= call(op, ReduceOp.MAX, step)
+        by_max = [kind[0] for kind in planner.asked[fills:]]
+        for step in range(3):
+            for op in ops:
+                right &= call(op, SUM, step)
+        taken = list(planner.taken)
+        for step in range(3):
+            for op in ops:
+                right &= call(op, SUM, step, async_op=True)
+        by_sum = [kind[0] for kind in planner.asked[fills:]]
+        return right, by_max, taken, by_sum, len(planner.taken) - len(taken)
+
+    ops = ["all_reduce", "reduce", "reduce_scatter_tensor"]
+    start = SAMPLED_FIRST + 3 * len(ops)  # the MAX calls
+    taken = [(op, start + len(ops) * step + 1 + i) for step in (1, 2) for i, op in enumerate(ops)]
+    assert run_threads(body, 3) == [(True, [], taken, ops, 0)] * 3
 
 
 @pytest.mark.parametrize("who", ["rank 0", "every rank"])
 def test_a_refused_bad_call_leaves_the_history_as_the_pipeline_would(who: str) -> None:
     """Past the check points, an all-gather of a known kind with an output of the wrong size,
     right after a call of another op, raises InvalidArgumentError (caught) and counts nothing:
-    the running value is the one without shortcuts, and the check point at 1088 finds no
+    the running value is the one without plans, and the check point at 1088 finds no
     mismatch, whether one rank or every rank made it."""
 
-    def body(plain: bool) -> tuple[int, str]:
+    def body(planned: bool) -> tuple[int, str]:
         comm: Any = distcomm.get_communicator()
-        if plain:
-            Plain(comm)
+        if planned:
+            Planner(comm)
         past_the_first_checks(comm)
         gather = ("all_gather_into_tensor", "numpy", "float32", K, None)
         for step in range(3):
@@ -547,8 +658,8 @@ def test_a_none_output_past_the_check_points_is_refused_by_the_pipeline(op: str)
 
     def body() -> tuple[str, bool]:
         comm: Any = distcomm.get_communicator()
+        Planner(comm)
         past_the_first_checks(comm)
-        Plain(comm)
         for step in range(3):
             call_kind(comm, (op, "numpy", "float32", K, None), step)
         seq = comm.seq
@@ -571,47 +682,73 @@ MESSAGE_KINDS = [
 ]
 
 
-class PlainMessages:
-    """``_send_plain`` and ``_recv_plain`` on ``comm`` (instance attributes) that start the
-    communicator's ``_isend`` / ``_irecv`` and wait for it; each message taken is logged in
-    ``taken`` as (way, peer, tag, the "blocked in" mark meanwhile). They decline (False, None)
-    an array that is not contiguous, and every message when ``refuse`` is set (logged in
-    ``refused``). ``spoil`` corrupts what a recv received; ``lie`` changes the sender it
-    returns (to show that the ring's check catches both)."""
+class PlannedMessages:
+    """An engine's plans of ``send`` and ``recv`` on ``comm`` (:func:`give_plans`) that start the
+    communicator's ``_isend`` / ``_irecv`` and wait for it; each kind the engine was asked about
+    is logged in ``asked`` (:func:`described`), each message a plan took in ``taken`` as (way,
+    peer, tag, the "blocked in" mark meanwhile). They raise NotPlanned for an array that is not
+    contiguous, and for every message when ``refuse`` is set (logged in ``refused``); ``none``:
+    the engine has no plan (``_plan`` returns None). ``spoil`` corrupts what a recv received;
+    ``lie`` changes the sender it returns (to show that the ring's check catches both);
+    ``broken`` makes a send raise OSError (an engine's error)."""
 
-    def __init__(self, comm: Any, refuse: bool = False) -> None:
-        self.comm, self.refuse = comm, refuse
+    def __init__(self, comm: Any, refuse: bool = False, none: bool = False) -> None:
+        self.comm, self.refuse, self.none = comm, refuse, none
+        self.asked: list[tuple[Any, ...]] = []
         self.taken: list[tuple[str, Any, int, tuple[int, str]]] = []
         self.refused: list[tuple[str, Any, int]] = []
-        self.spoil = self.lie = False
-        comm._send_plain, comm._recv_plain = self.send, self.recv
+        self.spoil = self.lie = self.broken = False
+        give_plans(comm, self.plan)
 
-    def _declines(self, way: str, tensor: Any, peer: Any, tag: int) -> bool:
-        contiguous = (
-            tensor.is_contiguous()
-            if isinstance(tensor, torch.Tensor)
-            else (tensor.flags.c_contiguous)
-        )
-        if self.refuse or not contiguous:
-            self.refused.append((way, peer, tag))
-            return True
-        self.taken.append((way, peer, tag, (self.comm.blocked_seq, self.comm.blocked_op)))
-        return False
-
-    def send(self, tensor: Any, dst: int, tag: int) -> bool:
-        if self._declines("send", tensor, dst, tag):
-            return False
-        self.comm._isend(tensor, dst, tag).wait()
-        return True
-
-    def recv(self, tensor: Any, src: int | None, tag: int) -> int | None:
-        if self._declines("recv", tensor, src, tag):
+    def plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+        way, peer, tag = kind.op, kind.root, kind.tag
+        self.asked.append(described(kind))
+        if self.none:
             return None
+        move = self._send if way == "send" else self._recv
+
+        def run(tensor: Any, y: Any) -> Any:
+            assert y is None, f"{way}: y={y!r}"
+            contiguous = (
+                tensor.is_contiguous()
+                if isinstance(tensor, torch.Tensor)
+                else tensor.flags.c_contiguous
+            )
+            if self.refuse or not contiguous:
+                self.refused.append((way, peer, tag))
+                raise NotPlanned
+            self.taken.append((way, peer, tag, (self.comm.blocked_seq, self.comm.blocked_op)))
+            return move(tensor, peer, tag)
+
+        return run
+
+    def _send(self, tensor: Any, dst: int, tag: int) -> None:
+        if self.broken:
+            raise OSError("link down")
+        self.comm._isend(tensor, dst, tag).wait()
+
+    def _recv(self, tensor: Any, src: int | None, tag: int) -> int:
         work = self.comm._irecv(tensor, src, tag)
         work.wait()
         if self.spoil:
             tensor[0] += 1
         return int(work.source) + self.lie
+
+
+def message_kinds(rank: int, world_size: int) -> list[tuple[Any, ...]]:
+    """The kinds of message of :func:`message_rings` on ``rank`` (:func:`described`), in the
+    order of their first messages: per kind and tag, the send to the next rank, the receives
+    from the rank before and from any rank."""
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    kinds = []
+    for lib, dtype in MESSAGE_KINDS:
+        cls = torch.Tensor if lib == "torch" else np.ndarray
+        dt = getattr(torch, dtype) if lib == "torch" else np.dtype(dtype)
+        nbytes = K * np.dtype(dtype).itemsize
+        for tag in TAGS:
+            for way, peer in (("send", nxt), ("recv", prev), ("recv", None)):
+                kinds.append((way, cls, dt, nbytes, peer, tag))
+    return kinds
 
 
 def message_ring(
@@ -651,19 +788,25 @@ def message_rings(comm: Any) -> list[tuple[Any, ...]]:
     return wrong
 
 
-def test_good_messages_take_the_shortcuts_under_a_mark_of_their_own() -> None:
+def test_good_messages_take_their_plans_under_a_mark_of_their_own() -> None:
     """Rings of numpy and torch, three dtypes, three tags, from the rank before and from any
-    rank: every message takes its shortcut (no check points for messages), right, the sender
-    returned; meanwhile the mark names the message (a negative number), cleared after."""
+    rank: the engine is asked for the plan of each kind of message (op, class, dtype, byte size,
+    peer, tag) on its first message, and every message takes its plan (no check points for
+    messages), right, the sender returned; meanwhile the mark names the message (a negative
+    number), cleared after. Rings of the same kinds again take the plans without asking."""
 
-    def body() -> tuple[list[Any], list[Any], list[Any]]:
+    def body() -> tuple[list[Any], list[Any], list[Any], list[Any], tuple[int, bool]]:
         comm: Any = distcomm.get_communicator()
-        plain = PlainMessages(comm)
+        planned = PlannedMessages(comm)
         wrong = message_rings(comm)
-        return wrong, plain.taken, plain.refused
+        asked = list(planned.asked)
+        taken = len(planned.taken)
+        wrong += message_rings(comm)
+        again = len(planned.taken) - taken, planned.asked == asked
+        return wrong, planned.taken[:taken], planned.refused, asked, again
 
     n = 3
-    for r, (wrong, taken, refused) in enumerate(run_threads(body, n)):
+    for r, (wrong, taken, refused, asked, again) in enumerate(run_threads(body, n)):
         assert wrong == [] and refused == [], f"rank {r}: {wrong}, declined {refused}"
         want = []
         for _kind in MESSAGE_KINDS:
@@ -671,6 +814,8 @@ def test_good_messages_take_the_shortcuts_under_a_mark_of_their_own() -> None:
                 for src in ((r - 1) % n, None):
                     want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
         assert [t[:3] for t in taken] == want, f"rank {r}: {taken[:4]}..."
+        assert asked == message_kinds(r, n), f"rank {r}: asked {asked[:4]}..."
+        assert again == (len(want), True), f"rank {r}: again {again}"
         labels = [
             f"send to rank {peer} (tag {tag})"
             if way == "send"
@@ -683,16 +828,16 @@ def test_good_messages_take_the_shortcuts_under_a_mark_of_their_own() -> None:
 
 
 @pytest.mark.parametrize("fault", ["spoil", "lie"])
-def test_the_ring_check_catches_a_shortcut_that_is_wrong(fault: str) -> None:
-    """A recv shortcut that corrupts what it received, or returns another sender, is caught at
+def test_the_ring_check_catches_a_plan_that_is_wrong(fault: str) -> None:
+    """A recv plan that corrupts what it received, or returns another sender, is caught at
     every message (each takes it); without the fault nothing is."""
 
     def body() -> tuple[list[Any], list[Any]]:
         comm: Any = distcomm.get_communicator()
-        plain = PlainMessages(comm)
-        setattr(plain, fault, True)
+        planned = PlannedMessages(comm)
+        setattr(planned, fault, True)
         wrong = message_rings(comm)
-        setattr(plain, fault, False)
+        setattr(planned, fault, False)
         return wrong, message_rings(comm)
 
     what = "data" if fault == "spoil" else "returned"
@@ -725,24 +870,24 @@ def _bad_messages(comm: Any) -> dict[str, Callable[[], Any]]:
     }
 
 
-def test_bad_messages_never_reach_the_shortcuts_and_send_nothing() -> None:
-    """Bad ranks and tags raise the pipeline's InvalidArgumentError and never reach a shortcut;
-    the mark stays clear; a ring after them on tag 0 gets the good messages (a bad one sent
-    would be received instead)."""
+def test_bad_messages_never_reach_the_plans_and_send_nothing() -> None:
+    """Bad ranks and tags raise the pipeline's InvalidArgumentError; the engine is not asked
+    for a plan of them and no plan is reached; the mark stays clear; a ring after them on tag
+    0 gets the good messages (a bad one sent would be received instead)."""
 
     def body() -> tuple[dict[str, str], list[Any]]:
         comm: Any = distcomm.get_communicator()
-        plain = PlainMessages(comm)
+        planned = PlannedMessages(comm)
         outcomes = {}
         for what, call in _bad_messages(comm).items():
-            reached = len(plain.taken) + len(plain.refused)
+            reached = len(planned.asked) + len(planned.taken) + len(planned.refused)
             try:
                 call()
                 outcomes[what] = "no error"
             except InvalidArgumentError:
                 outcomes[what] = "refused"
-            if len(plain.taken) + len(plain.refused) != reached:
-                outcomes[what] += ", shortcut reached"
+            if len(planned.asked) + len(planned.taken) + len(planned.refused) != reached:
+                outcomes[what] += ", plan reached"
             if (comm.blocked_seq, comm.blocked_op) != (0, ""):
                 outcomes[what] += f", blocked in {comm.blocked_op!r}"
         return outcomes, message_ring(comm, ("numpy", "int64"), 0, 1, False)
@@ -752,24 +897,24 @@ def test_bad_messages_never_reach_the_shortcuts_and_send_nothing() -> None:
         assert wrong == [], f"rank {r}: after the bad messages, {wrong}"
 
 
-def test_a_false_or_none_answer_leaves_the_message_to_the_pipeline() -> None:
-    """Shortcuts that decline every message (False, None, having sent nothing) are reached by
-    each with its peer and tag; the pipeline then moves it: right data and sender, mark
-    cleared. A strided view is declined by the shortcut itself, alike."""
+def test_a_plan_raising_not_planned_leaves_the_message_to_the_pipeline() -> None:
+    """Plans that raise NotPlanned for every message (having sent nothing) are reached by each
+    with its peer and tag; the pipeline then moves it: right data and sender, mark cleared. A
+    strided view is declined by the plan itself, alike."""
 
     def body() -> tuple[list[Any], list[Any], list[Any], list[str]]:
         comm: Any = distcomm.get_communicator()
-        plain = PlainMessages(comm, refuse=True)
+        planned = PlannedMessages(comm, refuse=True)
         wrong = message_rings(comm)
-        plain.refuse = False
-        refused, plain.refused = plain.refused, []
+        planned.refuse = False
+        refused, planned.refused = planned.refused, []
         n, r = comm.world_size, comm.rank
         holder = np.full(2 * K, 99, np.int64)
         comm.send(values("int64", r, 0, 2 * K)[::2], (r + 1) % n, 3)
         got = comm.recv(holder[::2], None, 3)
         want = np.stack([values("int64", (r - 1) % n, 0, 2 * K)[::2], np.full(K, 99)], 1)
         strided = [] if got == (r - 1) % n and np.array_equal(holder, want.ravel()) else [got]
-        return wrong, refused, plain.refused, strided
+        return wrong, refused, planned.refused, strided
 
     n = 3
     for r, (wrong, refused, declined, strided) in enumerate(run_threads(body, n)):
@@ -784,25 +929,44 @@ def test_a_false_or_none_answer_leaves_the_message_to_the_pipeline() -> None:
         assert strided == [], f"rank {r}: a strided message went wrong: {strided}"
 
 
-def test_a_shortcuts_errors_become_distcomms_and_the_mark_is_cleared() -> None:
-    """Rank 0 receives from rank 1, which never sends: the wait inside the shortcut ends in
+def test_a_kind_of_message_without_a_plan_takes_the_pipeline() -> None:
+    """An engine with no plan for the messages (``_plan`` returns None) is asked once per kind,
+    on its first message; every message goes through the pipeline: right data and sender, mark
+    cleared, the engine not asked again."""
+
+    def body() -> tuple[list[Any], list[Any], int]:
+        comm: Any = distcomm.get_communicator()
+        planned = PlannedMessages(comm, none=True)
+        wrong = message_rings(comm) + message_rings(comm)
+        return wrong, planned.asked, len(planned.taken) + len(planned.refused)
+
+    n = 3
+    for r, (wrong, asked, reached) in enumerate(run_threads(body, n)):
+        assert wrong == [], f"rank {r}: {wrong}"
+        want = []
+        for _kind in MESSAGE_KINDS:
+            for tag in TAGS:
+                for src in ((r - 1) % n, None):
+                    want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
+        assert asked == message_kinds(r, n), f"rank {r}: asked {asked[:4]}..."
+        assert reached == 0, f"rank {r}: {reached} messages reached a plan"
+
+
+def test_a_plans_errors_become_distcomms_and_the_mark_is_cleared() -> None:
+    """Rank 0 receives from rank 1, which never sends: the wait inside the plan ends in
     distcomm's DistTimeoutError (the fabric sees the stall; its Work names the message). On
-    rank 1 an engine's exception (one of ``engine_errors``) raised by a send shortcut becomes
+    rank 1 an engine's exception (one of ``engine_errors``) raised by a send's plan becomes
     EngineError naming the message. Both leave the mark clear and retire the communicator."""
 
     def body() -> tuple[str, str, tuple[int, str], str | None]:
         comm: Any = distcomm.get_communicator()
-        PlainMessages(comm)
+        planned = PlannedMessages(comm)
         try:
             if comm.rank == 0:
                 comm.recv(np.zeros(K), 1, 9)
             else:
                 comm.engine_errors = (OSError,)
-
-                def broken(tensor: Any, dst: int, tag: int) -> bool:
-                    raise OSError("link down")
-
-                comm._send_plain = broken
+                planned.broken = True
                 comm.send(np.zeros(K), 0, 4)
             error, message = "no error", ""
         except (DistTimeoutError, EngineError) as exc:
@@ -818,3 +982,28 @@ def test_a_shortcuts_errors_become_distcomms_and_the_mark_is_cleared() -> None:
     assert "send to rank 0 (tag 4)" in message1 and "link down" in message1, message1
     assert mark0 == mark1 == (0, ""), (mark0, mark1)
     assert unusable0 is not None and unusable1 is not None, (unusable0, unusable1)
+
+
+def test_a_world_of_one_asks_for_no_plan_until_it_calls_its_engine() -> None:
+    """A world of 1 answers collectives without its engine: no plan is asked for, so none runs;
+    made to call its engine (``world_of_one_shortcut = False``), it plans like any other."""
+    asked: list[str] = []
+
+    def body() -> tuple[list[str], float]:
+        comm: Any = distcomm.get_communicator()
+        comm.debug = "off"
+        give_plans(comm, lambda kind: asked.append(kind.op))  # asked, no plan given
+        x = np.ones(2)
+        for _ in range(3):
+            comm.all_reduce(x)
+            comm.broadcast(x, 0)
+        before = list(asked)
+        comm.world_of_one_shortcut = False
+        for _ in range(3):
+            comm.all_reduce(x)
+        return before, float(x[0])
+
+    before, value = run_threads(body, 1)[0]
+    assert before == [], f"a world of 1 asked its engine for plans: {before}"
+    assert asked == ["all_reduce"], f"the engine called by a world of 1 was asked: {asked}"
+    assert value == 1.0

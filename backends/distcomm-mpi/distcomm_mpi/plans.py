@@ -1,0 +1,407 @@
+"""The mpi backend's plans (:meth:`MpiCommunicator._plan`): for a kind of blocking call the kit
+took once, mpi4py's own call on the caller's memory: a numpy array as it is, a CPU torch tensor
+as a buffer at its address with its MPI type (not ``.numpy()``), bound once per kind.
+
+mpi4py refuses a numpy array that is not contiguous with BufferError, before anything is sent: a
+plan then raises NotPlanned and the kit stages the call. gather and scatter on the root take the
+list as one buffer where its parts are consecutive (``big.chunk(n)``), else copy through the
+communicator's scratch buffer (:class:`Scratch`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from distcomm.backend import CallKind, NotPlanned
+from distcomm_mpi.plugin import MPI_CAPABILITIES
+
+if TYPE_CHECKING:
+    from distcomm_mpi.communicator import MpiCommunicator
+
+__all__ = ["Scratch", "plan"]
+
+#: numpy dtypes MPI moves and reduces natively.
+_DIRECT = frozenset(np.dtype(name) for name in MPI_CAPABILITIES.dtypes)
+#: The same, by identity: numpy's built-in dtypes are singletons, and an id is cheaper to look
+#: up than a dtype's hash (a byte-swapped dtype is another object: not found, the pipeline's).
+_DIRECT_IDS = frozenset(id(dtype) for dtype in _DIRECT)
+# The plans' constants, bound once (an attribute lookup per call is measurable there).
+_MPI_SUM, _IN_PLACE, _ndarray = MPI.SUM, MPI.IN_PLACE, np.ndarray
+_fromaddress = MPI.buffer.fromaddress
+_ANY_SOURCE = MPI.ANY_SOURCE
+_mpi_buffer = MPI.buffer
+#: The MPI datatype of each numpy dtype MPI moves, by the dtype's id (as :data:`_DIRECT_IDS`).
+_NUMPY_TYPES = {id(dtype): MPI.Datatype.fromcode(dtype.char) for dtype in _DIRECT}
+#: The largest scratch buffer a communicator keeps for the rooted plans (:class:`Scratch`);
+#: a larger one is made for its call only (its copy costs more than the allocation then).
+_SCRATCH_KEPT = 64 << 20
+
+
+class _TorchTypes:
+    """torch.Tensor and the MPI datatypes of its native dtypes, bound when torch is first seen
+    (this module imports no torch: numpy-only programs never load it)."""
+
+    def __init__(self) -> None:
+        self.tensor: type = _TorchTypes  # a class no argument has, until torch is seen
+        self.types: dict[Any, Any] = {}
+
+    def bind(self, cls: type) -> bool:
+        """Whether ``cls`` is torch.Tensor; remembers it the first time."""
+        torch = sys.modules.get("torch")
+        if torch is None or cls is not torch.Tensor:
+            return False
+        self.types = {
+            getattr(torch, name): MPI.Datatype.fromcode(np.dtype(name).char)
+            for name in MPI_CAPABILITIES.dtypes
+        }
+        self.tensor = cls
+        return True
+
+
+_torch = _TorchTypes()
+
+
+def _mpi_type(x: Any) -> Any:
+    """The MPI datatype of a numpy array or torch tensor; None: a dtype MPI lacks, or
+    another class."""
+    cls = x.__class__
+    if cls is _ndarray:
+        return _NUMPY_TYPES.get(id(x.dtype))
+    if cls is _torch.tensor or _torch.bind(cls):
+        return _torch.types.get(x.dtype)
+    return None
+
+
+def _address(x: Any, writable: bool) -> int | None:
+    """Where a numpy array or torch tensor's memory starts, if it is contiguous (C order) in
+    CPU memory (and, ``writable``, may be written); None otherwise."""
+    if x.__class__ is _ndarray:  # (MPI.buffer takes a Fortran-ordered array too)
+        if not x.flags.c_contiguous:
+            return None
+        b = _mpi_buffer(x)
+        return None if writable and b.readonly else int(b.address)
+    if not x.is_cpu or not x.is_contiguous():
+        return None
+    return int(x.data_ptr())
+
+
+def _region(parts: Any, nbytes: int, writable: bool) -> int | None:
+    """Where the memory of ``parts`` starts when they are consecutive contiguous chunks of
+    ``nbytes`` bytes each (``big.chunk(n)``, ``np.split(big, n)``): one buffer MPI takes as
+    it is; None otherwise."""
+    start = end = -1
+    for p in parts:
+        at = _address(p, writable)
+        if at is None or (end >= 0 and at != end):
+            return None
+        if start < 0:
+            start = at
+        end = at + nbytes
+    return start
+
+
+class _Views:
+    """Memory seen as ``world`` arrays like ``x``: ``flat`` (1-D), ``stacked`` (``world`` rows
+    of ``x``'s shape), ``rows`` (each row), ``buf`` (MPI's buffer of it)."""
+
+    __slots__ = ("buf", "flat", "rows", "stacked")
+
+    def __init__(self, memory: Any, x: Any, world: int, mpi_type: Any) -> None:
+        if x.__class__ is _ndarray:
+            self.flat = memory.view(x.dtype)
+        else:
+            self.flat = sys.modules["torch"].from_numpy(memory).view(x.dtype)
+        self.stacked = self.flat.reshape((world, *x.shape))
+        self.rows = tuple(self.stacked)
+        self.buf = [_fromaddress(memory.ctypes.data, memory.nbytes), mpi_type]
+
+    def copy_in(self, parts: Any) -> None:
+        """Scatter's list into the memory: numpy's in one ``concatenate``, torch's in one
+        ``stack`` when every part has the rows' shape (else part by part)."""
+        if self.flat.__class__ is _ndarray:
+            np.concatenate(parts, axis=None, out=self.flat)
+            return
+        torch = sys.modules["torch"]
+        shape = self.stacked.shape[1:]
+        with torch.no_grad():
+            if all(p.shape == shape for p in parts):
+                torch.stack(parts, out=self.stacked)
+                return
+            for row, p in zip(self.rows, parts, strict=True):
+                row.copy_(p.reshape(shape))
+
+    def copy_out(self, parts: Any) -> None:
+        """Gather's memory into its list: row r into part r, in the part's shape."""
+        if self.flat.__class__ is _ndarray:
+            for row, p in zip(self.rows, parts, strict=True):
+                p[...] = row.reshape(p.shape)
+            return
+        with sys.modules["torch"].no_grad():
+            for row, p in zip(self.rows, parts, strict=True):
+                p.copy_(row if p.shape == row.shape else row.view(p.shape))
+
+
+class Scratch:
+    """A communicator's buffer for the rooted plans whose list is not one buffer: the list
+    is copied into it (scatter) or out of it (gather) around the MPI call. It grows as needed
+    (kept up to :data:`_SCRATCH_KEPT`); its views are made once per kind of call."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.memory = np.empty(0, np.uint8)
+        self.views: dict[Any, _Views] = {}
+
+    def of(self, x: Any, mpi_type: Any) -> _Views:
+        """The scratch as world_size arrays like ``x``."""
+        key = (x.__class__, x.dtype, x.shape)
+        found = self.views.get(key)
+        if found is not None:
+            return found
+        total = x.nbytes * self.world
+        if total > _SCRATCH_KEPT:
+            return _Views(np.empty(total, np.uint8), x, self.world, mpi_type)
+        if total > self.memory.nbytes:
+            self.memory = np.empty(max(total, 2 * self.memory.nbytes), np.uint8)
+            self.views.clear()
+        if len(self.views) >= 64:
+            self.views.clear()
+        found = self.views[key] = _Views(self.memory[:total], x, self.world, mpi_type)
+        return found
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether arrays ``a`` and ``b`` (numpy or torch, on the CPU) share memory."""
+    if a is b:
+        return True
+    if a.__class__ is _ndarray:  # two arrays that own their memory never share it
+        return not (a.base is None and b.base is None) and bool(np.may_share_memory(a, b))
+    start, end = a.data_ptr(), a.data_ptr() + a.nbytes
+    other = b.data_ptr()
+    return bool(other < end and start < other + b.nbytes)
+
+
+def plan(comm: MpiCommunicator, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+    """The plan of ``kind`` on ``comm`` (``run(x, y)``, see
+    :meth:`distcomm.backend.primitives.Primitives._plan`); None: a class or dtype MPI does not
+    take as it is, or a tag beyond MPI's."""
+    x = kind.array
+    if x.__class__ is _ndarray:
+        if id(x.dtype) not in _DIRECT_IDS:
+            return None
+        buffer: Callable[[int], Callable[[Any], Any]] = _numpy_buffer
+    elif _torch.bind(x.__class__) or x.__class__ is _torch.tensor:
+        mpi_type = _torch.types.get(x.dtype)
+        if mpi_type is None:
+            return None
+        buffer = _tensor_buffer(mpi_type)
+    else:
+        return None
+    if kind.tag >= comm._tag_ub:
+        return None
+    if kind.op in _OUTPUTS:
+        out = _OUTPUTS[kind.op](x.nbytes, comm.world_size)
+        return _pair(getattr(comm, _OUTPUTS_CALLS[kind.op]), buffer(x.nbytes), buffer(out))
+    return _PLANS[kind.op](comm, kind, buffer(x.nbytes))
+
+
+def _numpy_buffer(nbytes: int) -> Callable[[Any], Any]:
+    return _numpy
+
+
+def _numpy(x: Any) -> Any:
+    """A numpy array for MPI, in C order (mpi4py would take a Fortran-ordered one too, in
+    memory order; one that is not contiguous it refuses with BufferError)."""
+    if x.ndim > 1 and not x.flags.c_contiguous:
+        raise NotPlanned
+    return x
+
+
+def _tensor_buffer(mpi_type: Any) -> Callable[[int], Callable[[Any], Any]]:
+    """CPU tensors of ``nbytes`` as MPI's buffer at their address, with their type."""
+
+    def buffer(nbytes: int) -> Callable[[Any], Any]:
+        def of(x: Any) -> Any:
+            if not x.is_cpu or not x.is_contiguous():
+                raise NotPlanned
+            return [_fromaddress(x.data_ptr(), nbytes), mpi_type]
+
+        return of
+
+    return buffer
+
+
+def _all_reduce(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    allreduce = comm._allreduce
+
+    def run(x: Any, y: Any) -> None:
+        try:
+            allreduce(_IN_PLACE, of(x), _MPI_SUM)
+        except BufferError:  # raised before anything is sent
+            raise NotPlanned from None
+
+    return run
+
+
+def _broadcast(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    bcast, root = comm._bcast, kind.root
+
+    def run(x: Any, y: Any) -> None:
+        try:
+            bcast(of(x), root)
+        except BufferError:
+            raise NotPlanned from None
+
+    return run
+
+
+def _reduce(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    reduce, root = comm._reduce_call, kind.root
+    mine = comm.rank == root
+
+    def run(x: Any, y: Any) -> None:
+        try:
+            if mine:
+                reduce(_IN_PLACE, of(x), _MPI_SUM, root)
+            else:
+                reduce(of(x), None, _MPI_SUM, root)
+        except BufferError:
+            raise NotPlanned from None
+
+    return run
+
+
+def _pair(
+    call: Any, of: Callable[[Any], Any], of_out: Callable[[Any], Any]
+) -> Callable[[Any, Any], Any]:
+    """The plan of ``call(send, recv)`` on two arrays that do not overlap (MPI forbids aliased
+    buffers; the pipeline handles a call in place)."""
+
+    def run(x: Any, y: Any) -> None:
+        if _overlap(x, y):
+            raise NotPlanned
+        try:
+            call(of(x), of_out(y))
+        except BufferError:
+            raise NotPlanned from None
+
+    return run
+
+
+def _rooted(gather: bool) -> Any:
+    """gather's or scatter's plan: off the root, the tensor alone; on it, the list as one buffer
+    where it is one (the tensor its own chunk ``MPI_IN_PLACE``), else through the scratch."""
+
+    def make(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+        root = kind.root
+        call = comm._gather_call if gather else comm._scatter_call
+        if comm.rank != root:
+            if gather:
+                return lambda x, y: _off_root(call, of(x), None, root)
+            return lambda x, y: _off_root(call, None, of(x), root)
+        return lambda x, y: _root(comm, gather, x, y, root)
+
+    return make
+
+
+def _off_root(call: Any, send: Any, recv: Any, root: Any) -> None:
+    try:
+        call(send, recv, root)
+    except BufferError:
+        raise NotPlanned from None
+
+
+def _root(comm: MpiCommunicator, gather: bool, tensor: Any, parts: Any, root: int) -> None:
+    """The root's ``Gather`` into ``parts`` or ``Scatter`` from them. Where they are one buffer
+    (consecutive chunks) MPI takes it as it is, the tensor being its own chunk of it
+    ``MPI_IN_PLACE``; otherwise (or where the tensor is another part of it: MPI forbids aliased
+    buffers) the parts are copied through the communicator's scratch."""
+    mpi_type, nbytes = _mpi_type(tensor), tensor.nbytes
+    mine = None if mpi_type is None or not nbytes else _address(tensor, not gather)
+    if mine is None:
+        raise NotPlanned
+    own: Any = [_fromaddress(mine, nbytes), mpi_type]
+    call = comm._gather_call if gather else comm._scatter_call
+    start = _region(parts, nbytes, gather)
+    if start is not None:
+        slot = start + root * nbytes
+        if mine == slot or not start - nbytes < mine < start + nbytes * len(parts):
+            whole = [_fromaddress(start, nbytes * len(parts)), mpi_type]
+            own = _IN_PLACE if mine == slot else own
+            if gather:
+                call(own, whole, root)
+            else:
+                call(whole, own, root)
+            return
+    if tensor.__class__ is not _ndarray and not all(p.is_cpu for p in parts):
+        raise NotPlanned  # the pipeline copies across devices
+    scratch = comm._scratch.of(tensor, mpi_type)
+    if gather:
+        call(own, scratch.buf, root)
+        scratch.copy_out(parts)
+    else:
+        scratch.copy_in(parts)
+        call(scratch.buf, own, root)
+
+
+def _send(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    send, dst, tag = comm._send, kind.root, kind.tag
+
+    def run(x: Any, y: Any) -> None:
+        try:
+            send(of(x), dst, tag)
+        except BufferError:
+            raise NotPlanned from None
+
+    return run
+
+
+def _recv(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    recv, src, tag = comm._recv, kind.root, kind.tag
+    if src is not None:
+
+        def run(x: Any, y: Any) -> None:
+            try:
+                recv(of(x), src, tag)
+            except BufferError:
+                raise NotPlanned from None
+
+        return run
+
+    def run_any(x: Any, y: Any) -> int:
+        status = MPI.Status()
+        try:
+            recv(of(x), _ANY_SOURCE, tag, status)
+        except BufferError:
+            raise NotPlanned from None
+        return int(status.Get_source())
+
+    return run_any
+
+
+#: The ops with an output: its byte size for an input of ``n`` bytes, and the call.
+_OUTPUTS: dict[str, Callable[[int, int], int]] = {
+    "all_gather_into_tensor": lambda n, world: n * world,
+    "reduce_scatter_tensor": lambda n, world: n // world,
+    "all_to_all_single": lambda n, world: n,
+}
+_OUTPUTS_CALLS = {
+    "all_gather_into_tensor": "_allgather",
+    "reduce_scatter_tensor": "_reduce_scatter_block",  # its op defaults to SUM
+    "all_to_all_single": "_alltoall",
+}
+_PLANS: dict[
+    str, Callable[[MpiCommunicator, CallKind, Callable[[Any], Any]], Callable[[Any, Any], Any]]
+] = {
+    "all_reduce": _all_reduce,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "gather": _rooted(True),
+    "scatter": _rooted(False),
+    "send": _send,
+    "recv": _recv,
+}

@@ -1,0 +1,163 @@
+"""Plans: a call of a kind the pipeline took before runs the engine's plan for that kind.
+
+The first call of a kind goes through the pipeline (validated, counted, recorded by the mismatch
+check). Its kind, (op, array class, dtype, byte size, root) and for a message its tag, is then
+remembered with its fingerprint in the check's history, and the engine is asked once for a plan
+of it (:meth:`~distcomm.backend.primitives.Primitives._plan`): a callable ``run(x, y)`` that
+moves any call of that kind, ``y`` being the output, the root's list or None. A later blocking
+call of a remembered kind, outside the check points, on a communicator that no hook observes,
+runs the plan from the public method (:meth:`Steps._kit_planned
+<distcomm.backend._pipeline.steps.Steps._kit_planned>`), its ``seq`` counted and its fingerprint
+kept: where calls of several kinds interleave, the history starts the run of the kind's
+fingerprint (the ranks agreed on it before). A plan that cannot move a call of its kind as it is
+(memory that is not contiguous) raises :class:`NotPlanned` before it moves anything, and the
+pipeline takes the call.
+
+What the kit checks before it runs a plan: the kind (the class, dtype and byte size of ``x``
+and the root, an int), and ``y``: for an op with an output (:data:`OUTPUTS`), of ``x``'s class
+and dtype and the size the op implies; for gather and scatter (:data:`ROOTED`), on the root a
+list or tuple of world_size arrays of ``x``'s class, dtype and byte size, None elsewhere.
+Anything else goes to the pipeline, which says what is wrong with it. Reductions are planned for
+SUM only; ``all_reduce``'s plan runs in place.
+
+The uneven all-to-all (sizes differ from call to call) has no plan: a blocking one of a
+remembered class and dtype the engine moves skips the record-keeping but not the engine's
+``_all_to_all_v`` (:func:`~distcomm.backend._pipeline.splits.shortcut`); object collectives
+likewise skip the kit's steps for a kind (op, root) taken before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from distcomm.backend.primitives import PLANNED, CallKind
+from distcomm.protocol import ReduceOp
+
+if TYPE_CHECKING:
+    from distcomm.backend.arrays import Adapter
+
+__all__ = ["OUTPUTS", "ROOTED", "UNEVEN", "Plans"]
+
+
+#: The rooted ops: ``y`` is the list of world_size arrays like ``x`` on the root, None elsewhere.
+ROOTED = frozenset({"gather", "scatter"})
+#: The ops with an output beside the input: its byte size for an input of ``n`` bytes.
+OUTPUTS: dict[str, Callable[[int, int], int]] = {
+    "all_gather_into_tensor": lambda n, world: n * world,
+    "reduce_scatter_tensor": lambda n, world: n // world if n % world == 0 else -1,
+    "all_to_all_single": lambda n, world: n,
+}
+#: The kind of the uneven all-to-alls of a class and dtype (they have no plan).
+UNEVEN = "all_to_all_v"
+_PLANNED_OPS = (None, ReduceOp.SUM)
+#: How many kinds of call a communicator remembers (then it starts over).
+_REMEMBERED = 256
+
+
+class Plans:
+    """The kinds of call a communicator took through its pipeline: each kind's plan (None: the
+    engine has none) and fingerprint in the mismatch check's history. Its communicator reads
+    :attr:`kinds` on every planned call (the same dict for the object's life: it is cleared,
+    never replaced); only this object writes it."""
+
+    __slots__ = ("_engine_plan", "kinds")
+
+    def __init__(self, engine_plan: Callable[[CallKind], Any] | None) -> None:
+        #: (op, class, dtype, byte size, root[, tag]) -> (plan or None, fingerprint, the check
+        #: of ``y`` or None); an object collective's kind is (op, None, None, None, root), an
+        #: uneven call's (:data:`UNEVEN`, op, class, dtype), with no plan.
+        self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
+        self._engine_plan = engine_plan
+
+    def learn(
+        self,
+        op: str,
+        x: Any,
+        adapter: Adapter | None,
+        root: int | None,
+        reduce_op: ReduceOp | None,
+        fp: int,
+        native_dtypes: frozenset[str],
+        varies: bool = False,
+    ) -> None:
+        """Remember the kind of collective ``op`` (which the pipeline validated and counted;
+        ``fp``: its fingerprint, 0 without a history) and ask the engine for its plan, once per
+        kind. Ops of :data:`PLANNED`, SUM reductions, arrays of a dtype the engine moves; an
+        uneven all-to-all (``varies``) by its class and dtype."""
+        if adapter is None or reduce_op not in _PLANNED_OPS:
+            return
+        native = adapter.dtype(x) in native_dtypes
+        if varies:
+            if native:
+                self._keep((UNEVEN, op, x.__class__, x.dtype), None, fp, None)
+            return
+        if op not in PLANNED:
+            return
+        key = (op, x.__class__, x.dtype, x.nbytes, root)
+        known = self.kinds.get(key)
+        if known is not None:
+            if known[1] != fp:
+                self.kinds[key] = (known[0], fp, known[2])
+            return
+        plan = None
+        if self._engine_plan is not None and native:
+            plan = self._engine_plan(CallKind(op, x, root))
+        self._keep(key, plan, fp, _FITS.get(op))
+
+    def learn_message(self, op: str, x: Any, peer: int | None, tag: int) -> Any:
+        """The plan of message ``op`` (send, recv) of ``x``'s kind with ``peer`` and ``tag``
+        (which the kit checked), asked of the engine the first time; None: it has none."""
+        key = (op, x.__class__, x.dtype, x.nbytes, peer, tag)
+        known = self.kinds.get(key)
+        if known is None:
+            plan = None
+            if self._engine_plan is not None:
+                plan = self._engine_plan(CallKind(op, x, peer, tag))
+            known = self._keep(key, plan, 0, None)
+        return known[0]
+
+    def learn_objects(self, op: str, root: int | None, fp: int) -> None:
+        """Remember object collective ``op`` at ``root`` as a kind taken before."""
+        self._keep((op, None, None, None, root), None, fp, None)
+
+    def forget(self) -> None:
+        """Forget every kind: the next call of each takes the pipeline."""
+        self.kinds.clear()
+
+    def _keep(self, key: tuple[Any, ...], plan: Any, fp: int, fits: Any) -> tuple[Any, int, Any]:
+        if len(self.kinds) >= _REMEMBERED:
+            self.kinds.clear()
+        entry = self.kinds[key] = (plan, fp, fits)
+        return entry
+
+
+def _output_fits(op: str, x: Any, y: Any, root: Any, rank: int, world_size: int) -> bool:
+    """Whether ``y`` is an output a plan of ``op`` takes: ``x``'s class and dtype, the size
+    the op implies."""
+    return (
+        y is not None
+        and y.__class__ is x.__class__
+        and y.dtype is x.dtype
+        and y.nbytes == OUTPUTS[op](x.nbytes, world_size)
+    )
+
+
+def _list_fits(op: str, x: Any, parts: Any, root: Any, rank: int, world_size: int) -> bool:
+    """Whether a rooted call's list ``parts`` is one a plan takes as it is: None off the root; on
+    it, a list or tuple of world_size arrays of exactly ``x``'s class and dtype and its byte
+    size (so its element count)."""
+    if rank != root:
+        return parts is None
+    cls = parts.__class__
+    if (cls is not list and cls is not tuple) or len(parts) != world_size:
+        return False
+    cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
+    for p in parts:
+        if p.__class__ is not cls or p.dtype is not dtype or p.nbytes != nbytes:
+            return False
+    return True
+
+
+#: The check of ``y`` for the ops that have one.
+_FITS = dict.fromkeys(OUTPUTS, _output_fits) | dict.fromkeys(ROOTED, _list_fits)
