@@ -282,8 +282,9 @@ def all_to_all_single(
 def barrier(group: Any = None, async_op: bool = False) -> Work | None:
     """Wait for every rank: return when every rank has called it.
 
-    Under the mismatch check (``debug``), a blocking barrier is also a vote in which the ranks
-    confirm that they made the same calls (docs/debugging.md).
+    The engine's barrier. Under the mismatch check (``debug``), a communicator's first barrier is
+    confirmed by a vote of the ranks, as every new kind of call is, and so is a blocking barrier
+    after uneven all-to-alls whose split tables wait to be compared (docs/debugging.md).
 
     Args:
         group: the communicator (one from ``new_group`` or ``split``); None: the default one.

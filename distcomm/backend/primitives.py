@@ -49,7 +49,8 @@ class CallKind(NamedTuple):
     #: The operation: one of :data:`PLANNED`.
     op: str
     #: The first call's array (the tensor; for all_gather_into_tensor, reduce_scatter_tensor and
-    #: all_to_all_single the input): an example of the kind, not to be kept.
+    #: all_to_all_single the input): an example of the kind, not to be kept; a placeholder for
+    #: the barrier, whose kind is its op alone.
     array: Any
     #: The root (broadcast's src, reduce's and gather's dst, scatter's src), a message's peer
     #: (None: a receive from any rank), None for the others.
@@ -71,6 +72,7 @@ PLANNED = frozenset(
         "scatter",
         "send",
         "recv",
+        "barrier",
     }
 )
 
@@ -211,7 +213,8 @@ class Primitives:
     def _control_isend(self, payload: bytearray, dst: int) -> Work:
         """Start sending ``payload`` (a few bytes to a few KiB) to member ``dst``, out of the
         way of every collective and of the program's own messages: distcomm's votes (the
-        mismatch check at a barrier, in finalize, before a new kind of call). Sends and
+        mismatch check before a new kind of call, in finalize, at a barrier that settles split
+        tables). Sends and
         receives between two members match in order. The Work must complete by
         ``is_completed()`` polling alone, and a receive that never completes must leave the
         engine usable. Default: :meth:`_isend` on :attr:`_vote_tag`; an engine whose messages

@@ -189,6 +189,9 @@ def plan(comm: MpiCommunicator, kind: CallKind) -> Callable[[Any, Any], Any] | N
     """The plan of ``kind`` on ``comm`` (``run(x, y)``, see
     :meth:`distcomm.backend.primitives.Primitives._plan`); None: a class or dtype MPI does not
     take as it is, or a tag beyond MPI's."""
+    if kind.op == "barrier":
+        barrier = comm._comm.Barrier
+        return lambda x, y: barrier()
     x = kind.array
     if x.__class__ is _ndarray:
         if id(x.dtype) not in _DIRECT_IDS:

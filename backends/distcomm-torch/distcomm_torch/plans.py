@@ -104,7 +104,9 @@ def plan(comm: TorchCommunicator, kind: CallKind) -> Run | None:
     """The plan of ``kind`` on ``comm`` (``run(x, y)``, see
     :meth:`distcomm.backend.primitives.Primitives._plan`); None: a class or dtype torch does
     not take as it is, a message on a group that does not move CPU memory, or a receive from
-    any rank where the engine has none."""
+    any rank where the engine has none, an op it has no plan of (the barrier: the kit's)."""
+    if kind.op not in _PLANS:
+        return None
     names = comm._kit_direct_dtypes if kind.op in _SUMMED else comm._kit_native_dtypes
     of = _converter(comm, kind.array, _torch_dtypes(names))
     if of is None:

@@ -8,8 +8,9 @@ running values, so that nothing slips through:
 - at the check points of the policy, before the collective is issued: one int64 all-reduce of
   16 bytes, ``MIN`` of ``[v, -v]`` (:func:`agree`), at the same ``seq`` on every rank, so that
   the checks' collectives always meet each other in the engine;
-- before a call whose signature the ranks have never agreed on (a new size, dtype, op, root),
-  at a ``barrier`` and in ``finalize()``: a vote of point-to-point messages
+- before a call whose signature the ranks have never agreed on (a new size, dtype, op, root; a
+  communicator's first ``barrier``), at a ``barrier`` after uneven all-to-alls whose split
+  tables wait to be compared, and in ``finalize()``: a vote of point-to-point messages
   (:mod:`~distcomm.backend._pipeline.confirmation`), which a rank that called something else
   cannot meet with a collective of its own: the mismatch never reaches the engine;
 - when an operation times out or its engine fails: out of band
@@ -170,7 +171,7 @@ def record(
     if novel:
         shape = None if x is None else shape_of(x)
         h.describe(fp, signature, call_site(), shape)
-        if seq < comm._kit_next_check and op != "barrier" and comm._kit_can_confirm():
+        if seq < comm._kit_next_check and comm._kit_can_confirm():
             confirmation.vote(comm, confirmation.CALL, shape)
     return fp
 

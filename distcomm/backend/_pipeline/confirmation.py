@@ -1,14 +1,15 @@
 """The ranks confirm that they made the same calls, at a point the program chooses: a vote of
 point-to-point messages, safe when they disagree.
 
-A check at a barrier, in ``finalize`` or before a call whose signature the ranks have never
-agreed on cannot be a collective: if one rank called something else there, the check's
-collective would meet that rank's collective in the engine (MPICH aborts the job on a size
-mismatch, Gloo's background thread ends the process). So it is a vote of point-to-point
-messages of distcomm's own (:meth:`~distcomm.backend.BaseCommunicator._control_isend`: a tag
-kept from users, or torch's store), which never meet a collective. Every member sends (kind,
-``seq``, running value) to member 0 of the communicator, which compares and answers each; a
-vote is also a barrier. When the messages differ, every member sends its history
+A check at a barrier that settles split tables, in ``finalize`` or before a call whose
+signature the ranks have never agreed on cannot be a collective: if one rank called something
+else there, the check's collective would meet that rank's collective in the engine (MPICH aborts
+the job on a size mismatch, Gloo's background thread ends the process). So it is a vote of
+point-to-point messages of distcomm's own
+(:meth:`~distcomm.backend.BaseCommunicator._control_isend`: a tag kept from users, or torch's
+store), which never meet a collective. Every member sends (kind, ``seq``, running value) to
+member 0 of the communicator, which compares and answers each; a vote is also a barrier. When
+the messages differ, every member sends its history
 (:meth:`~distcomm.backend._pipeline.history.CallHistory.dump`) to member 0, which finds where
 they parted and sends every member the same error to raise.
 

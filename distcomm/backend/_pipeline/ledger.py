@@ -65,6 +65,10 @@ class Ledger:
         self.receive_weights = [_mix(s * world + rank) for s in range(world)]
         self.calls: list[Table] = []
 
+    def __len__(self) -> int:
+        """The calls kept since the last settlement."""
+        return len(self.calls)
+
     def balance(self) -> int:
         """This rank's share of the balance of the calls kept (0 for none)."""
         if not self.calls:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm.backend._pipeline import confirmation, ledger, splits
+from distcomm.backend._pipeline.plans import NO_ARRAY
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
@@ -171,17 +172,21 @@ class Movement(Steps):
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank has reached the barrier.
 
-        A blocking barrier also confirms that the ranks made the same calls until it (unless
-        the policy is off), and that their uneven all-to-alls' split tables agreed: it is then a
-        vote of point-to-point messages
-        (:mod:`~distcomm.backend._pipeline.confirmation`), and also the engine's barrier where
-        the vote travels on a side channel (a GPU engine, whose streams the barrier orders).
+        The engine's barrier. Under the mismatch check (unless the policy is off), the first
+        barrier of a communicator is confirmed by a vote of the ranks first, as every new kind
+        of call is; and a blocking barrier after uneven all-to-alls whose split tables have not
+        been compared yet is a vote of point-to-point messages
+        (:mod:`~distcomm.backend._pipeline.confirmation`) that confirms the ranks made the same
+        calls, then compares the tables (:mod:`~distcomm.backend._pipeline.ledger`).
         """
+        if not async_op and self._kit_planned("barrier", NO_ARRAY):
+            return None
         self._kit_check_usable()
-        self._kit_count("barrier")
+        self._kit_count("barrier", NO_ARRAY)
         if self._kit_solo:
             return DONE if async_op else None
-        if not async_op and self._kit_history is not None and self._kit_can_confirm():
+        h = self._kit_history
+        if not async_op and h is not None and h.ledger and self._kit_can_confirm():
             confirmation.vote(self, confirmation.BARRIER)
             ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
             if self._object_channel() is self:

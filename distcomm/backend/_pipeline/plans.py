@@ -20,6 +20,9 @@ list or tuple of world_size arrays of ``x``'s class, dtype and byte size, None e
 Anything else goes to the pipeline, which says what is wrong with it. Reductions are planned for
 SUM only; ``all_reduce``'s plan runs in place.
 
+The barrier's plan is the engine's (its kind's array is :data:`NO_ARRAY`), else its
+``_barrier``; it is dropped while split tables of uneven all-to-alls wait to be settled, which
+the next barrier's pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`).
 The uneven all-to-all (sizes differ from call to call) has no plan: a blocking one of a
 remembered class and dtype the engine moves skips the record-keeping but not the engine's
 ``_all_to_all_v`` (:func:`~distcomm.backend._pipeline.splits.shortcut`); object collectives
@@ -37,9 +40,21 @@ from distcomm.protocol import ReduceOp
 if TYPE_CHECKING:
     from distcomm.backend.arrays import Adapter
 
-__all__ = ["OUTPUTS", "ROOTED", "UNEVEN", "Plans"]
+__all__ = ["NO_ARRAY", "OUTPUTS", "ROOTED", "UNEVEN", "Plans"]
 
 
+class _NoArray:
+    """What a call without an array (the barrier) passes where a kind's array goes: its kind is
+    the op's alone."""
+
+    __slots__ = ()
+    dtype = None
+    nbytes = 0
+
+
+#: The array of a call that has none (:class:`_NoArray`).
+NO_ARRAY = _NoArray()
+_BARRIER = ("barrier", _NoArray, None, 0, None)
 #: The rooted ops: ``y`` is the list of world_size arrays like ``x`` on the root, None elsewhere.
 ROOTED = frozenset({"gather", "scatter"})
 #: The ops with an output beside the input: its byte size for an input of ``n`` bytes.
@@ -61,14 +76,17 @@ class Plans:
     :attr:`kinds` on every planned call (the same dict for the object's life: it is cleared,
     never replaced); only this object writes it."""
 
-    __slots__ = ("_engine_plan", "kinds")
+    __slots__ = ("_barrier", "_engine_plan", "kinds")
 
-    def __init__(self, engine_plan: Callable[[CallKind], Any] | None) -> None:
+    def __init__(
+        self, engine_plan: Callable[[CallKind], Any] | None, barrier: Callable[[Any, Any], Any]
+    ) -> None:
         #: (op, class, dtype, byte size, root[, tag]) -> (plan or None, fingerprint, the check
         #: of ``y`` or None); an object collective's kind is (op, None, None, None, root), an
         #: uneven call's (:data:`UNEVEN`, op, class, dtype), with no plan.
         self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
         self._engine_plan = engine_plan
+        self._barrier = barrier  # the barrier's plan, the kit's own
 
     def learn(
         self,
@@ -84,7 +102,12 @@ class Plans:
         """Remember the kind of collective ``op`` (which the pipeline validated and counted;
         ``fp``: its fingerprint, 0 without a history) and ask the engine for its plan, once per
         kind. Ops of :data:`PLANNED`, SUM reductions, arrays of a dtype the engine moves; an
-        uneven all-to-all (``varies``) by its class and dtype."""
+        uneven all-to-all (``varies``) by its class and dtype; the barrier (``x`` is
+        :data:`NO_ARRAY`) by its op, with the kit's plan."""
+        if x is NO_ARRAY:
+            plan = None if self._engine_plan is None else self._engine_plan(CallKind(op, x, None))
+            self._keep(_BARRIER, plan or self._barrier, fp, None)
+            return
         if adapter is None or reduce_op not in _PLANNED_OPS:
             return
         native = adapter.dtype(x) in native_dtypes
@@ -120,6 +143,11 @@ class Plans:
     def learn_objects(self, op: str, root: int | None, fp: int) -> None:
         """Remember object collective ``op`` at ``root`` as a kind taken before."""
         self._keep((op, None, None, None, root), None, fp, None)
+
+    def drop_barrier(self) -> None:
+        """Forget the barrier's kind: split tables wait to be settled, which the next barrier's
+        pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`)."""
+        self.kinds.pop(_BARRIER, None)
 
     def forget(self) -> None:
         """Forget every kind: the next call of each takes the pipeline."""

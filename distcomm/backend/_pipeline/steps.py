@@ -109,7 +109,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self._kit_thread = threading.get_ident()
         #: The kinds of call the pipeline took, their plans and fingerprints
         #: (:mod:`~distcomm.backend._pipeline.plans`).
-        self._kit_plans = Plans(self._plan)
+        self._kit_plans = Plans(self._plan, self._kit_barrier_plan)
         self._kit_kinds = self._kit_plans.kinds  # the same dict, read on every planned call
         self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
@@ -333,6 +333,13 @@ class Steps(ArgumentChecks, Failures, Primitives):
         finally:
             self.blocked_seq = 0
         return True
+
+    def _kit_barrier_plan(self, x: Any, y: Any) -> None:
+        """The barrier's plan where the engine has none (:mod:`~distcomm.backend._pipeline.plans`):
+        its ``_barrier``, waited for."""
+        work = self._barrier(False)
+        if work is not None:
+            work.wait()
 
     # -- finish --------------------------------------------------------------------------------
     def _kit_complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
