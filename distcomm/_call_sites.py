@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 
-__all__ = ["call_site", "user_frame"]
+__all__ = ["call_site", "format_site", "user_frame", "user_site"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Whether each code object met is distcomm's (a frame's file, resolved once per code object),
+#: by the code object's id (a code object's own hash reads its bytecode on every call); the
+#: entry holds the code object, so that its id is not reused while it is there.
+_OURS: dict[int, tuple[CodeType, bool]] = {}
 
 
 def user_frame(skip: tuple[str, ...] = ()) -> FrameType | None:
@@ -25,6 +29,35 @@ def user_frame(skip: tuple[str, ...] = ()) -> FrameType | None:
     ):
         frame = frame.f_back
     return frame
+
+
+def user_site(depth: int = 1) -> tuple[CodeType, int] | None:
+    """The code and instruction of :func:`user_frame` (no ``skip``), for a record made on every
+    call (:func:`format_site` finds the line later): each code object's file is resolved once;
+    None when every frame is distcomm's. ``depth``: the caller's frames known to be distcomm's,
+    skipped without a look (Python makes a frame object for each frame looked at)."""
+    frame: FrameType | None = sys._getframe(depth)
+    ours = _OURS
+    while frame is not None:
+        code = frame.f_code
+        known = ours.get(id(code))
+        if known is None:
+            if len(ours) > 4096:
+                ours.clear()
+            known = ours[id(code)] = (code, os.path.abspath(code.co_filename).startswith(_PACKAGE))
+        if not known[1]:
+            return code, frame.f_lasti
+        frame = frame.f_back
+    return None
+
+
+def format_site(site: tuple[CodeType, int] | None) -> str | None:
+    """``file:line in function`` of a :func:`user_site` (None for None)."""
+    if site is None:
+        return None
+    code, instruction = site
+    line = next((line for start, end, line in code.co_lines() if start <= instruction < end), None)
+    return f"{code.co_filename}:{line} in {code.co_name}"
 
 
 def call_site(skip: tuple[str, ...] = ()) -> str:

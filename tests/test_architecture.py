@@ -8,8 +8,9 @@ Read from the source with ``ast``, nothing imported:
 - every module of ``distcomm`` is public by name or private (a leading underscore);
 - each module imports only from its own layer or the layers below (function-level imports
   included; ``if TYPE_CHECKING:`` imports excluded, they never run);
-- no import cycle among the module-level imports;
-- no module is over 450 lines.
+- no import cycle among the module-level imports.
+
+The size of modules and functions is guidance (docs/architecture.md), not a test.
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ LAYERS = (
         "distcomm.compat",
     ),
 )
-MAX_LINES = 450
 
 
 def module_name(path: Path) -> str:
@@ -215,30 +215,6 @@ def test_no_import_cycle_at_run_time() -> None:
         if start not in state:
             walk(start, [start])
     assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
-
-
-def test_no_module_is_over_450_lines() -> None:
-    long = {
-        name: n
-        for name, path in core_modules().items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
-
-
-#: The most lines a function of distcomm/ may have, docstring included.
-MAX_FUNCTION_LINES = 60
-
-
-def test_no_function_is_over_60_lines() -> None:
-    long = {}
-    for name, path in core_modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long[f"{name}.{node.name}"] = lines
-    assert long == {}
 
 
 def test_the_checks_see_imports() -> None:

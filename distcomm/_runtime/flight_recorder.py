@@ -1,17 +1,18 @@
 """The flight recorder: ``DISTCOMM_TRACE=N`` keeps each rank's last N collectives and writes them
 where ``distcomm trace`` reads them.
 
-Each entry (recorded by a pair of hooks, :func:`~distcomm.add_hook`): the operation, its ``seq``,
-the group's global ranks, shape, dtype, bytes, root, the call site (the first frame outside
-distcomm), when it was issued and completed (wall clock), and its error. Both stamps are read in
-the hooks, after the event's clock (:mod:`~distcomm.backend._pipeline.observing`): for a blocking
-call on a CUDA tensor, once the device finished the work queued before the call, and then the
-call's own. The ring is written to ``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``) as
-``rank-<N>.json`` (0600, in a 0700 folder): at exit, when an operation of this rank times out, on
-``DISTCOMM_TRACE_SIGNAL`` (default SIGUSR2) and on SIGTERM (both chained to the handlers already
-installed), before a rank aborts the job (every rank's, as its last words:
-:mod:`distcomm.backend.aborts`), and on :func:`dump_trace`. Off (no DISTCOMM_TRACE), nothing is
-registered.
+Each entry (made by the communicator itself, on its plans as on its pipeline, no hook:
+:mod:`~distcomm.backend._pipeline.recording`): the operation, its ``seq``, the group's global
+ranks, shape, dtype, bytes, root, the call site (the first frame outside distcomm), when it was
+issued and completed (wall clock), and its error. Both stamps are read after the device clock
+(:mod:`~distcomm._device_clock`): for a blocking call on a CUDA tensor, once the device finished
+the work queued before the call, and then the call's own. The ring is written to
+``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``) as ``rank-<N>.json`` (0600, in a
+0700 folder): at exit, when an operation of this rank times out, on ``DISTCOMM_TRACE_SIGNAL``
+(default SIGUSR2) and on SIGTERM (both chained to the handlers already installed), before a rank
+aborts the job (every rank's, as its last words: :mod:`distcomm.backend.aborts`), and on
+:func:`dump_trace`. Off (no DISTCOMM_TRACE), no communicator has a recorder: a test of one
+attribute per call.
 """
 
 from __future__ import annotations
@@ -29,72 +30,67 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _settings
-from distcomm._call_sites import user_frame
+from distcomm._call_sites import format_site
 from distcomm._files import private_folders
 from distcomm.backend import aborts
-from distcomm.backend.events import CollectiveEvent, HookHandle, add_hook
+from distcomm.backend._pipeline import recording
 from distcomm.errors import DistTimeoutError, NotInitializedError
 
 if TYPE_CHECKING:
     from distcomm.environment.info import LaunchInfo
 
-__all__ = ["FlightRecorder", "dump_trace", "start_from_environment"]
+__all__ = ["FlightRecorder", "attach", "dump_trace", "start_from_environment"]
 
 _current: FlightRecorder | None = None
 
 
 class FlightRecorder:
-    """The last ``size`` collectives of this rank, and where to write them."""
+    """The last ``size`` collectives of this rank, and where to write them. The communicators
+    of this rank append their entries (:meth:`add`; :mod:`distcomm.backend._pipeline.recording`)
+    from the time :func:`attach` gives them this recorder."""
 
     def __init__(self, size: int, path: str, rank: int, world_size: int) -> None:
         self.path, self.rank, self.world_size = path, rank, world_size
-        self.lock = threading.Lock()
-        self.entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
-        self.open: dict[int, dict[str, Any]] = {}  # id(event) -> its entry, until after()
-        self.handle: HookHandle | None = add_hook(before=self._before, after=self._after)
+        self.entries: collections.deque[list[Any]] = collections.deque(maxlen=size)
+        self.stopped = False
 
-    def _before(self, event: CollectiveEvent) -> None:
-        if tuple(event.group.global_ranks)[event.rank] != self.rank:
-            return  # another thread-rank's call
-        entry = {
-            "op": event.op,
-            "seq": event.seq,
-            "group": list(event.group.global_ranks),
-            "shape": None if event.shape is None else list(event.shape),
-            "dtype": event.dtype,
-            "bytes": event.nbytes,
-            "root": event.root,
-            "site": _call_site(),
-            "issued": time.time(),  # after event.started: past the device's queued work
-            "completed": None,
-            "error": None,
-        }
-        with self.lock:
+    def add(self, entry: list[Any]) -> None:
+        if not self.stopped:
             self.entries.append(entry)
-            self.open[id(event)] = entry
 
-    def _after(self, event: CollectiveEvent) -> None:
-        with self.lock:
-            entry = self.open.pop(id(event), None)
-        if entry is None:
-            return
-        entry["completed"] = time.time()  # after event.finished: past the device's work
-        if event.error is not None:
-            entry["error"] = f"{type(event.error).__name__}: {event.error}".splitlines()[0]
-            if isinstance(event.error, DistTimeoutError):
-                self.dump()
+    def retract(self, entry: list[Any]) -> None:
+        if self.entries and self.entries[-1] is entry:
+            self.entries.pop()
+
+    def failed(self, entry: list[Any], error: BaseException) -> None:
+        entry[recording.ERROR] = f"{type(error).__name__}: {error}".splitlines()[0]
+        if isinstance(error, DistTimeoutError):
+            self.dump()
+
+    def records(self) -> list[dict[str, Any]]:
+        """The entries kept, oldest first, as the dump writes them."""
+        kept = list(self.entries)  # one C call: appends of other threads wait for it
+        records = []
+        for entry in kept:
+            record = dict(zip(recording.FIELDS, entry, strict=True))
+            record["group"] = list(record["group"])
+            shape = record["shape"]
+            record["shape"] = None if shape is None else [int(n) for n in shape]
+            record["site"] = format_site(record["site"])
+            if record["dtype"] is None:  # a barrier, an object collective: no tensor
+                record["bytes"] = None
+            records.append(record)
+        return records
 
     def dump(self) -> str:
         """Write the ring to this rank's file (atomically); return its path."""
-        with self.lock:
-            entries = [dict(entry) for entry in self.entries]
         document = {
             "rank": self.rank,
             "world_size": self.world_size,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "dumped": time.time(),
-            "entries": entries,
+            "entries": self.records(),
         }
         private_folders(os.path.dirname(self.path))
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -104,18 +100,15 @@ class FlightRecorder:
         return self.path
 
     def stop(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
+        """Keep no more entries."""
+        self.stopped = True
 
 
-def _call_site() -> str | None:
-    """``file:line in function`` of the first frame outside distcomm."""
-    frame = user_frame()
-    if frame is None:
-        return None
-    code = frame.f_code
-    return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+def attach(comm: Any) -> None:
+    """Give ``comm`` (a communicator ``init`` made) to this process's flight recorder, if one
+    runs: its calls, and those of the groups made from it, are kept."""
+    if _current is not None and hasattr(comm, "_kit_record_into"):
+        comm._kit_record_into(_current)
 
 
 def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> None:

@@ -161,6 +161,7 @@ def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Communicato
     comm = spec.factory(launch, timeout=start.timeout, device=request.device, **request.options)
     if hasattr(comm, "debug"):
         comm.debug = start.debug
+    flight_recorder.attach(comm)
     try:
         beside, group, why = torch_groups.make(
             start.beside, comm, launch, get_registry(), start.timeout, request.device

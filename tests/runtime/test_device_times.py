@@ -17,6 +17,7 @@ from fake_gpu import FakeGpu
 
 import distcomm
 from distcomm._runtime import flight_recorder
+from distcomm.backend._pipeline import recording
 from distcomm.environment.info import LaunchInfo
 from distcomm.fakelink import Fabric, FakeLinkCommunicator
 
@@ -54,8 +55,9 @@ def test_flight_recorder_stamps_a_cuda_call_after_the_device_finished(
         gpu.log.append(("wall", None))
         return 1e9 + gpu.clock
 
-    monkeypatch.setattr(flight_recorder, "time", types.SimpleNamespace(time=wall))
+    monkeypatch.setattr(recording, "time", types.SimpleNamespace(time=wall))
     recorder = flight_recorder.FlightRecorder(10, str(tmp_path / "rank-0.json"), 0, 1)
+    comm._kit_record_into(recorder)
     try:
         comm.all_reduce(gpu.tensor())
     finally:
@@ -64,5 +66,5 @@ def test_flight_recorder_stamps_a_cuda_call_after_the_device_finished(
         *("synchronize", "clock", "wall"),
         *("synchronize", "clock", "wall"),
     ]
-    (entry,) = recorder.entries
+    (entry,) = recorder.records()
     assert (entry["issued"], entry["completed"]) == (1e9 + 1.0, 1e9 + 2.0)

@@ -11,6 +11,7 @@ communicator's scratch buffer (:class:`Scratch`).
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -296,8 +297,7 @@ def _pair(
 
 
 def _rooted(gather: bool) -> Any:
-    """gather's or scatter's plan: off the root, the tensor alone; on it, the list as one buffer
-    where it is one (the tensor its own chunk ``MPI_IN_PLACE``), else through the scratch."""
+    """gather's or scatter's plan: off the root, the tensor alone; on it, :class:`_Root`."""
 
     def make(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
         root = kind.root
@@ -306,7 +306,7 @@ def _rooted(gather: bool) -> Any:
             if gather:
                 return lambda x, y: _off_root(call, of(x), None, root)
             return lambda x, y: _off_root(call, None, of(x), root)
-        return lambda x, y: _root(comm, gather, x, y, root)
+        return _Root(comm, gather, root)
 
     return make
 
@@ -318,37 +318,74 @@ def _off_root(call: Any, send: Any, recv: Any, root: Any) -> None:
         raise NotPlanned from None
 
 
-def _root(comm: MpiCommunicator, gather: bool, tensor: Any, parts: Any, root: int) -> None:
-    """The root's ``Gather`` into ``parts`` or ``Scatter`` from them. Where they are one buffer
-    (consecutive chunks) MPI takes it as it is, the tensor being its own chunk of it
+class _Root:
+    """The root's ``Gather`` into its list or ``Scatter`` from it. Where the parts are one
+    buffer (consecutive chunks) MPI takes it as it is, the tensor being its own chunk of it
     ``MPI_IN_PLACE``; otherwise (or where the tensor is another part of it: MPI forbids aliased
-    buffers) the parts are copied through the communicator's scratch."""
-    mpi_type, nbytes = _mpi_type(tensor), tensor.nbytes
-    mine = None if mpi_type is None or not nbytes else _address(tensor, not gather)
-    if mine is None:
-        raise NotPlanned
-    own: Any = [_fromaddress(mine, nbytes), mpi_type]
-    call = comm._gather_call if gather else comm._scatter_call
-    start = _region(parts, nbytes, gather)
-    if start is not None:
-        slot = start + root * nbytes
-        if mine == slot or not start - nbytes < mine < start + nbytes * len(parts):
-            whole = [_fromaddress(start, nbytes * len(parts)), mpi_type]
-            own = _IN_PLACE if mine == slot else own
-            if gather:
-                call(own, whole, root)
+    buffers) the parts are copied through the communicator's scratch.
+
+    Finding where the parts lie costs more than MPI's call at small sizes, so the buffers of
+    the last call are remembered for numpy parts that are views (``big[a:b]``, ``np.split``):
+    a view's memory never moves, and the same view objects (weak references) in a list of the
+    same identity, with the same tensor (held: an array that owns its memory cannot be resized
+    while it is), are the same buffers."""
+
+    __slots__ = ("call", "comm", "gather", "memo", "root")
+
+    def __init__(self, comm: MpiCommunicator, gather: bool, root: int) -> None:
+        self.comm, self.gather, self.root = comm, gather, root
+        self.call = comm._gather_call if gather else comm._scatter_call
+        self.memo: tuple[Any, int, tuple[Any, ...], tuple[Any, ...]] | None = None
+
+    def __call__(self, tensor: Any, parts: Any) -> None:
+        memo = self.memo
+        if memo is not None and memo[0] is tensor and memo[1] == id(parts):
+            for part, ref in zip(parts, memo[2], strict=True):
+                if ref() is not part:
+                    break
             else:
-                call(whole, own, root)
+                self.call(*memo[3])
+                return
+        self.memo = None
+        args = self._one_buffer(tensor, parts)
+        if args is None:
+            self._through_scratch(tensor, parts)
             return
-    if tensor.__class__ is not _ndarray and not all(p.is_cpu for p in parts):
-        raise NotPlanned  # the pipeline copies across devices
-    scratch = comm._scratch.of(tensor, mpi_type)
-    if gather:
-        call(own, scratch.buf, root)
-        scratch.copy_out(parts)
-    else:
-        scratch.copy_in(parts)
-        call(scratch.buf, own, root)
+        if tensor.__class__ is _ndarray and all(p.base is not None for p in parts):
+            self.memo = (tensor, id(parts), tuple(weakref.ref(p) for p in parts), args)
+        self.call(*args)
+
+    def _one_buffer(self, tensor: Any, parts: Any) -> tuple[Any, ...] | None:
+        """The call's arguments where the parts are one buffer MPI takes as it is, else None."""
+        mpi_type, nbytes, root = _mpi_type(tensor), tensor.nbytes, self.root
+        mine = None if mpi_type is None or not nbytes else _address(tensor, not self.gather)
+        if mine is None:
+            raise NotPlanned
+        start = _region(parts, nbytes, self.gather)
+        if start is None:
+            return None
+        slot = start + root * nbytes
+        if mine != slot and start - nbytes < mine < start + nbytes * len(parts):
+            return None  # the tensor is another part: aliased
+        whole = [_fromaddress(start, nbytes * len(parts)), mpi_type]
+        own = _IN_PLACE if mine == slot else [_fromaddress(mine, nbytes), mpi_type]
+        return (own, whole, root) if self.gather else (whole, own, root)
+
+    def _through_scratch(self, tensor: Any, parts: Any) -> None:
+        if tensor.__class__ is not _ndarray and not all(p.is_cpu for p in parts):
+            raise NotPlanned  # the pipeline copies across devices
+        mpi_type = _mpi_type(tensor)
+        address = _address(tensor, not self.gather)
+        if mpi_type is None or address is None:
+            raise NotPlanned
+        own = [_fromaddress(address, tensor.nbytes), mpi_type]
+        scratch = self.comm._scratch.of(tensor, mpi_type)
+        if self.gather:
+            self.call(own, scratch.buf, self.root)
+            scratch.copy_out(parts)
+        else:
+            scratch.copy_in(parts)
+            self.call(scratch.buf, own, self.root)
 
 
 def _send(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:

@@ -18,6 +18,10 @@ user would call them:
 - bad calls (bad lists too) refused by the pipeline alike on every rank; strided views, an
   in-place gather and async calls through the pipeline, right;
 - groups made by ``split`` and ``new_group``;
+- a group of one member (a world of 1 under ``mpirun -n 1``, a group of 1 of ``split`` or
+  ``new_group``) answers every call locally: no plan is asked for or taken, the results are
+  right (:func:`plans_taken` says which groups plan; each count expected comes from it); with
+  ``world_of_one_shortcut = False`` it calls its engine and takes the plans like any group;
 - a mismatch between check points named at the next one (seq 1088), on every rank;
 - hooks see every call: the plans are bypassed while hooks are registered.
 
@@ -74,6 +78,18 @@ NEXT_CHECK = SAMPLED_FIRST + SAMPLE_EVERY
 
 
 Run = Callable[[Any, Any], Any]
+
+
+def plans_taken(group: Any) -> bool:
+    """Whether ``group`` asks its engine for plans and takes them: every group but one of one
+    member that answers its collectives locally (``world_of_one_shortcut``, the default in a
+    world of 1), which never calls the engine, so learns no kind and asks for no plan."""
+    return group.world_size > 1 or not group.world_of_one_shortcut
+
+
+def if_planned(group: Any, count: int) -> int:
+    """``count`` (of plans asked for or taken) where ``group`` takes plans, else 0."""
+    return count if plans_taken(group) else 0
 
 
 def wrap_plans(comm: Any, wrap: Callable[[CallKind, Run], Run]) -> None:
@@ -311,13 +327,13 @@ def _taken(counted: Counted, kinds: int) -> dict[str, str]:
     }
 
 
-def _expected(kinds: int) -> dict[str, str]:
-    """What :func:`_taken` must say after :func:`_program` over ``kinds`` libraries x dtypes:
-    the engine planned each kind once, when its first call went through the pipeline; the
-    others took the plan (whatever the policy and the world size)."""
-    return {
-        op: f"{kinds} kinds planned, taken {kinds * (STEPS - 1)} of {kinds * STEPS}" for op in OPS
-    }
+def _expected(kinds: int, group: Any) -> dict[str, str]:
+    """What :func:`_taken` must say after :func:`_program` on ``group`` over ``kinds``
+    libraries x dtypes: the engine planned each kind once, when its first call went through the
+    pipeline; the others took the plan (whatever the policy and the world size). A group that
+    answers locally (:func:`plans_taken`) planned and took nothing."""
+    planned, taken = if_planned(group, kinds), if_planned(group, kinds * (STEPS - 1))
+    return {op: f"{planned} kinds planned, taken {taken} of {kinds * STEPS}" for op in OPS}
 
 
 @pytest.mark.parametrize("order", ["runs", "interleaved"])
@@ -326,20 +342,38 @@ def test_every_plan_is_taken_past_the_check_points_and_right(
     group: Any, policy: str, order: str
 ) -> None:
     """Past the check points every op's plan is taken (counted) for numpy and torch, five
-    dtypes, a root that is not 0, with the right results and one operation a call."""
+    dtypes, a root that is not 0, with the right results and one operation a call (a world of
+    1: none asked for or taken, the results right)."""
     group.debug = policy
     counted = Counted(group)
     wrong = _program(group, order)
     kinds = len(LIBS) * len(DTYPES)
     assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
-    assert _taken(counted, kinds) == _expected(kinds)
+    assert _taken(counted, kinds) == _expected(kinds, group)
+    assert counted.calls == counted.taken, f"refused: {counted.calls} reached, {counted.taken}"
+
+
+def test_a_world_of_one_that_calls_its_engine_takes_the_plans(group: Any) -> None:
+    """With ``world_of_one_shortcut = False`` a group of one member calls its engine like any
+    group: the engine plans each kind once and every later call takes the plan, with the right
+    results (on a group of several ranks, which always calls its engine, the setting changes
+    nothing)."""
+    group.world_of_one_shortcut = False
+    assert plans_taken(group), "a world of 1 calling its engine takes no plan"
+    counted = Counted(group)
+    wrong = _program(group, "interleaved", dtypes=("float32", "int8"))
+    kinds = len(LIBS) * 2
+    assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
+    assert _taken(counted, kinds) == _expected(kinds, group)
     assert counted.calls == counted.taken, f"refused: {counted.calls} reached, {counted.taken}"
 
 
 def _planned_steps(ops: tuple[str, ...], group: Any) -> list[tuple[str, str, str, int]]:
     """The (lib, dtype, op, step) that take the plan in a "runs" program over ``ops`` (of
     float32 and int64), in the program's order: every step but the first; a reduce's and a
-    gather's result is checked on the root."""
+    gather's result is checked on the root. None in a group that takes no plan."""
+    if not plans_taken(group):
+        return []
     rank, root = group.rank, group.world_size - 1
     return [
         (lib, dtype, op, step)
@@ -370,7 +404,8 @@ def test_the_result_check_catches_plans_that_reduce_by_max(
 @pytest.mark.parametrize("op", OPS)
 def test_the_result_check_catches_a_plan_that_writes_wrong_data(group: Any, op: str) -> None:
     """A plan that corrupts one element of what it wrote (the tensor, the output, or gather's
-    last part on the root) is caught at exactly the calls that took it."""
+    last part on the root) is caught at exactly the calls that took it (a world of 1 takes
+    none: nothing is caught)."""
     counted = Counted(group)
 
     def spoil(target: Any) -> None:
@@ -527,7 +562,8 @@ def test_strided_views_go_through_the_pipeline_and_are_right(
             if counted.taken != taken:
                 wrong.append((op, step, "taken"))
     assert not wrong, f"rank {group.rank}: strided views {wrong}"
-    assert all(counted.taken[op] for op in ops), f"no plan was open: {counted.taken}"
+    opened = {op: bool(counted.taken[op]) for op in ops}
+    assert opened == dict.fromkeys(ops, plans_taken(group)), f"plans taken: {counted.taken}"
 
 
 @pytest.mark.mpi(min_size=2)
@@ -569,7 +605,7 @@ def test_an_in_place_gather_goes_through_the_pipeline_and_is_right(group: Any, l
         if counted.taken["all_gather_into_tensor"] != taken:
             wrong.append((step, "taken"))
     assert not wrong, f"rank {r}: in-place gathers {wrong}"
-    assert counted.taken["all_gather_into_tensor"] == 3, counted.taken
+    assert counted.taken["all_gather_into_tensor"] == if_planned(group, 3), counted.taken
 
 
 @pytest.mark.parametrize("how", ["chunks", "separate", "strided"])
@@ -594,7 +630,7 @@ def test_gather_and_scatter_take_the_plan_for_every_list_and_root(
     kinds = len(LIBS) * len(DTYPES)
     assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
     taken = {op: counted.taken[op] for op in ROOTED}
-    assert taken == dict.fromkeys(ROOTED, kinds * (STEPS - 1)), taken
+    assert taken == dict.fromkeys(ROOTED, if_planned(group, kinds * (STEPS - 1))), taken
 
 
 def _aliased(group: Any, op: str, lib: str, step: int, how: str, slot: int) -> bool:
@@ -637,7 +673,7 @@ def test_rooted_calls_whose_tensor_is_in_the_list_are_right(group: Any, lib: str
     calls = 2 * len({root, (root + 1) % n})
     assert not wrong, f"rank {group.rank}: in-place rooted calls {wrong}"
     taken = {op: counted.taken[op] for op in ROOTED}
-    assert taken == dict.fromkeys(ROOTED, calls), taken
+    assert taken == dict.fromkeys(ROOTED, if_planned(group, calls)), taken
 
 
 @pytest.mark.parametrize("lib", LIBS)
@@ -661,7 +697,9 @@ def test_async_calls_take_no_plan_and_are_right(group: Any, lib: str) -> None:
 @pytest.mark.parametrize("how", ["split", "new_group"])
 def test_groups_from_split_and_new_group_take_the_plans(world: Communicator, how: str) -> None:
     """A group of split (by parity, ranks in reverse order: group ranks are not world ranks) or
-    of new_group (every rank but 0) takes every plan past its check points, rightly."""
+    of new_group (every rank but 0) takes every plan past its check points, rightly; one of a
+    single member (split's and new_group's under 1 or 2 ranks) answers locally, rightly, and
+    takes none."""
     n, r = world.world_size, world.rank
     if how == "split":
         made: Any = world.split(r % 2, key=-r)
@@ -677,7 +715,7 @@ def test_groups_from_split_and_new_group_take_the_plans(world: Communicator, how
         group.finalize()
     kinds = len(LIBS) * 2
     assert not wrong, f"rank {r} ({group.rank} of {group.global_ranks}): wrong at {wrong}"
-    assert _taken(counted, kinds) == _expected(kinds)
+    assert _taken(counted, kinds) == _expected(kinds, group)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -722,7 +760,8 @@ def test_a_mismatch_between_check_points_is_named_at_the_next_one(group: Any, ki
 
 def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> None:
     """With the plans open, hooks added see every call once (before and after), in order and
-    numbered; no plan runs while they are on, and once removed the plans are taken again."""
+    numbered; no plan runs while they are on, and once removed the plans are taken again (a
+    world of 1 takes none)."""
     counted = Counted(group)
     _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
     reached = dict(counted.calls)
@@ -747,7 +786,7 @@ def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> No
     taken = dict(counted.taken)
     _program(group, "interleaved", libs=("numpy",), dtypes=("float32",))
     again = {op: counted.taken[op] - taken[op] for op in OPS}
-    assert again == dict.fromkeys(OPS, STEPS), f"after the hooks, plans taken {again}"
+    assert again == dict.fromkeys(OPS, if_planned(group, STEPS)), f"after the hooks, taken {again}"
 
 
 # -- blocking messages ---------------------------------------------------------------------------
@@ -996,3 +1035,38 @@ def test_messages_on_a_group_of_split_use_its_ranks(world: Communicator) -> None
     assert not wrong, f"rank {r} ({ranks}): {wrong}"
     assert counted.taken == dict.fromkeys(MESSAGES, messages), counted.taken
     assert ranks[2] == sorted(ranks[2], reverse=True), ranks
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_the_roots_list_of_views_is_found_once_and_found_again_when_it_changes(
+    group: Any, op: str
+) -> None:
+    """The root's plan remembers where a list of numpy views lies (one buffer, no copy): the
+    same list again moves the right data through what it remembered; a list with another view
+    in one place, a list of arrays of their own, then the views again, each move the right data
+    (the memory found anew each time)."""
+    _past_the_first_checks(group, "off")
+    size, rank, root = group.world_size, group.rank, 0
+    big, other = np.zeros(size * K, np.float32), np.zeros(size * K, np.float32)
+    views = [big[r * K : (r + 1) * K] for r in range(size)]
+    changed = [*views[:-1], other[(size - 1) * K :]]
+    own = [np.zeros(K, np.float32) for _ in range(size)]
+    wrong = []
+    for step, parts in enumerate([views, views, changed, own, views, views]):
+        x = np.full(K, 10.0 * rank + step, np.float32)
+        if op == "gather":
+            group.gather(x, parts if rank == root else None, root)
+            got = [p.tolist() for p in parts] if rank == root else None
+            want = [[10.0 * r + step] * K for r in range(size)] if rank == root else None
+        else:
+            for r, p in enumerate(parts if rank == root else []):
+                p[...] = 100.0 * r + step
+            group.scatter(x, parts if rank == root else None, root)
+            got, want = x.tolist(), [100.0 * rank + step] * K
+        if got != want:
+            wrong.append((step, got, want))
+    assert not wrong, f"rank {rank}: {op} moved wrong data (step, got, want): {wrong}"
+    plan = group._kit_plans.kinds.get((op, np.ndarray, np.dtype("float32"), 4 * K, root))
+    if rank == root and plans_taken(group):
+        assert plan is not None and isinstance(plan[0], mpi_plans._Root), plan
+        assert plan[0].memo is not None, "the root's plan remembered no list of views"

@@ -68,9 +68,10 @@ def test_calls_past_the_first_checks_take_the_shortcut(
             wrong.append(step)
     group.finalize()
     assert not wrong, f"rank {rank}: wrong rows at steps {wrong}"
-    # the first call starts the run (recorded by the pipeline); the 11 after it take the shortcut
-    # (a world of 1 answers every call locally, without the engine)
-    want = [True] * 11 if size > 1 else [False] * 12
+    # every call asks for the shortcut: the first of its class and dtype is refused it (the
+    # pipeline takes it, starts the run and remembers its kind), the 11 after it take it; a
+    # world of 1 answers every call locally, without the engine, and learns no kind: refused
+    want = [False] + [True] * 11 if size > 1 else [False] * 12
     assert taken == want, f"rank {rank}: shortcut outcomes {taken}"
 
 

@@ -10,7 +10,8 @@ to and from either rank, the root's list views of one buffer and arrays of their
 engine does not take as they are (not contiguous, overlapping, a root's list holding its tensor
 or transposed entries) make the plan raise NotPlanned and go through the pipeline; a dtype gloo
 lacks (int16) is never planned, a SUM of bools (an OR) has no plan; a wrong-size output, a bool
-root and bad lists never reach a plan: the pipeline refuses them.
+root and bad lists never reach a plan: the pipeline refuses them. The barrier holds a plan too,
+the kit's own (``Steps._kit_barrier_plan``): gloo's ``plan`` has none for it.
 Blocking messages alike (planned from the first message of a kind): ping-pongs of numpy arrays
 and torch tensors of five dtypes on three tags, rank 0 receiving from any rank; strided views
 (NotPlanned) and int16 (never planned) through the pipeline; bad ranks and tags refused by the
@@ -74,7 +75,7 @@ class Ledger:
     did): True (it moved the call), False (NotPlanned: the pipeline took it), "raised"
     (another exception), or a recv's sender (what its run returned). And in :attr:`asked`,
     each kind the kit asked a plan for: (op, class, dtype, byte size, root, tag, whether the
-    engine planned it).
+    engine planned it); the barrier's array, which has no dtype, has None for it.
     The kit asks the engine's ``_plan`` that its kinds (``comm._kit_plans``, kept for the
     communicator's life) were given when the communicator was made: the ledger puts the
     counted one there and forgets the kinds known so far."""
@@ -90,7 +91,7 @@ class Ledger:
         def planner(kind: Any) -> Any:
             run = plan(kind)
             x = kind.array
-            dtype = str(x.dtype).removeprefix("torch.")
+            dtype = None if x.dtype is None else str(x.dtype).removeprefix("torch.")
             kept = (kind.op, type(x).__name__, dtype, x.nbytes, kind.root, kind.tag)
             self.asked.append((*kept, run is not None))
             return None if run is None else self._counted(kind.op, run)
@@ -582,19 +583,24 @@ def test_the_checked_collectives_never_run_a_plan(ranks: list[dict[str, Any]]) -
 
 
 def test_every_op_is_planned_once_per_kind(ranks: list[dict[str, Any]]) -> None:
-    """The world holds a plan for each of the ten ops; the kit asked the engine once per kind
-    (op, class, dtype, size, root, tag), and gloo planned every kind of a dtype it sums or
-    moves: bool's SUM alone has no plan, and int16 (not gloo's) was never asked."""
+    """The world holds a plan for each of the ten ops and for the barrier, whose plan is the
+    kit's (``Steps._kit_barrier_plan``: torch has none of its own). The kit asked the engine
+    once per kind (op, class, dtype, size, root, tag), the barrier's too, and gloo planned
+    every kind of a dtype it sums or moves: bool's SUM alone has no plan, nor has the barrier
+    (its ``plan`` returns None: the kit's plan is kept), and int16 (not gloo's) was never
+    asked."""
     for rank, seen in enumerate(ranks):
-        assert seen["planned ops"] == sorted((*COLLECTIVES, *MESSAGES)), f"rank {rank}"
+        planned = sorted((*COLLECTIVES, *MESSAGES, "barrier"))
+        assert seen["planned ops"] == planned, f"rank {rank}"
         asked = [tuple(entry) for entry in seen["asked"]]
         assert len(set(asked)) == len(asked), f"rank {rank}: a kind asked twice: {asked}"
         unplanned = {entry for entry in asked if not entry[-1]}
         bools = ("all_reduce", "ndarray", "bool", 3, None, 0, False)
-        assert unplanned == {bools}, f"rank {rank}: {asked}"
+        barrier = ("barrier", "_NoArray", None, 0, None, 0, False)
+        assert unplanned == {bools, barrier}, f"rank {rank}: {asked}"
         assert not [entry for entry in asked if entry[2] == "int16"], f"rank {rank}: {asked}"
         ops = {entry[0] for entry in asked}
-        assert ops == {*COLLECTIVES, *MESSAGES}, f"rank {rank}: {sorted(ops)}"
+        assert ops == {*COLLECTIVES, *MESSAGES, "barrier"}, f"rank {rank}: {sorted(ops)}"
 
 
 def test_runs_of_one_op_take_each_plan_with_right_results(

@@ -166,14 +166,16 @@ class Groups(Steps):
     def _kit_inherit(
         self, group: Communicator | NonMember, index: int | None
     ) -> Communicator | NonMember:
-        """A new group takes this communicator's settings (the check policy) and its lineage:
-        the n-th group made from this communicator, ``index``-th of them (``new_group`` and
-        ``split`` are collective here, so every member counts alike), so that two groups of
-        the same members are told apart when the ranks compare their calls."""
+        """A new group takes this communicator's settings (the check policy, the flight
+        recorder) and its lineage: the n-th group made from this communicator, ``index``-th of
+        them (``new_group`` and ``split`` are collective here, so every member counts alike),
+        so that two groups of the same members are told apart when the ranks compare their
+        calls."""
         self._kit_children += 1
         if isinstance(group, Steps):
             group._kit_lineage = f"{self._kit_lineage}/{self._kit_children}.{index}"
             group.debug = self.debug
+            group._kit_record_into(self._kit_recorder)
         return group
 
     def adopt(self, native: Any) -> Communicator | NonMember:

@@ -116,6 +116,8 @@ class ObjectCollectives(Steps):
             h.start_run(seq, fp)
         self.op = op
         self.seq = seq
+        if self._kit_recorder is not None:
+            self._kit_open_entry(op, seq, root=root)
         return channel
 
 

@@ -48,7 +48,7 @@ class _NoArray:
     the op's alone."""
 
     __slots__ = ()
-    dtype = None
+    dtype = shape = None
     nbytes = 0
 
 
@@ -82,9 +82,10 @@ class Plans:
         self, engine_plan: Callable[[CallKind], Any] | None, barrier: Callable[[Any, Any], Any]
     ) -> None:
         #: (op, class, dtype, byte size, root[, tag]) -> (plan or None, fingerprint, the check
-        #: of ``y`` or None); an object collective's kind is (op, None, None, None, root), an
-        #: uneven call's (:data:`UNEVEN`, op, class, dtype), with no plan.
-        self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any]] = {}
+        #: of ``y`` or None, the dtype's name for the flight recorder); an object collective's
+        #: kind is (op, None, None, None, root), an uneven call's (:data:`UNEVEN`, op, class,
+        #: dtype), with no plan.
+        self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any, str | None]] = {}
         self._engine_plan = engine_plan
         self._barrier = barrier  # the barrier's plan, the kit's own
 
@@ -105,15 +106,19 @@ class Plans:
         uneven all-to-all (``varies``) by its class and dtype; the barrier (``x`` is
         :data:`NO_ARRAY`) by its op, with the kit's plan."""
         if x is NO_ARRAY:
+            known = self.kinds.get(_BARRIER)
+            if known is not None:
+                self.kinds[_BARRIER] = (known[0], fp, None, None)
+                return
             plan = None if self._engine_plan is None else self._engine_plan(CallKind(op, x, None))
-            self._keep(_BARRIER, plan or self._barrier, fp, None)
+            self._keep(_BARRIER, plan or self._barrier, fp, None, None)
             return
         if adapter is None or reduce_op not in _PLANNED_OPS:
             return
         native = adapter.dtype(x) in native_dtypes
         if varies:
             if native:
-                self._keep((UNEVEN, op, x.__class__, x.dtype), None, fp, None)
+                self._keep((UNEVEN, op, x.__class__, x.dtype), None, fp, None, None)
             return
         if op not in PLANNED:
             return
@@ -121,12 +126,12 @@ class Plans:
         known = self.kinds.get(key)
         if known is not None:
             if known[1] != fp:
-                self.kinds[key] = (known[0], fp, known[2])
+                self.kinds[key] = (known[0], fp, known[2], known[3])
             return
         plan = None
         if self._engine_plan is not None and native:
             plan = self._engine_plan(CallKind(op, x, root))
-        self._keep(key, plan, fp, _FITS.get(op))
+        self._keep(key, plan, fp, _FITS.get(op), adapter.dtype(x))
 
     def learn_message(self, op: str, x: Any, peer: int | None, tag: int) -> Any:
         """The plan of message ``op`` (send, recv) of ``x``'s kind with ``peer`` and ``tag``
@@ -137,12 +142,12 @@ class Plans:
             plan = None
             if self._engine_plan is not None:
                 plan = self._engine_plan(CallKind(op, x, peer, tag))
-            known = self._keep(key, plan, 0, None)
+            known = self._keep(key, plan, 0, None, None)
         return known[0]
 
     def learn_objects(self, op: str, root: int | None, fp: int) -> None:
         """Remember object collective ``op`` at ``root`` as a kind taken before."""
-        self._keep((op, None, None, None, root), None, fp, None)
+        self._keep((op, None, None, None, root), None, fp, None, None)
 
     def drop_barrier(self) -> None:
         """Forget the barrier's kind: split tables wait to be settled, which the next barrier's
@@ -153,10 +158,12 @@ class Plans:
         """Forget every kind: the next call of each takes the pipeline."""
         self.kinds.clear()
 
-    def _keep(self, key: tuple[Any, ...], plan: Any, fp: int, fits: Any) -> tuple[Any, int, Any]:
+    def _keep(
+        self, key: tuple[Any, ...], plan: Any, fp: int, fits: Any, dtype: str | None
+    ) -> tuple[Any, int, Any, str | None]:
         if len(self.kinds) >= _REMEMBERED:
             self.kinds.clear()
-        entry = self.kinds[key] = (plan, fp, fits)
+        entry = self.kinds[key] = (plan, fp, fits, dtype)
         return entry
 
 

@@ -25,7 +25,7 @@ from distcomm import _object_codec as objects
 from distcomm.backend._pipeline import ledger
 from distcomm.backend._pipeline.plans import UNEVEN
 from distcomm.backend.arrays import cached_adapter
-from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
+from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.history import CallHistory
@@ -143,23 +143,21 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
     if row < 0:
         return False
     comm.op = "all_to_all_single"
-    comm.blocked_seq = comm.seq = seq
+    comm.seq = seq
     if h is not None:
         if entry[1] != h.run_fp:
             h.start_run(seq, entry[1])
         keep(comm, h, sent, expected)
-    try:
-        work = comm._all_to_all_v(
-            output, [n * row for n in expected], input, [n * row for n in sent], False
-        )
-        if work is not None:
-            work.wait()
-    except DistcommError:  # distcomm's own: never wrapped as an engine's
-        raise
-    except comm.engine_errors as exc:
-        raise comm.engine_failed("all_to_all_single", seq, exc) from exc
-    finally:
-        comm.blocked_seq = 0
+    if comm._kit_recorder is not None:
+        comm._kit_open_entry("all_to_all_single", seq, input, cached_adapter(input))
+    comm._kit_call(
+        comm._all_to_all_v,
+        False,
+        output,
+        [n * row for n in expected],
+        input,
+        [n * row for n in sent],
+    )
     return True
 
 

@@ -21,13 +21,16 @@ import itertools
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from time import time as _wall
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from distcomm.backend._pipeline import agreement, observing
+from distcomm._call_sites import user_site
+from distcomm.backend._pipeline import agreement, observing, recording
 from distcomm.backend._pipeline.checks import ArgumentChecks
 from distcomm.backend._pipeline.failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
 from distcomm.backend._pipeline.plans import Plans
+from distcomm.backend._pipeline.recording import COMPLETED, ISSUED, Recorder
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.primitives import NotPlanned, Primitives
@@ -71,6 +74,11 @@ class Steps(ArgumentChecks, Failures, Primitives):
     _kit_vote: Any = None
     #: What this rank called (None: the policy is off, or a world of 1).
     _kit_history: CallHistory | None = None
+    #: The flight recorder this communicator's calls go to (None: none records them), and the
+    #: entry of the call the pipeline numbered last (:mod:`~distcomm.backend._pipeline.recording`).
+    _kit_recorder: Recorder | None = None
+    _kit_entry: list[Any] | None = None
+    _kit_entry_device: str | None = None
     #: Which communicator this is among those of the same members: "" for a world, then
     #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
     _kit_lineage: str = ""
@@ -170,25 +178,37 @@ class Steps(ArgumentChecks, Failures, Primitives):
         ranks that they made the same calls (:mod:`~distcomm.backend._pipeline.agreement`;
         ``_next_check`` is the next checked ``seq``, so that an unchecked call tests one
         integer). Registered hooks see the call here first
-        (:mod:`~distcomm.backend._pipeline.observing`). ``varies``: the element count may
+        (:mod:`~distcomm.backend._pipeline.observing`), and the flight recorder gets its entry
+        (:mod:`~distcomm.backend._pipeline.recording`). ``varies``: the element count may
         differ from rank to rank; ``layout``: what every rank must pass alike in its place (the
         sizes of an uneven operation)."""
         seq = self.seq = self.seq + 1
         self.op = op
         if self._kit_observing and self._kit_event is observing.PENDING:
             observing.before(self, op, x, adapter, root, reduce_op)
+        rec = self._kit_recorder
+        if rec is not None:
+            entry = self._kit_open_entry(op, seq, x, adapter, root)
+            if self._kit_solo:  # answered without the engine: issued and completed now
+                entry[ISSUED] = recording.stamp(self._kit_entry_device)
+                entry[COMPLETED] = recording.stamp(self._kit_entry_device)
         h = self._kit_history
         fp = 0
-        if h is not None:
-            fp = agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
-        if x is not None and not self._kit_solo:  # a world of 1 calls no engine
-            self._kit_plans.learn(
-                op, x, adapter, root, reduce_op, fp, self._kit_native_dtypes, varies
-            )
-        if seq >= self._kit_next_check:
-            self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
-            if self._kit_world_size > 1:
-                agreement.check(self, x)
+        try:
+            if h is not None:
+                fp = agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
+            if x is not None and not self._kit_solo:  # a world of 1 calls no engine
+                self._kit_plans.learn(
+                    op, x, adapter, root, reduce_op, fp, self._kit_native_dtypes, varies
+                )
+            if seq >= self._kit_next_check:
+                self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
+                if self._kit_world_size > 1:
+                    agreement.check(self, x)
+        except BaseException as exc:
+            if rec is not None:
+                rec.failed(entry, exc)
+            raise
 
     @property
     def debug(self) -> str:
@@ -215,14 +235,15 @@ class Steps(ArgumentChecks, Failures, Primitives):
         of torch's group beside it): not the program's operations. Hooks do not see them, the
         mismatch check does not record them, and afterwards ``seq`` is what it was, so that the
         program's first collective is #1. Every rank makes the same calls here."""
-        saved = (self.seq, self.op, self._kit_next_check, self._kit_history)
-        self._kit_history = None
+        saved = (self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder)
+        self._kit_history = self._kit_recorder = self._kit_entry = None
         self._kit_observing = False  # type: ignore[misc]
         try:
             yield
         finally:
             del self._kit_observing
-            self.seq, self.op, self._kit_next_check, self._kit_history = saved
+            self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder = saved
+            self._kit_entry = None
             self._kit_plans.forget()  # its calls were not recorded: no plan from them
 
     def _kit_after_mismatch(self, error: CollectiveMismatchError) -> None:
@@ -273,6 +294,9 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """Run ``primitive(*args, async_op)``: blocking (and waited for) under this rank's
         "blocked in" mark, or started, returning its Work. An engine exception (one of
         ``engine_errors``) becomes EngineError naming the operation."""
+        entry = self._kit_entry
+        if entry is not None:
+            return self._kit_call_recorded(entry, primitive, async_op, *args)
         if async_op:
             try:
                 return primitive(*args, True)
@@ -293,6 +317,27 @@ class Steps(ArgumentChecks, Failures, Primitives):
             self.blocked_seq = 0
         return None
 
+    def _kit_call_recorded(
+        self, entry: list[Any], primitive: Callable[..., Work | None], async_op: bool, *args: Any
+    ) -> Any:
+        """:meth:`_kit_call` of a call the flight recorder keeps: its entry stamped issued (at
+        the first engine call), completed or failed (:mod:`~distcomm.backend._pipeline.
+        recording`)."""
+        device = None if async_op else self._kit_entry_device
+        if entry[ISSUED] is None:
+            entry[ISSUED] = recording.stamp(device)
+        self._kit_entry = None  # the call proper: not recorded twice
+        try:
+            result = self._kit_call(primitive, async_op, *args)
+        except BaseException as exc:
+            if self._kit_recorder is not None:
+                self._kit_recorder.failed(entry, exc)
+            raise
+        finally:
+            self._kit_entry = entry
+        entry[COMPLETED] = recording.stamp(device)
+        return result
+
     def _kit_planned(self, op: str, x: Any, root: Any = None, y: Any = None) -> bool:
         """Run a blocking call of a kind the pipeline took before through the engine's plan for
         it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
@@ -307,7 +352,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
             return False
         if entry is None:
             return False
-        plan, fp, fits = entry
+        plan, fp, fits, dtype = entry
         if (
             plan is None
             or (root is not None and root.__class__ is not int)  # True is no rank
@@ -321,18 +366,59 @@ class Steps(ArgumentChecks, Failures, Primitives):
             h.start_run(seq, fp)
         self.op = op
         self.blocked_seq = self.seq = seq
+        rec = self._kit_recorder
+        if rec is not None:  # the flight recorder's entry, in its ring while the call runs
+            bound = self.bound_device  # (recording.FIELDS; the site past this and the method)
+            issued = _wall() if bound is None else recording.stamp(bound)
+            record = [op, seq, self._kit_global_ranks, x.shape, dtype, x.nbytes, root]
+            record += (user_site(2), issued, None, None)
+            rec.add(record)
+            self._kit_entry = None  # no later engine call stamps an earlier call's entry
         try:
             plan(x, y)
         except NotPlanned:
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
+            if rec is not None:
+                rec.retract(record)
             return False
-        except DistcommError:  # distcomm's own: never wrapped as an engine's
+        except DistcommError as exc:  # distcomm's own: never wrapped as an engine's
+            if rec is not None:
+                rec.failed(record, exc)
             raise
         except self.engine_errors as exc:
-            raise self.engine_failed(op, seq, exc) from exc
+            error = self.engine_failed(op, seq, exc)
+            if rec is not None:
+                rec.failed(record, error)
+            raise error from exc
         finally:
             self.blocked_seq = 0
+        if rec is not None:
+            record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
         return True
+
+    def _kit_open_entry(
+        self,
+        op: str,
+        seq: int,
+        x: Any = None,
+        adapter: Adapter | None = None,
+        root: int | None = None,
+    ) -> list[Any]:
+        """The flight recorder's entry of call ``seq`` (the recorder is set), kept as the call
+        the next engine calls stamp (:meth:`_kit_call`)."""
+        assert self._kit_recorder is not None
+        entry = self._kit_entry = recording.opened(self, op, seq, x, adapter, root)
+        self._kit_entry_device = None if adapter is None else adapter.device(x)
+        self._kit_recorder.add(entry)
+        return entry
+
+    def _kit_record_into(self, recorder: Recorder | None) -> None:
+        """Give this communicator's calls to ``recorder`` (the flight recorder of this
+        process's rank: a communicator of another thread-rank keeps none), or to none; the
+        groups made from it later inherit it."""
+        mine = recorder is not None and recorder.rank == self._kit_global_ranks[self._kit_rank]
+        self._kit_recorder = recorder if mine else None
+        self._kit_entry = None
 
     def _kit_barrier_plan(self, x: Any, y: Any) -> None:
         """The barrier's plan where the engine has none (:mod:`~distcomm.backend._pipeline.plans`):
