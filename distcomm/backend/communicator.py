@@ -163,6 +163,10 @@ class BaseCommunicator(
         vote, unless the policy is off, this communicator already failed or an exception is
         being handled); the mismatch to raise once the communicator is released, if they did
         not (a vote that cannot finish only warns)."""
+        self._kit_lend_entry(None)  # the last call's entry is complete: the vote's are not its
+        channel = self._object_channel()
+        if channel is not self:
+            channel._kit_lend_entry(None)
         h = self._kit_history
         if h is None:
             return None

@@ -159,7 +159,7 @@ class _Registry:
 
 
 _registry = _Registry()
-#: The method a wrapper calls instead of the public one: all_reduce's steps past its shortcut.
+#: The method a wrapper calls instead of the public one: all_reduce's steps past its plan.
 
 
 def before_hooks() -> tuple[Hook, ...]:

@@ -88,8 +88,10 @@ class Primitives:
     #: Optional: the engine's plan for a kind of blocking call the pipeline took once,
     #: ``_plan(kind) -> run`` or None (no plan: every call of the kind takes the pipeline).
     #: ``kind`` is a :class:`~distcomm.backend.CallKind` (op, an example array, root, tag) of
-    #: an op in ``distcomm.backend.PLANNED``, with a dtype the engine moves; reductions are SUM
-    #: (all_reduce in place). ``run(x, y)`` moves one call of the kind: ``x`` the tensor (the
+    #: an op in ``distcomm.backend.PLANNED``, with a dtype the engine moves (sums as it is, for
+    #: the reductions); reductions are SUM (all_reduce in place); the barrier's array is a
+    #: placeholder (its ``None``: the kit runs ``_barrier``); a ``_plan`` that raises counts as
+    #: None, with a warning. ``run(x, y)`` moves one call of the kind: ``x`` the tensor (the
     #: input where the op has an output), ``y`` the output, gather's and scatter's list (on the
     #: root; None elsewhere), or None; ``recv``'s returns the sender's rank where its kind's root
     #: is None (any rank). The kit calls it inside the call's ``seq`` and "blocked in" mark and

@@ -1007,3 +1007,53 @@ def test_a_world_of_one_asks_for_no_plan_until_it_calls_its_engine() -> None:
     assert before == [], f"a world of 1 asked its engine for plans: {before}"
     assert asked == ["all_reduce"], f"the engine called by a world of 1 was asked: {asked}"
     assert value == 1.0
+
+
+def _uneven(comm: Any, width: int) -> None:
+    """An uneven all_to_all_single moving 2 elements to every rank in rows of ``width``: the
+    engine sees the same counts whatever the width, the split tables do not."""
+    rows = [2 // width] * comm.world_size
+    t = np.ones((sum(rows), width), np.float32)
+    comm.all_to_all_single(np.empty_like(t), t, rows, rows)
+
+
+@pytest.mark.parametrize("first", ["async barrier", "none"])
+def test_a_barrier_settles_split_tables_that_wait_even_after_an_async_barrier(first: str) -> None:
+    """Split tables of uneven all-to-alls wait to be settled: the barrier's plan is dropped until
+    a blocking barrier votes and settles them (an async barrier, which cannot, does not bring
+    the plan back), and the mismatch is named there."""
+
+    def body() -> int | None:
+        comm: Any = distcomm.get_communicator()
+        past_the_first_checks(comm)
+        comm.barrier()  # the first barrier: voted; the next ones have a plan
+        _uneven(comm, 2)
+        _uneven(comm, 1 if comm.rank == 1 else 2)  # the tables disagree
+        if first == "async barrier":
+            comm.barrier(async_op=True).wait()
+        try:
+            comm.barrier()
+        except CollectiveMismatchError as exc:
+            return exc.seq
+        return None
+
+    seqs = run_threads(body, 2)
+    assert seqs[0] is not None and seqs[0] == seqs[1], f"the barrier named no mismatch: {seqs}"
+
+
+def test_an_engine_whose_plan_raises_is_warned_about_and_its_calls_take_the_pipeline() -> None:
+    """An engine's ``_plan`` that raises (here: for the barrier, which a plugin may not expect)
+    is no plan: a warning names it, once, and every call still runs (the pipeline's)."""
+
+    def body() -> tuple[list[str], int]:
+        comm: Any = distcomm.get_communicator()
+        give_plans(comm, lambda kind: {"all_reduce": lambda x, y: None}[kind.op])
+        with pytest.warns(distcomm.DistcommWarning, match=r"_plan\('barrier'.*KeyError"):
+            for _ in range(3):
+                comm.barrier()
+        x = np.ones(2)
+        comm.all_reduce(x)
+        return [op for op, *_ in comm._kit_plans.kinds], comm.seq
+
+    ops, seq = run_threads(body, 2)[0]
+    assert seq == 4 and "barrier" in ops, (ops, seq)

@@ -106,7 +106,8 @@ class Movement(Steps):
         input_split_sizes: Sequence[int] | None = None,
         async_op: bool = False,
     ) -> Work | None:
-        """all_to_all_single past the shortcut (what hooks wrap: every call is numbered)."""
+        """all_to_all_single past its plan and the uneven shortcut (what hooks wrap: every call
+        is numbered)."""
         if output_split_sizes is not None or input_split_sizes is not None:
             return self._kit_all_to_all_v(
                 output, input, output_split_sizes, input_split_sizes, async_op
@@ -186,9 +187,12 @@ class Movement(Steps):
         if self._kit_solo:
             return DONE if async_op else None
         h = self._kit_history
-        if not async_op and h is not None and h.ledger and self._kit_can_confirm():
-            confirmation.vote(self, confirmation.BARRIER)
-            ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
-            if self._object_channel() is self:
-                return None
+        if h is not None and h.ledger:
+            if async_op or not self._kit_can_confirm():
+                self._kit_plans.drop_barrier()  # the tables still wait: no plan until settled
+            else:
+                confirmation.vote(self, confirmation.BARRIER)
+                ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
+                if self._object_channel() is self:
+                    return None
         return self._kit_complete(self._kit_call(self._barrier, async_op), async_op)

@@ -31,10 +31,12 @@ likewise skip the kit's steps for a kind (op, root) taken before.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from distcomm.backend.primitives import PLANNED, CallKind
+from distcomm.errors import DistcommWarning
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
@@ -65,7 +67,7 @@ OUTPUTS: dict[str, Callable[[int, int], int]] = {
 }
 #: The kind of the uneven all-to-alls of a class and dtype (they have no plan).
 UNEVEN = "all_to_all_v"
-_PLANNED_OPS = (None, ReduceOp.SUM)
+_PLANNED_REDUCE_OPS = (None, ReduceOp.SUM)
 #: How many kinds of call a communicator remembers (then it starts over).
 _REMEMBERED = 256
 
@@ -76,7 +78,7 @@ class Plans:
     :attr:`kinds` on every planned call (the same dict for the object's life: it is cleared,
     never replaced); only this object writes it."""
 
-    __slots__ = ("_barrier", "_engine_plan", "kinds")
+    __slots__ = ("_barrier", "_engine_plan", "_warned", "kinds")
 
     def __init__(
         self, engine_plan: Callable[[CallKind], Any] | None, barrier: Callable[[Any, Any], Any]
@@ -88,6 +90,7 @@ class Plans:
         self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any, str | None]] = {}
         self._engine_plan = engine_plan
         self._barrier = barrier  # the barrier's plan, the kit's own
+        self._warned: set[str] = set()  # the ops whose engine's _plan raised (warned once)
 
     def learn(
         self,
@@ -110,10 +113,10 @@ class Plans:
             if known is not None:
                 self.kinds[_BARRIER] = (known[0], fp, None, None)
                 return
-            plan = None if self._engine_plan is None else self._engine_plan(CallKind(op, x, None))
+            plan = self._ask(CallKind(op, x, None))
             self._keep(_BARRIER, plan or self._barrier, fp, None, None)
             return
-        if adapter is None or reduce_op not in _PLANNED_OPS:
+        if adapter is None or reduce_op not in _PLANNED_REDUCE_OPS:
             return
         native = adapter.dtype(x) in native_dtypes
         if varies:
@@ -128,9 +131,7 @@ class Plans:
             if known[1] != fp:
                 self.kinds[key] = (known[0], fp, known[2], known[3])
             return
-        plan = None
-        if self._engine_plan is not None and native:
-            plan = self._engine_plan(CallKind(op, x, root))
+        plan = self._ask(CallKind(op, x, root)) if native else None
         self._keep(key, plan, fp, _FITS.get(op), adapter.dtype(x))
 
     def learn_message(self, op: str, x: Any, peer: int | None, tag: int) -> Any:
@@ -139,15 +140,32 @@ class Plans:
         key = (op, x.__class__, x.dtype, x.nbytes, peer, tag)
         known = self.kinds.get(key)
         if known is None:
-            plan = None
-            if self._engine_plan is not None:
-                plan = self._engine_plan(CallKind(op, x, peer, tag))
-            known = self._keep(key, plan, 0, None, None)
+            known = self._keep(key, self._ask(CallKind(op, x, peer, tag)), 0, None, None)
         return known[0]
 
     def learn_objects(self, op: str, root: int | None, fp: int) -> None:
         """Remember object collective ``op`` at ``root`` as a kind taken before."""
         self._keep((op, None, None, None, root), None, fp, None, None)
+
+    def _ask(self, kind: CallKind) -> Any:
+        """The engine's plan of ``kind``; None where it has none, or where asking raised (an
+        engine's bug must not break the call the pipeline is making: it warns, once per op and
+        communicator)."""
+        if self._engine_plan is None:
+            return None
+        try:
+            return self._engine_plan(kind)
+        except Exception as exc:  # any bug of a plugin's
+            if kind.op not in self._warned:
+                self._warned.add(kind.op)
+                warnings.warn(
+                    f"the engine's _plan({kind.op!r} ...) raised {type(exc).__name__}: {exc}; "
+                    "such calls take the general pipeline. HINT: _plan returns None for a kind "
+                    "it does not plan (docs/plugins.md).",
+                    DistcommWarning,
+                    stacklevel=2,
+                )
+            return None
 
     def drop_barrier(self) -> None:
         """Forget the barrier's kind: split tables wait to be settled, which the next barrier's

@@ -53,7 +53,7 @@ class Reductions(Steps):
         return self._kit_all_reduce_steps(tensor, op, async_op)
 
     def _kit_all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
-        """all_reduce past the shortcut (what hooks wrap: every call is numbered in _count)."""
+        """all_reduce past its plan (what hooks wrap: every call is numbered in _count)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter = cached_adapter(tensor)
         if adapter is None and isinstance(tensor, (int, float)):

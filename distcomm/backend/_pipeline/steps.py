@@ -79,6 +79,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
     _kit_recorder: Recorder | None = None
     _kit_entry: list[Any] | None = None
     _kit_entry_device: str | None = None
+    _kit_entry_seq: int = 0
     #: Which communicator this is among those of the same members: "" for a world, then
     #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
     _kit_lineage: str = ""
@@ -198,9 +199,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
             if h is not None:
                 fp = agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
             if x is not None and not self._kit_solo:  # a world of 1 calls no engine
-                self._kit_plans.learn(
-                    op, x, adapter, root, reduce_op, fp, self._kit_native_dtypes, varies
-                )
+                moved = self._kit_native_dtypes if reduce_op is None else self._kit_direct_dtypes
+                self._kit_plans.learn(op, x, adapter, root, reduce_op, fp, moved, varies)
             if seq >= self._kit_next_check:
                 self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
                 if self._kit_world_size > 1:
@@ -252,6 +252,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
         no kind is planned from what it described and the communicator
         stays usable. Otherwise it is retired."""
         h = self._kit_history
+        if self._kit_recorder is not None and self._kit_entry is not None:
+            self._kit_recorder.failed(self._kit_entry, error)
         if error.ran is not None:
             self.unusable = f"collective mismatch at operation #{error.seq}"
         elif h is not None and not h.ended and self.seq == error.seq:
@@ -295,7 +297,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         "blocked in" mark, or started, returning its Work. An engine exception (one of
         ``engine_errors``) becomes EngineError naming the operation."""
         entry = self._kit_entry
-        if entry is not None:
+        if entry is not None and self._kit_entry_seq == self.seq and self._kit_checking_for is None:
             return self._kit_call_recorded(entry, primitive, async_op, *args)
         if async_op:
             try:
@@ -390,6 +392,10 @@ class Steps(ArgumentChecks, Failures, Primitives):
             if rec is not None:
                 rec.failed(record, error)
             raise error from exc
+        except BaseException as exc:
+            if rec is not None:
+                rec.failed(record, exc)
+            raise
         finally:
             self.blocked_seq = 0
         if rec is not None:
@@ -407,10 +413,16 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """The flight recorder's entry of call ``seq`` (the recorder is set), kept as the call
         the next engine calls stamp (:meth:`_kit_call`)."""
         assert self._kit_recorder is not None
-        entry = self._kit_entry = recording.opened(self, op, seq, x, adapter, root)
-        self._kit_entry_device = None if adapter is None else adapter.device(x)
+        entry = recording.opened(self, op, seq, x, adapter, root)
+        self._kit_lend_entry(entry, None if adapter is None else adapter.device(x))
         self._kit_recorder.add(entry)
         return entry
+
+    def _kit_lend_entry(self, entry: list[Any] | None, device: str | None = None) -> None:
+        """Make ``entry`` the one this communicator's engine calls stamp until its ``seq``
+        moves (a communicator's own, or the call's whose bytes travel on this object channel);
+        None: no entry."""
+        self._kit_entry, self._kit_entry_seq, self._kit_entry_device = entry, self.seq, device
 
     def _kit_record_into(self, recorder: Recorder | None) -> None:
         """Give this communicator's calls to ``recorder`` (the flight recorder of this
@@ -508,4 +520,6 @@ class Steps(ArgumentChecks, Failures, Primitives):
             channel._kit_check_usable()
             channel.seq += 1  # counted, not checked again: the check ran on this communicator
             channel.op = op
+            if self._kit_entry is not None:  # the call's engine calls are the channel's
+                channel._kit_lend_entry(self._kit_entry)
         return channel

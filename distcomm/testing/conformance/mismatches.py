@@ -2,8 +2,9 @@
 dtype, op or root) get :class:`~distcomm.errors.CollectiveMismatchError` on every rank, before
 anything runs, and the communicator stays usable; nothing is checked under ``debug="off"``.
 Under the default policy nothing slips through either: between its check points, a kind of call
-the ranks never agreed on is confirmed before it runs, and a mismatch of kinds they did agree on
-is named at the next barrier, with the operations that ran after it.
+the ranks never agreed on is confirmed before it runs (a communicator's first barrier too), and a
+mismatch of kinds they did agree on is named at that barrier, the next check point or
+``finalize()``, with the operations that ran after it.
 
 Each check pins its communicator's policy for its own calls (``"check"``, or the default
 ``"sample"`` on a group of its own, whatever ``DISTCOMM_DEBUG`` says) and restores it. They
@@ -218,7 +219,7 @@ def the_default_stops_a_new_call_that_differs() -> None:
     """Under the default policy, between its check points, rank 0 all-reduces 6 elements where
     the others reduce 4, a call none of them made before: every rank raises
     CollectiveMismatchError before the call runs, again when they repeat it (a call refused is
-    no call agreed on: never the backend's shortcut), and the group stays usable."""
+    no call agreed on: never the engine's plan), and the group stays usable."""
     group = _group_past_the_first_checks()
     if group is None:
         return
@@ -244,8 +245,9 @@ def the_default_stops_a_new_call_that_differs() -> None:
 def the_default_names_a_mismatch_that_ran_at_the_barrier() -> None:
     """Under the default policy, between its check points, rank 1 all-reduces with MAX where the
     others use SUM, two calls every rank made before: the engine runs it (nothing local can
-    tell), and the barrier that follows raises CollectiveMismatchError on every rank naming that
-    operation and the ones that ran after it; the group is retired."""
+    tell), and the group's first barrier, which follows (a new kind of call: voted), raises
+    CollectiveMismatchError on every rank naming that operation and the ones that ran after it;
+    the group is retired."""
     group = _group_past_the_first_checks()
     if group is None:
         return
