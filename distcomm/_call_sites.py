@@ -19,14 +19,21 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _OURS: dict[int, tuple[CodeType, bool]] = {}
 
 
+def _ours(code: CodeType) -> bool:
+    """Whether ``code`` is distcomm's (its file resolved once, then remembered in :data:`_OURS`)."""
+    known = _OURS.get(id(code))
+    if known is None:
+        if len(_OURS) > 4096:
+            _OURS.clear()
+        known = _OURS[id(code)] = (code, os.path.abspath(code.co_filename).startswith(_PACKAGE))
+    return known[1]
+
+
 def user_frame(skip: tuple[str, ...] = ()) -> FrameType | None:
     """The innermost frame of the calling thread outside distcomm (and outside the files
     ``skip``); None when every frame is distcomm's."""
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and (
-        os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE)
-        or frame.f_code.co_filename in skip
-    ):
+    while frame is not None and (_ours(frame.f_code) or frame.f_code.co_filename in skip):
         frame = frame.f_back
     return frame
 
@@ -37,15 +44,10 @@ def user_site(depth: int = 1) -> tuple[CodeType, int] | None:
     None when every frame is distcomm's. ``depth``: the caller's frames known to be distcomm's,
     skipped without a look (Python makes a frame object for each frame looked at)."""
     frame: FrameType | None = sys._getframe(depth)
-    ours = _OURS
     while frame is not None:
         code = frame.f_code
-        known = ours.get(id(code))
-        if known is None:
-            if len(ours) > 4096:
-                ours.clear()
-            known = ours[id(code)] = (code, os.path.abspath(code.co_filename).startswith(_PACKAGE))
-        if not known[1]:
+        known = _OURS.get(id(code))  # _ours, inlined where it is known: the common case
+        if not (known[1] if known is not None else _ours(code)):
             return code, frame.f_lasti
         frame = frame.f_back
     return None

@@ -751,6 +751,19 @@ def message_kinds(rank: int, world_size: int) -> list[tuple[Any, ...]]:
     return kinds
 
 
+def messages_in_order(rank: int, world_size: int) -> list[tuple[str, int | None, int]]:
+    """The (op, peer, tag) of ``rank``'s messages in :func:`message_rings`, in the order it
+    makes them: per kind and tag, the send to the next rank, the receives from the rank before
+    and from any rank."""
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    order: list[tuple[str, int | None, int]] = []
+    for _kind in MESSAGE_KINDS:
+        for tag in TAGS:
+            for src in (prev, None):
+                order += [("send", nxt, tag), ("recv", src, tag)]
+    return order
+
+
 def message_ring(
     comm: Any, kind: tuple[str, str], tag: int, step: int, any_source: bool
 ) -> list[str]:
@@ -808,11 +821,7 @@ def test_good_messages_take_their_plans_under_a_mark_of_their_own() -> None:
     n = 3
     for r, (wrong, taken, refused, asked, again) in enumerate(run_threads(body, n)):
         assert wrong == [] and refused == [], f"rank {r}: {wrong}, declined {refused}"
-        want = []
-        for _kind in MESSAGE_KINDS:
-            for tag in TAGS:
-                for src in ((r - 1) % n, None):
-                    want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
+        want = messages_in_order(r, n)
         assert [t[:3] for t in taken] == want, f"rank {r}: {taken[:4]}..."
         assert asked == message_kinds(r, n), f"rank {r}: asked {asked[:4]}..."
         assert again == (len(want), True), f"rank {r}: again {again}"
@@ -919,11 +928,7 @@ def test_a_plan_raising_not_planned_leaves_the_message_to_the_pipeline() -> None
     n = 3
     for r, (wrong, refused, declined, strided) in enumerate(run_threads(body, n)):
         assert wrong == [], f"rank {r}: {wrong}"
-        want = []
-        for _kind in MESSAGE_KINDS:
-            for tag in TAGS:
-                for src in ((r - 1) % n, None):
-                    want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
+        want = messages_in_order(r, n)
         assert refused == want, f"rank {r}: {refused[:4]}..."
         assert declined == [("send", (r + 1) % n, 3), ("recv", None, 3)], f"rank {r}: {declined}"
         assert strided == [], f"rank {r}: a strided message went wrong: {strided}"
@@ -943,11 +948,6 @@ def test_a_kind_of_message_without_a_plan_takes_the_pipeline() -> None:
     n = 3
     for r, (wrong, asked, reached) in enumerate(run_threads(body, n)):
         assert wrong == [], f"rank {r}: {wrong}"
-        want = []
-        for _kind in MESSAGE_KINDS:
-            for tag in TAGS:
-                for src in ((r - 1) % n, None):
-                    want += [("send", (r + 1) % n, tag), ("recv", src, tag)]
         assert asked == message_kinds(r, n), f"rank {r}: asked {asked[:4]}..."
         assert reached == 0, f"rank {r}: {reached} messages reached a plan"
 

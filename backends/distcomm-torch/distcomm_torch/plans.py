@@ -66,8 +66,6 @@ _ndarray = _numpy_arrays()
 _Tensor, _from_numpy, _SUM = torch.Tensor, torch.from_numpy, dist.ReduceOp.SUM
 _EVEN: list[int] = []  # all_to_all's split sizes: even chunks
 _NO_INPUTS: list[Any] = []  # scatter's inputs off the root
-#: The ops that sum: their dtypes exclude bool (its SUM is an OR).
-_SUMMED = frozenset({"all_reduce", "reduce", "reduce_scatter_tensor"})
 
 
 @functools.cache
@@ -107,7 +105,7 @@ def plan(comm: TorchCommunicator, kind: CallKind) -> Run | None:
     any rank where the engine has none, an op it has no plan of (the barrier: the kit's)."""
     if kind.op not in _PLANS:
         return None
-    names = comm._kit_direct_dtypes if kind.op in _SUMMED else comm._kit_native_dtypes
+    names = comm._kit_native_dtypes  # (the kit asks for reductions of dtypes summed as is)
     of = _converter(comm, kind.array, _torch_dtypes(names))
     if of is None:
         return None
