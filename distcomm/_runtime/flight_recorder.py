@@ -26,6 +26,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +53,8 @@ class FlightRecorder:
     def __init__(self, size: int, path: str, rank: int, world_size: int) -> None:
         self.path, self.rank, self.world_size = path, rank, world_size
         self.entries: collections.deque[list[Any]] = collections.deque(maxlen=size)
-        self.stopped = False
-
-    def add(self, entry: list[Any]) -> None:
-        if not self.stopped:
-            self.entries.append(entry)
+        #: Keep an entry: the ring's own append (no Python frame per call), until :meth:`stop`.
+        self.add: Callable[[list[Any]], None] = self.entries.append
 
     def retract(self, entry: list[Any]) -> None:
         if self.entries and self.entries[-1] is entry:
@@ -101,7 +99,11 @@ class FlightRecorder:
 
     def stop(self) -> None:
         """Keep no more entries."""
-        self.stopped = True
+        self.add = _ignore
+
+
+def _ignore(entry: list[Any]) -> None:
+    """A stopped recorder's ``add``."""
 
 
 def attach(comm: Any) -> None:

@@ -1,10 +1,9 @@
 """The hooks of every public collective: ``distcomm.add_hook(before, after)``, the
 :class:`CollectiveEvent` each hook is given and the :class:`HookHandle` that removes them.
 
-While no hook is registered the communicator's methods are the plain ones; the first hook added
-puts the observing wrappers on :class:`~distcomm.backend.BaseCommunicator` and the last one
-removed takes them off (the pipeline's side: ``distcomm.backend._pipeline.observing``, which
-makes the event where a call is numbered and reads its times from ``distcomm._device_clock``).
+Registering a hook changes no class: each public collective tests :data:`registered` (empty
+while no hook is) and makes its event where the call is numbered (the pipeline's side:
+``distcomm.backend._pipeline.observing``, which reads the times from ``distcomm._device_clock``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,14 @@ from distcomm.errors import InvalidArgumentError
 if TYPE_CHECKING:
     from distcomm.protocol import Communicator
 
-__all__ = ["CollectiveEvent", "HookHandle", "add_hook", "after_hooks", "before_hooks"]
+__all__ = [
+    "CollectiveEvent",
+    "HookHandle",
+    "add_hook",
+    "after_hooks",
+    "before_hooks",
+    "registered",
+]
 
 Hook = Callable[["CollectiveEvent"], Any]
 
@@ -131,7 +137,7 @@ def add_hook(before: Hook | None = None, after: Hook | None = None) -> HookHandl
 
 
 class _Registry:
-    """The hooks of the process; the wrappers follow them on and off."""
+    """The hooks of the process (``handles`` changes in place: :data:`registered`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -153,13 +159,12 @@ class _Registry:
     def _publish(self) -> None:
         self.before = tuple(h.before for h in self.handles if h.before is not None)
         self.after = tuple(h.after for h in reversed(self.handles) if h.after is not None)
-        from distcomm.backend._pipeline import observing  # the wrappers: a layer of the kit
-
-        observing.wrap(bool(self.handles))
 
 
 _registry = _Registry()
-#: The method a wrapper calls instead of the public one: all_reduce's steps past its plan.
+#: The registered hooks' handles, in the order they were added (the same list as long as the
+#: process runs: a communicator tests it on each call).
+registered: list[HookHandle] = _registry.handles
 
 
 def before_hooks() -> tuple[Hook, ...]:

@@ -1,8 +1,9 @@
 """Tests of the hook point (distcomm.add_hook), on fakelink thread-ranks and a world of 1.
 
 The conformance topic ``debugging`` checks on every backend that a hook sees each public call
-once; here are the rules around it: what it costs when nothing is registered, nesting, errors,
-a hook that raises, removal, and the plans (bypassed while hooks are registered).
+once; here are the rules around it: registering a hook changes no class, nesting, errors, a
+hook that raises, removal, and the plans (which run the hooks, and hand a declined call's event
+to the pipeline).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 from distcomm.fakelink import Fabric, FakeLinkCommunicator
 from distcomm.testing import run_threads
 
-PLAIN = {name: getattr(BaseCommunicator, name) for name in observing.OBSERVED}
+
+def classes_state() -> list[dict[str, Any]]:
+    """Every attribute of BaseCommunicator's classes (their own, not inherited)."""
+    return [dict(vars(cls)) for cls in BaseCommunicator.__mro__]
 
 
 def mine(seen: list[Any]) -> dict[str, Any]:
@@ -38,14 +42,22 @@ def mine(seen: list[Any]) -> dict[str, Any]:
     return {"before": before, "after": after}
 
 
-def test_nothing_registered_leaves_the_plain_methods() -> None:
-    assert all(getattr(BaseCommunicator, n) is f for n, f in PLAIN.items())
-    assert BaseCommunicator._kit_observing is False
-    with distcomm.add_hook(before=lambda e: None):
-        assert BaseCommunicator._kit_observing is True
-        assert BaseCommunicator.all_reduce is not PLAIN["all_reduce"]
-    assert all(getattr(BaseCommunicator, n) is f for n, f in PLAIN.items())
-    assert BaseCommunicator._kit_observing is False
+def test_registering_a_hook_changes_no_class() -> None:
+    before = classes_state()
+    with distcomm.add_hook(before=lambda e: None, after=lambda e: None):
+        assert classes_state() == before, "add_hook rebound something on a class"
+        assert observing.registered
+    assert classes_state() == before
+    assert not observing.registered
+
+
+def test_every_observed_collective_passes_the_hook_point() -> None:
+    """Each observed method, or its pipeline past the plan, is wrapped by observing.observed."""
+    for name in observing.OBSERVED:
+        public = getattr(BaseCommunicator, name)
+        steps = getattr(BaseCommunicator, f"_kit_{name}_steps", None)
+        wrapped = public if steps is None else steps
+        assert getattr(wrapped, "__wrapped__", None) is not None, f"{name} is not observed"
 
 
 def test_every_public_collective_is_seen_once_with_its_metadata() -> None:
@@ -142,31 +154,72 @@ def test_hooks_run_in_order_and_after_hooks_in_reverse() -> None:
     assert order == ["b1", "b2", "a2", "a1"]
 
 
-def test_plans_are_bypassed_while_hooks_are_registered() -> None:
-    runs: list[Any] = []
+def planned_world(decline: bool, runs: list[Any]) -> FakeLinkCommunicator:
+    """A world of 1 that calls its engine and whose plan records each call (and moves it:
+    a world of 1 has nothing to move), or declines it (NotPlanned: the pipeline moves it)."""
 
     class Planned(FakeLinkCommunicator):
         def _plan(self, kind: CallKind) -> Callable[[Any, Any], None]:
             def run(x: Any, y: Any) -> None:
                 runs.append(x)
-                raise NotPlanned  # nothing moved: the general pipeline runs
+                if decline:
+                    raise NotPlanned
 
             return run
 
-    fabric = Fabric(1)
     launch = distcomm.LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
-    comm = Planned(fabric, 0, rank=0, world_size=1, launch=launch)
+    comm = Planned(Fabric(1), 0, rank=0, world_size=1, launch=launch)
     comm.debug = "off"  # plans are for unchecked calls
     comm.world_of_one_shortcut = False  # a world of 1 that calls its engine, and plans
     comm.all_reduce(np.ones(1))  # the pipeline's: the kind learned, its plan asked for
-    comm.all_reduce(np.ones(1))
-    assert len(runs) == 1
-    seen: list[str] = []
-    with distcomm.add_hook(before=lambda e: seen.append(e.op)):
+    return comm
+
+
+def test_a_planned_call_runs_the_hooks_once() -> None:
+    runs: list[Any] = []
+    comm = planned_world(False, runs)
+    seen: list[Any] = []
+    with distcomm.add_hook(
+        before=lambda e: seen.append(("before", e.op, e.seq, e.shape, e.reduce_op)),
+        after=lambda e: seen.append(("after", e.op, e.seq, e.error)),
+    ):
         comm.all_reduce(np.ones(1))
-    assert len(runs) == 1 and seen == ["all_reduce"]
-    comm.all_reduce(np.ones(1))  # the hook removed: the plan again
-    assert len(runs) == 2 and seen == ["all_reduce"]
+    assert len(runs) == 1, "the plan did not run with a hook registered"
+    assert seen == [("before", "all_reduce", 2, (1,), "SUM"), ("after", "all_reduce", 2, None)]
+    assert comm._kit_event is None
+
+
+def test_a_declined_plan_hands_its_event_to_the_pipeline() -> None:
+    runs: list[Any] = []
+    comm = planned_world(True, runs)
+    seen: list[Any] = []
+    with distcomm.add_hook(
+        before=lambda e: seen.append(("before", e.seq)),
+        after=lambda e: seen.append(("after", e.seq, e.error)),
+    ):
+        comm.all_reduce(np.ones(1))
+    assert len(runs) == 1  # the plan ran and declined it: the pipeline moved it
+    assert seen == [("before", 2), ("after", 2, None)], "the hooks saw the call other than once"
+    assert comm.seq == 2 and comm._kit_event is None
+
+
+def test_a_hook_refusing_a_planned_call_gives_its_number_back() -> None:
+    runs: list[Any] = []
+    comm = planned_world(False, runs)
+    errors: list[Any] = []
+
+    def refuse(e: distcomm.CollectiveEvent) -> None:
+        raise RuntimeError("not now")
+
+    with (
+        distcomm.add_hook(before=refuse, after=lambda e: errors.append(e.error)),
+        pytest.raises(RuntimeError, match="not now"),
+    ):
+        comm.all_reduce(np.ones(1))
+    assert runs == [] and comm.seq == 1, "a refused call ran or kept its number"
+    assert [type(e).__name__ for e in errors] == ["RuntimeError"]
+    comm.all_reduce(np.ones(1))
+    assert len(runs) == 1 and comm.seq == 2 and comm._kit_event is None
 
 
 @pytest.mark.parametrize(
@@ -182,4 +235,4 @@ def test_remove_is_idempotent() -> None:
     handle = distcomm.add_hook(after=lambda e: None)
     handle.remove()
     handle.remove()
-    assert BaseCommunicator._kit_observing is False
+    assert not observing.registered

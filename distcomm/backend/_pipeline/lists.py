@@ -19,6 +19,7 @@ from typing import Any
 
 from distcomm import _object_codec as objects
 from distcomm.backend._pipeline import splits
+from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.primitives import offsets
 from distcomm.errors import InvalidArgumentError
@@ -66,6 +67,7 @@ class ListForms(Steps):
         work.then(copy_out)
         return work  # type: ignore[no-any-return]
 
+    @observed
     def reduce_scatter(
         self, output: Any, input_list: list[Any], op: Any = ReduceOp.SUM, async_op: bool = False
     ) -> Work | None:
@@ -93,6 +95,7 @@ class ListForms(Steps):
             work = comm._kit_reduce_scatter_v(output, joined, sizes, op, async_op)
         return work
 
+    @observed
     def all_gather_v(self, tensor: Any, sizes: list[int] | None = None) -> list[Any]:
         """Every rank's ``tensor``, whose first dimension may differ from rank to rank; a list
         in rank order, each unpadded. ``sizes``: the rows of every rank's tensor, when known

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from distcomm.backend._pipeline import confirmation, ledger, splits
+from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.plans import NO_ARRAY
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.errors import InvalidArgumentError
@@ -22,6 +23,13 @@ class Movement(Steps):
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
         if not async_op and self._kit_planned("broadcast", tensor, src):
             return None
+        return self._kit_broadcast_steps(tensor, src, async_op)
+
+    @observed
+    def _kit_broadcast_steps(
+        self, tensor: Any, src: int = 0, async_op: bool = False
+    ) -> Work | None:
+        """broadcast past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_begin(tensor, "tensor")
         self._kit_check_rank(src, "src")
         self._kit_count("broadcast", tensor, adapter, src)
@@ -35,6 +43,7 @@ class Movement(Steps):
         work = self._kit_call(self._broadcast, async_op, staged.engine, src)
         return self._kit_finish(work, async_op, staged)
 
+    @observed
     def all_gather(
         self, tensor_list: list[Any], tensor: Any, async_op: bool = False
     ) -> Work | None:
@@ -58,6 +67,13 @@ class Movement(Steps):
             "all_gather_into_tensor", input_tensor, None, output_tensor
         ):
             return None
+        return self._kit_all_gather_into_tensor_steps(output_tensor, input_tensor, async_op)
+
+    @observed
+    def _kit_all_gather_into_tensor_steps(
+        self, output_tensor: Any, input_tensor: Any, async_op: bool = False
+    ) -> Work | None:
+        """all_gather_into_tensor past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_begin(input_tensor, "input_tensor")
         expected = adapter.numel(input_tensor) * self._kit_world_size
         self._kit_check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
@@ -98,6 +114,7 @@ class Movement(Steps):
             output, input, output_split_sizes, input_split_sizes, async_op
         )
 
+    @observed
     def _kit_all_to_all_single_steps(
         self,
         output: Any,
@@ -182,6 +199,11 @@ class Movement(Steps):
         """
         if not async_op and self._kit_planned("barrier", NO_ARRAY):
             return None
+        return self._kit_barrier_steps(async_op)
+
+    @observed
+    def _kit_barrier_steps(self, async_op: bool = False) -> Work | None:
+        """barrier past its plan (every call is numbered; the hooks see it)."""
         self._kit_check_usable()
         self._kit_count("barrier", NO_ARRAY)
         if self._kit_solo:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _object_codec as objects
 from distcomm import _unpickling
 from distcomm._unpickling import Refused
+from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import ObjectRefusedError
 
@@ -33,6 +34,7 @@ class ObjectCollectives(Steps):
 
     # A peer's object that the unpickler refused (docs/security.md) raises the operation's
     # ObjectRefusedError on every rank that received it (:func:`refusal`).
+    @observed
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
         try:
@@ -46,6 +48,7 @@ class ObjectCollectives(Steps):
         except Refused as refused:
             raise refusal(self, refused, "broadcast_object", self.seq) from None
 
+    @observed
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
         try:
@@ -58,6 +61,7 @@ class ObjectCollectives(Steps):
         except Refused as refused:
             raise refusal(self, refused, "all_gather_object", self.seq) from None
 
+    @observed
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
         try:
@@ -71,6 +75,7 @@ class ObjectCollectives(Steps):
         except Refused as refused:
             raise refusal(self, refused, "gather_object", self.seq) from None
 
+    @observed
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
         if self._kit_rank == src and self.unusable is None:
@@ -99,7 +104,7 @@ class ObjectCollectives(Steps):
         seq = self.seq + 1
         if (
             seq >= self._kit_next_check
-            or self._kit_observing
+            or self._kit_event is not None  # hooks see it (observing), or inside another call
             or self.unusable is not None
             or (root is not None and (root.__class__ is not int or root < 0))
         ):

@@ -8,11 +8,14 @@ before any traffic), and ``after(event)`` when the call returns or raises (``eve
 once per public call. distcomm's own traffic inside a call (an object collective's size
 exchange, new_group and split, a reduction emulated by gathering, the check) is not seen.
 
-While no hook is registered the methods are the plain ones: the wrappers are put on the class
-when the first hook is added and taken off when the last is removed, and the step that numbers
-an operation tests one class attribute (``_observing``). The engine's plans
-(:mod:`~distcomm.backend._pipeline.plans`) and the uneven all-to-all's way past the records are
-bypassed while hooks are registered, so that every call is seen.
+Registering a hook changes no method of any class. Each public collective's pipeline is
+:func:`observed` once and for all: with no hook registered (:data:`registered` is empty) it
+costs one test; with hooks, the event is made where ``_kit_count`` numbers the call. A call
+that the engine's plan runs (:meth:`~distcomm.backend._pipeline.steps.Steps._kit_planned`,
+before the pipeline) makes its event there (:func:`opened`, :func:`closed`): the hooks and the
+profile keep the plans. Should the plan decline the call after the ``before`` hooks saw it
+(``NotPlanned``), the event is handed to the pipeline (:func:`carry`), which calls no
+``before`` hook again.
 
 ``event.started`` and ``event.finished`` come from :mod:`~distcomm._device_clock`:
 for a blocking call on a CUDA tensor each is read once the device finished its queued work (at
@@ -29,82 +32,67 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from distcomm import _device_clock as device_clock
 from distcomm._operations import named
 from distcomm.backend import events
 from distcomm.backend._pipeline import agreement
+from distcomm.backend.arrays import cached_adapter
 from distcomm.backend.events import CollectiveEvent
+from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
-    from distcomm.protocol import ReduceOp
 
-__all__ = ["OBSERVED", "PENDING", "before", "wrap"]
+__all__ = ["OBSERVED", "PENDING", "UNSEEN", "before", "carry", "closed", "observed", "opened"]
 
 #: The public collectives the hooks see.
 OBSERVED = named(observed=True)
-#: What a method wrapped for the hooks passes to its call until the call is numbered.
+#: The hooks registered (the list :mod:`distcomm.backend.events` keeps): empty when none.
+registered = events.registered
+#: What an observed call holds in ``_kit_event`` until it is numbered.
 PENDING: Any = object()
-#: The plain methods of BaseCommunicator while the wrappers are on (None: inherited).
-_plain: dict[str, Any] = {}
+#: What ``_kit_event`` holds while the hooks must not see a communicator's calls
+#: (``Steps._kit_setting_up``): as inside another public call.
+UNSEEN: Any = object()
+#: The reductions a plan runs (SUM only), for their event's ``reduce_op``.
+_REDUCED = frozenset({"all_reduce", "reduce", "reduce_scatter_tensor"})
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def wrap(on: bool) -> None:
-    """Put the observing wrappers on :class:`~distcomm.backend.BaseCommunicator` (``on``) or
-    take them off; :mod:`distcomm.backend.events` calls it, under its lock, as hooks come and
-    go."""
-    from distcomm.backend.communicator import BaseCommunicator
+class _Carried:
+    """An event whose ``before`` hooks ran on the plan's way, handed to the pipeline."""
 
-    if on and not _plain:
-        for name in OBSERVED:
-            _plain[name] = BaseCommunicator.__dict__.get(name)
-            public = getattr(BaseCommunicator, name)
-            steps = getattr(BaseCommunicator, _STEPS.get(name, name))
-            wrapper = _observed(steps, _async_index(public))
-            setattr(BaseCommunicator, name, functools.wraps(public)(wrapper))
-        BaseCommunicator._kit_observing = True
-    elif not on and _plain:
-        BaseCommunicator._kit_observing = False
-        for name, plain in _plain.items():
-            if plain is None:
-                delattr(BaseCommunicator, name)
-            else:
-                setattr(BaseCommunicator, name, plain)
-        _plain.clear()
+    __slots__ = ("event",)
+
+    def __init__(self, event: CollectiveEvent) -> None:
+        self.event = event
 
 
-_STEPS = {
-    "all_reduce": "_kit_all_reduce_steps",
-    "all_to_all_single": "_kit_all_to_all_single_steps",
-}
-#: Whether the call this thread is numbering blocks (``async_op`` false): set by the wrapper,
-#: read by :func:`before`, which ``_count`` calls without the call's arguments.
-_calling = threading.local()
+def observed(steps: F) -> F:
+    """``steps`` (a public collective, or its pipeline past the plan) as the hooks see it: while
+    hooks are registered, its event is made where the call is numbered (:func:`before`) and the
+    ``after`` hooks run when it returns or raises. A public call inside another is seen as part
+    of it."""
+    names = list(inspect.signature(steps).parameters)
+    async_at = names.index("async_op") - 1 if "async_op" in names else None  # - 1: self
 
-
-def _async_index(public: Callable[..., Any]) -> int | None:
-    """Where ``async_op`` sits among a public method's positional arguments (None: it has none)."""
-    names = list(inspect.signature(public).parameters)
-    return names.index("async_op") - 1 if "async_op" in names else None  # - 1: self
-
-
-def _observed(method: Callable[..., Any], async_at: int | None) -> Callable[..., Any]:
-    """``method`` calling the hooks: the event is made by :func:`before` (at numbering)."""
-
-    def observed(self: Steps, *args: Any, **kwargs: Any) -> Any:
-        if self._kit_event is not None:  # a public call inside another: seen as part of it
-            return method(self, *args, **kwargs)
+    @functools.wraps(steps)
+    def method(self: Steps, *args: Any, **kwargs: Any) -> Any:
+        made = self._kit_event
+        if not registered or (made is not None and made.__class__ is not _Carried):
+            return steps(self, *args, **kwargs)
         if async_at is None:
             blocking = True
         else:
             blocking = not (args[async_at] if len(args) > async_at else kwargs.get("async_op"))
         _calling.blocking = blocking
-        self._kit_event = PENDING
+        self._kit_event = PENDING if made is None else made.event
         try:
-            result = method(self, *args, **kwargs)
+            result = steps(self, *args, **kwargs)
         except BaseException as exc:
             event, self._kit_event = self._kit_event, None
             if event is not PENDING:
@@ -115,7 +103,42 @@ def _observed(method: Callable[..., Any], async_at: int | None) -> Callable[...,
             _after(event, result, None, blocking)
         return result
 
-    return observed
+    return method  # type: ignore[return-value]
+
+
+#: Whether the call this thread is numbering blocks (``async_op`` false): set by the wrapper,
+#: read by :func:`before`, which ``_count`` calls without the call's arguments.
+_calling = threading.local()
+
+
+def opened(comm: Steps, op: str, x: Any, root: int | None) -> CollectiveEvent:
+    """The event of blocking call ``op`` that a plan runs, numbered (``comm.seq``), its
+    ``before`` hooks called. A hook that raises: the number is given back, the ``after`` hooks
+    see the error, and it propagates."""
+    _calling.blocking = True
+    adapter = cached_adapter(x)
+    reduce_op = ReduceOp.SUM if op in _REDUCED else None
+    try:
+        before(comm, op, x if adapter is not None else None, adapter, root, reduce_op)
+    except BaseException as exc:
+        made, comm._kit_event = comm._kit_event, None
+        if made is not None:
+            _after(made, None, exc, False)
+        raise
+    event: CollectiveEvent = comm._kit_event
+    return event
+
+
+def closed(comm: Steps, event: CollectiveEvent, error: BaseException | None) -> None:
+    """The plan's call of ``event`` returned (``error`` None) or raised: the ``after`` hooks."""
+    comm._kit_event = None
+    _after(event, None, error, error is None)
+
+
+def carry(comm: Steps, event: CollectiveEvent) -> None:
+    """The plan declined the call of ``event`` (nothing moved): the pipeline takes it with this
+    event, calling no ``before`` hook again (its number is the same)."""
+    comm._kit_event = _Carried(event)
 
 
 def before(

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distcomm import _object_codec as objects
+from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.staging import Staged
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import (
@@ -52,6 +53,7 @@ class Reductions(Steps):
             return None
         return self._kit_all_reduce_steps(tensor, op, async_op)
 
+    @observed
     def _kit_all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
         """all_reduce past its plan (what hooks wrap: every call is numbered in _count)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
@@ -85,6 +87,13 @@ class Reductions(Steps):
         """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
         if op is _SUM and not async_op and self._kit_planned("reduce", tensor, dst):
             return None
+        return self._kit_reduce_steps(tensor, dst, op, async_op)
+
+    @observed
+    def _kit_reduce_steps(
+        self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
+    ) -> Work | None:
+        """reduce past its plan (every call is numbered; the hooks see it)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._kit_begin(tensor, "tensor")
         check_op_dtype(op, dtype)
@@ -112,6 +121,13 @@ class Reductions(Steps):
             and self._kit_planned("reduce_scatter_tensor", input, None, output)
         ):
             return None
+        return self._kit_reduce_scatter_tensor_steps(output, input, op, async_op)
+
+    @observed
+    def _kit_reduce_scatter_tensor_steps(
+        self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
+    ) -> Work | None:
+        """reduce_scatter_tensor past its plan (every call is numbered; the hooks see it)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._kit_begin(input, "input")
         check_op_dtype(op, dtype)

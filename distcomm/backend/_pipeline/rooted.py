@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import Adapter
 from distcomm.protocol import Work
@@ -31,6 +32,17 @@ class Rooted(Steps):
         """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (None elsewhere)."""
         if not async_op and self._kit_planned("gather", tensor, dst, gather_list):
             return None
+        return self._kit_gather_steps(tensor, gather_list, dst, async_op)
+
+    @observed
+    def _kit_gather_steps(
+        self,
+        tensor: Any,
+        gather_list: list[Any] | None = None,
+        dst: int = 0,
+        async_op: bool = False,
+    ) -> Work | None:
+        """gather past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_rooted("gather", tensor, gather_list, "gather_list", dst, "dst")
         if self._kit_solo:
             assert gather_list is not None
@@ -55,6 +67,17 @@ class Rooted(Steps):
         """Give rank r ``scatter_list[r]`` from ``src``, in ``tensor``."""
         if not async_op and self._kit_planned("scatter", tensor, src, scatter_list):
             return None
+        return self._kit_scatter_steps(tensor, scatter_list, src, async_op)
+
+    @observed
+    def _kit_scatter_steps(
+        self,
+        tensor: Any,
+        scatter_list: list[Any] | None = None,
+        src: int = 0,
+        async_op: bool = False,
+    ) -> Work | None:
+        """scatter past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_rooted(
             "scatter", tensor, scatter_list, "scatter_list", src, "src"
         )

@@ -19,6 +19,7 @@ from typing import Any
 
 from distcomm import _object_codec as objects
 from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import NotSameError
 
@@ -30,6 +31,7 @@ _SHOWN = 10
 class Sameness(Steps):
     """assert_same (module docstring)."""
 
+    @observed
     def assert_same(self, x: Any, what: str = "") -> None:
         """Raise on every rank unless every rank passed the same ``x`` (bit for bit).
 

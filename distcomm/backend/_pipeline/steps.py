@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DONE", "Steps"]
 
+#: The registered hooks (empty: none), tested by each planned call.
+_hooks = observing.registered
+
 #: What an async operation of a world of 1 returns.
 DONE = CompletedWork()
 
@@ -66,9 +69,8 @@ class Steps(ArgumentChecks, Failures, Primitives):
     cpu_only_reason: str = ""
     #: The next ``seq`` the mismatch check runs at (from the ``debug`` policy).
     _kit_next_check: int
-    #: Whether hooks are registered (:mod:`~distcomm.backend._pipeline.observing` sets it).
-    _kit_observing: ClassVar[bool] = False
-    #: The event of the public call in progress while hooks are registered, else None.
+    #: The event of the public call in progress while hooks are registered, else None
+    #: (:mod:`~distcomm.backend._pipeline.observing`).
     _kit_event: Any = None
     #: The mismatch check's 16-byte buffer on this channel (made at the first check).
     _kit_vote: Any = None
@@ -185,7 +187,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         sizes of an uneven operation)."""
         seq = self.seq = self.seq + 1
         self.op = op
-        if self._kit_observing and self._kit_event is observing.PENDING:
+        if self._kit_event is observing.PENDING:
             observing.before(self, op, x, adapter, root, reduce_op)
         rec = self._kit_recorder
         if rec is not None:
@@ -237,11 +239,11 @@ class Steps(ArgumentChecks, Failures, Primitives):
         program's first collective is #1. Every rank makes the same calls here."""
         saved = (self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder)
         self._kit_history = self._kit_recorder = self._kit_entry = None
-        self._kit_observing = False  # type: ignore[misc]
+        self._kit_event = observing.UNSEEN
         try:
             yield
         finally:
-            del self._kit_observing
+            self._kit_event = None
             self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder = saved
             self._kit_entry = None
             self._kit_plans.forget()  # its calls were not recorded: no plan from them
@@ -343,10 +345,11 @@ class Steps(ArgumentChecks, Failures, Primitives):
     def _kit_planned(self, op: str, x: Any, root: Any = None, y: Any = None) -> bool:
         """Run a blocking call of a kind the pipeline took before through the engine's plan for
         it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
-        mark. Returns whether it ran; False: nothing moved, nothing was counted, and the
-        pipeline takes the call (and says what is wrong with it)."""
+        mark, seen by the hooks and the flight recorder. Returns whether it ran; False: nothing
+        moved, nothing was counted, and the pipeline takes the call (and says what is wrong
+        with it)."""
         seq = self.seq + 1
-        if seq >= self._kit_next_check or self._kit_observing or self.unusable is not None:
+        if seq >= self._kit_next_check or self.unusable is not None:
             return False
         try:
             entry = self._kit_kinds.get((op, x.__class__, x.dtype, x.nbytes, root))
@@ -362,18 +365,33 @@ class Steps(ArgumentChecks, Failures, Primitives):
         ):
             return False
         h = self._kit_history
-        if h is not None and fp != h.run_fp:
-            if fp not in h.agreed:
-                return False  # the pipeline confirms a kind first
-            h.start_run(seq, fp)
+        if h is not None and fp != h.run_fp and fp not in h.agreed:
+            return False  # the pipeline confirms a kind first
         self.op = op
-        self.blocked_seq = self.seq = seq
+        self.seq = seq
+        event = None
+        if _hooks and self._kit_event is None:  # the hooks see it (a hook may refuse it)
+            event = observing.opened(self, op, x, root)
+        if h is not None and fp != h.run_fp:
+            h.start_run(seq, fp)
+        self.blocked_seq = seq
         rec = self._kit_recorder
         if rec is not None:  # the flight recorder's entry, in its ring while the call runs
-            bound = self.bound_device  # (recording.FIELDS; the site past this and the method)
-            issued = _wall() if bound is None else recording.stamp(bound)
-            record = [op, seq, self._kit_global_ranks, x.shape, dtype, x.nbytes, root]
-            record += (user_site(2), issued, None, None)
+            bound = self.bound_device  # (recording.FIELDS; the site: past user_site, this, and
+            # the public method that called this, a frame Python need not make an object of)
+            record = [
+                op,
+                seq,
+                self._kit_global_ranks,
+                x.shape,
+                dtype,
+                x.nbytes,
+                root,
+                user_site(3),
+                _wall() if bound is None else recording.stamp(bound),
+                None,
+                None,
+            ]
             rec.add(record)
             self._kit_entry = None  # no later engine call stamps an earlier call's entry
         try:
@@ -382,25 +400,37 @@ class Steps(ArgumentChecks, Failures, Primitives):
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
             if rec is not None:
                 rec.retract(record)
+            if event is not None:
+                observing.carry(self, event)
             return False
-        except DistcommError as exc:  # distcomm's own: never wrapped as an engine's
-            if rec is not None:
-                rec.failed(record, exc)
-            raise
-        except self.engine_errors as exc:
-            error = self.engine_failed(op, seq, exc)
-            if rec is not None:
-                rec.failed(record, error)
-            raise error from exc
         except BaseException as exc:
-            if rec is not None:
-                rec.failed(record, exc)
-            raise
+            error = self._kit_plan_failed(op, seq, exc, record if rec is not None else None, event)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             self.blocked_seq = 0
         if rec is not None:
             record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
+        if event is not None:
+            observing.closed(self, event, None)
         return True
+
+    def _kit_plan_failed(
+        self, op: str, seq: int, exc: BaseException, record: list[Any] | None, event: Any
+    ) -> BaseException:
+        """What a plan's exception ``exc`` raises: distcomm's own as it is, the engine's as
+        :class:`~distcomm.errors.EngineError`, anything else as it is; the flight recorder's
+        ``record`` and the hooks' ``event`` (None: none) get it."""
+        error = exc
+        if not isinstance(exc, DistcommError) and isinstance(exc, self.engine_errors):
+            error = self.engine_failed(op, seq, exc)
+        if record is not None:
+            assert self._kit_recorder is not None
+            self._kit_recorder.failed(record, error)
+        if event is not None:
+            observing.closed(self, event, error)
+        return error
 
     def _kit_open_entry(
         self,
