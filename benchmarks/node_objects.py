@@ -56,7 +56,7 @@ def make_object(nbytes: int) -> dict[str, Any]:
 
 def engine_path(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` with node memory off: its threshold raised for the call."""
-    from distcomm import _node_memory
+    from distcomm.backend._pipeline import node_memory as _node_memory
 
     def run() -> object:
         saved, _node_memory.NODE_BYTES = _node_memory.NODE_BYTES, sys.maxsize
@@ -70,7 +70,7 @@ def engine_path(fn: Callable[[], object]) -> Callable[[], object]:
 
 def node_path(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` with node memory for any payload that does not fit in its slot."""
-    from distcomm import _node_memory
+    from distcomm.backend._pipeline import node_memory as _node_memory
 
     def run() -> object:
         saved, _node_memory.NODE_BYTES = _node_memory.NODE_BYTES, 0

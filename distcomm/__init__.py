@@ -34,12 +34,6 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         scatter_object,
     )
     from distcomm._runtime.detection import detect_environment
-    from distcomm._runtime.doors import (
-        DistContext,
-        dist_finalize,
-        dist_init,
-        dist_mode,
-    )
     from distcomm._runtime.flight_recorder import dump_trace
     from distcomm._runtime.getters import (
         get_backend,
@@ -60,6 +54,12 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         new_group,
         new_subgroups,
         split_group,
+    )
+    from distcomm._runtime.init_forms import (
+        DistContext,
+        dist_finalize,
+        dist_init,
+        dist_mode,
     )
     from distcomm._runtime.lifecycle import (
         finalize,
@@ -86,7 +86,6 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         HookHandle,
         add_hook,
     )
-    from distcomm.backend.meshes import Mesh
     from distcomm.environment import LaunchInfo
     from distcomm.errors import (
         AlreadyInitializedError,
@@ -112,6 +111,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; run time: _EX
         run_on_main,
         zero_first,
     )
+    from distcomm.meshes import Mesh
     from distcomm.protocol import (
         NON_MEMBER,
         Communicator,
@@ -146,7 +146,7 @@ _EXPORTS = {
     "new_subgroups": "distcomm._runtime.grouping",
     "split_group": "distcomm._runtime.grouping",
     "mesh": "distcomm._runtime.grouping",
-    "Mesh": "distcomm.backend.meshes",
+    "Mesh": "distcomm.meshes",
     "recv": "distcomm._runtime.messages",
     "reduce": "distcomm._runtime.collectives",
     "reduce_scatter_tensor": "distcomm._runtime.collectives",
@@ -156,10 +156,10 @@ _EXPORTS = {
     "send_object": "distcomm._runtime.messages",
     "recv_object": "distcomm._runtime.messages",
     "detect_environment": "distcomm._runtime.detection",
-    "DistContext": "distcomm._runtime.doors",
-    "dist_finalize": "distcomm._runtime.doors",
-    "dist_init": "distcomm._runtime.doors",
-    "dist_mode": "distcomm._runtime.doors",
+    "DistContext": "distcomm._runtime.init_forms",
+    "dist_finalize": "distcomm._runtime.init_forms",
+    "dist_init": "distcomm._runtime.init_forms",
+    "dist_mode": "distcomm._runtime.init_forms",
     "get_backend": "distcomm._runtime.getters",
     "get_communicator": "distcomm._runtime.getters",
     "get_local_rank": "distcomm._runtime.getters",

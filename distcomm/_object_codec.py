@@ -1,443 +1,238 @@
-"""Object collectives, written once over any communicator's byte collectives.
+"""Objects as payloads: pickle protocol 5 with out-of-band buffers, laid out in one buffer.
 
-They run on the primitives of the communicator's object channel (a CPU side channel on GPU
-engines): the public object collective counts as one operation. Objects travel as payloads
-(:mod:`~distcomm._payloads`: pickle protocol 5, out-of-band buffers beside the stream).
+Out-of-band buffers (numpy arrays, bytearrays, anything exposing ``PickleBuffer``) travel beside
+the pickle stream and the receiver unpickles them as views of received memory: no second copy,
+and no size limit beyond memory.
 
-The first exchange of each collective is a fixed 2 KiB *slot* per rank carrying the payload's
-size and, when it fits, the payload itself: an object of up to about 2 KiB costs one engine
-operation; a larger one costs the slot, then the payload (a variable-size all-gather,
-``_all_gather_v``, where the engine has one; scatter_object's payloads padded to the widest),
-then its direct buffers. A rank reads its own object back (its part of an all-gather, a gather
-or a scatter) from the stream it sent, with plain pickle where the stream names no global
-(:func:`~distcomm._unpickling.loads_own`); a peer's, as the object policy allows. A payload of
-:data:`~distcomm._node_memory.NODE_BYTES` or more, when every rank is a process of one node,
-waits in its writer's node memory instead (:mod:`~distcomm._node_memory`; broadcast_object,
-all_gather_object, gather_object): its slot says where, the readers copy it from there, and a
-vote ends the collective (or sends it through the engine where a rank could not read it).
+Payload layout (:func:`pack`): ``[head bytes reserved][n: int64][length of each of the n
+segments: int64 * n][inline segments, each 64-byte aligned]``. Segment 0 is the pickle stream,
+the rest its out-of-band buffers; a negative length marks a *direct* segment, which is not in the
+payload but sent on its own straight from the object's memory (a broadcast's large buffers, as
+mpi4py's pkl5 does: no packing copy). A small object (:func:`small_slot`), the commonest, is the
+stream alone in a collective's first exchange, its *slot*, made in one pickling and one copy.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+import pickle
+import struct
+import sys
+from collections.abc import Sequence
+from typing import Any
 
-from distcomm import _node_memory as node
-from distcomm import _unpickling
-from distcomm._payloads import (
-    ALIGN,
-    DIRECT_BYTES,
-    HEAD,
-    INBAND_BYTES,
-    PAIR,
-    SIZE,
-    SLOT,
-    SMALL_HEAD,
-    STREAM,
-    Pickled,
-    direct_lengths,
-    empty,
-    join_bytes,
-    pack,
-    small_slot,
-    unpack,
-)
-from distcomm._unpickling import check_size, loads, loads_own
-from distcomm.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from distcomm.backend.communicator import BaseCommunicator
+from distcomm._unpickling import loads, loads_own
 
 __all__ = [
+    "ALIGN",
     "DIRECT_BYTES",
     "HEAD",
     "INBAND_BYTES",
+    "PAIR",
+    "SIZE",
     "SLOT",
-    "all_gather_object",
-    "broadcast_object",
-    "check_scatter_list",
-    "gather_object",
+    "SMALL_HEAD",
+    "STREAM",
+    "Pickled",
+    "aligned",
+    "direct_lengths",
+    "lay_out",
+    "empty",
+    "join_bytes",
     "pack",
-    "recv_object",
-    "scatter_object",
-    "send_object",
+    "small_slot",
     "unpack",
 ]
 
-#: A slot's mode, its second int64: the payload comes through the engine (or is in the slot);
-#: its writer asks every rank to learn whether they share a node first; or it is in the
-#: writer's node memory, whose place (:data:`~distcomm._node_memory.WHERE`) follows at _WHERE.
-_PLAIN, _ASK, _SHARED = 0, 1, 2
-_WHERE = 16
-#: In a scatter_object slot: the widest payload that did not fit its slot (0: every one fit).
-_WIDEST = 16
+ALIGN = 64
+SIZE = struct.Struct("<q")
+PAIR = struct.Struct("<qq")
+#: Bytes per rank of a collective's first exchange: the payload's size, then the payload if it fits.
+SLOT = 2048
+#: Where a payload starts in its slot (the size comes first; 64 keeps the buffers aligned).
+HEAD = ALIGN
+#: Buffers (numpy arrays, bytearrays, ...) below this many bytes are pickled in band.
+INBAND_BYTES = 1024
+#: Out-of-band buffers of at least this many bytes are broadcast on their own, not copied.
+DIRECT_BYTES = 256 * 1024
+#: Where a small object's stream starts in its slot (after the head and the one-entry table).
+STREAM = HEAD + ALIGN
+#: A small object's slot up to its stream: the payload's size and mode (the head), then the
+#: one-entry table (1, the stream's length), each zero-padded to :data:`ALIGN`.
+SMALL_HEAD = struct.Struct(f"<qq{HEAD - 16}xqq{ALIGN - 16}x")
+#: Zero bytes to pad a small object's slot with, up to the widest slot.
+_ZEROS = memoryview(bytes(SLOT))
 
 
-def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
-    """``src``'s object on every rank: the slot, then the payload from node memory (and the
-    vote), or through the engine: the payload if it did not fit, each direct buffer."""
-    if comm.rank != src:
-        slot = bytearray(SLOT)
-        comm._kit_call(comm._broadcast, False, slot, src)
-        size, mode, count, n = SMALL_HEAD.unpack_from(slot)
-        if mode == _PLAIN and size <= SLOT and count == 1:  # the stream alone: a small object
-            return loads(memoryview(slot)[STREAM : STREAM + n], (), src)
-        return _broadcast_to(comm, src, slot)
-    small = small_slot(obj, SLOT)
-    if small is not None:
-        comm._kit_call(comm._broadcast, False, small[0], src)
-        return obj
-    pickled = Pickled(obj)
-    while True:  # a question (then learning), or node memory that a rank could not read
-        offer = _offer(comm, pickled, SLOT, DIRECT_BYTES)
-        comm._kit_call(comm._broadcast, False, offer.slot, src)
-        if offer.mode == _PLAIN:
-            break
-        if offer.mode == _ASK:
-            node.learn(comm)
-            continue
-        check_size(offer.size, src)  # where the other ranks check it: they refuse it too
-        if node.fetch(comm, {}, empty) is not None:  # every rank has read it
-            return obj
-    # the sizes checked where the other ranks check them (they refuse them too): nobody waits
-    check_size(offer.size, src)
-    if offer.size > SLOT:
-        comm._kit_call(comm._broadcast, False, offer.payload, src)
-    check_size(offer.size + sum(d.nbytes for d in offer.directs), src)
-    for buffer in offer.directs:
-        comm._kit_call(comm._broadcast, False, buffer, src)
-    return obj
+def aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _broadcast_to(comm: BaseCommunicator, src: int, slot: bytearray) -> Any:
-    """:func:`broadcast_object` on a rank other than ``src``, from its first ``slot`` on, one
-    that held no small object: a question (then learning), node memory, or the payload."""
-    while True:
-        size, mode = PAIR.unpack_from(slot, 0)
-        if mode == _PLAIN:
-            break
-        if mode == _ASK:
-            node.learn(comm)
-        else:
-            check_size(size, src)
-            got = node.fetch(comm, {src: _place(slot)}, empty)
-            if got is not None:
-                return unpack(memoryview(got[src])[HEAD:size], sender=src)
-        comm._kit_call(comm._broadcast, False, slot, src)
-    check_size(size, src)
-    if size <= SLOT:
-        payload = slot
-    else:
-        payload = empty(size)
-        comm._kit_call(comm._broadcast, False, payload, src)
-    view = memoryview(payload)[HEAD:size]
-    lengths = direct_lengths(view)
-    check_size(size + sum(lengths), src)
-    received = [empty(n) for n in lengths]
-    for buffer in received:
-        comm._kit_call(comm._broadcast, False, buffer, src)
-    return unpack(view, received, src)
+def empty(n: int) -> Any:
+    """``n`` writable bytes, not zeroed when large and numpy is loaded: numpy reuses freed heap
+    memory, while a fresh zeroed ``bytearray`` of 32 MiB costs about 20 ms of page faults here."""
+    numpy = sys.modules.get("numpy")
+    if numpy is None or n < DIRECT_BYTES:
+        return bytearray(n)
+    return memoryview(numpy.empty(n, numpy.uint8))
 
 
-def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
-    """Every rank's object, in rank order, on every rank: the slots, the payloads in node
-    memory (and the vote), then, when another payload did not fit in its slot, the payloads
-    that came through neither, through ``_all_gather_v`` (node memory's send none)."""
-    width = slot_bytes(comm.world_size)
-    small = small_slot(obj, width)
-    slots = slot = None
-    if small is not None:  # the common case: every rank's object small, one all-gather
-        slot, stream = small
-        slots = bytearray(width * comm.world_size)
-        comm._kit_call(comm._all_gather_into, False, slots, slot)
-        streams = _small_streams(slots, width)
-        if streams is not None:
-            return _small_objects(slots, width, streams, comm.rank, stream)
-    offer, slots, width, sizes, rest, got = _gather_slots(comm, obj, True, slot, slots)
-    if max(rest) <= width:
-        starts: Iterable[int] = range(0, len(slots), width)
-        return _objects(sizes, got, memoryview(slots), starts, comm.rank, offer.payload)
-    out = empty(sum(rest))
-    mine = memoryview(offer.payload if rest[comm.rank] else bytearray())[: rest[comm.rank]]
-    comm._kit_call(comm._all_gather_v, False, out, rest, mine)
-    starts = itertools.accumulate(rest, initial=0)
-    return _objects(sizes, got, memoryview(out), starts, comm.rank, offer.payload)
+def pack(obj: Any, head: int = 0) -> Any:
+    """Pickle ``obj`` into one buffer (a bytearray, or a memoryview when large), ``head`` bytes
+    reserved at its start (module docstring)."""
+    return Pickled(obj).split(head)[0]
 
 
-def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | None:
-    """Every rank's object on ``dst``; None elsewhere: the slots (all-gathered, so that every
-    rank knows what follows), the payloads in node memory (read by ``dst``, and the vote), then
-    the others padded to the largest."""
-    here = comm.rank == dst
-    width = slot_bytes(comm.world_size)
-    small = small_slot(obj, width)
-    slots = slot = None
-    if small is not None:  # every rank's object small: one all-gather (as all_gather_object)
-        slot, stream = small
-        slots = bytearray(width * comm.world_size)
-        comm._kit_call(comm._all_gather_into, False, slots, slot)
-        streams = _small_streams(slots, width)
-        if streams is not None:
-            return _small_objects(slots, width, streams, dst, stream) if here else None
-    offer, slots, width, sizes, rest, got = _gather_slots(comm, obj, here, slot, slots)
-    out: Any = slots
-    if max(rest) > width:
-        width = max(rest)
-        padded = bytearray(width)
-        if rest[comm.rank]:
-            memoryview(padded)[: offer.size] = memoryview(offer.payload)[: offer.size]
-        out = empty(width * comm.world_size) if here else None
-        comm._kit_call(comm._gather, False, out, padded, dst)
-    if not here:
-        return None
-    return _objects(sizes, got, memoryview(out), range(0, len(out), width), dst, offer.payload)
+class Pickled:
+    """An object pickled with protocol 5: its stream and its out-of-band buffers (the
+    *segments*), laid out as a payload on demand, in a buffer of its own (:meth:`split`) or as
+    pieces for node memory to write (:meth:`pieces`)."""
 
+    __slots__ = ("segments",)
 
-def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int) -> Any:
-    """``objs[rank]`` from ``src`` on every rank: the slots, each holding its payload when it
-    fits (:func:`small_slot`); then, when one did not, those payloads padded to the widest, in a
-    second scatter (every slot says how wide, so that every rank takes part)."""
-    width = slot_bytes(comm.world_size)
-    mine = bytearray(width)
-    slots = full = own = None
-    if comm.rank == src:
-        assert objs is not None
-        slots, full, own = _scatter_slots(objs, width, src)
-    comm._kit_call(comm._scatter, False, mine, slots, src)
-    size = SIZE.unpack_from(mine)[0]
-    widest = SIZE.unpack_from(mine, _WIDEST)[0]
-    check_size(max(size, widest), src)  # widest: the same on every rank, src too: nobody waits
-    payload: Any = mine
-    if widest:  # the payloads that did not fit their slots, this rank's among them or not
-        wide = empty(widest)
-        comm._kit_call(comm._scatter, False, wide, full, src)
-        payload = wide if size > width else mine
-    if own is not None:  # src: its own payload, from what it sent (never a peer's bytes)
-        return unpack(own, sender=src, own=True) if size > width else loads_own(own, (), src)
-    return unpack(memoryview(payload)[HEAD:size], sender=src)
+    def __init__(self, obj: Any) -> None:
+        self.segments: list[Any] = [None]  # the stream, once pickled
+        try:
+            stream = pickle.dumps(obj, protocol=5, buffer_callback=self._out_of_band)
+        except BufferError:  # a non-contiguous buffer: pickle it in-band instead
+            del self.segments[1:]
+            stream = pickle.dumps(obj, protocol=5)
+        self.segments[0] = memoryview(stream)
 
+    def _out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
+        """Keep a buffer beside the stream; a small one costs less copied into it (True)."""
+        raw = buffer.raw()
+        if raw.nbytes < INBAND_BYTES:
+            return True
+        self.segments.append(raw)
+        return False
 
-def _scatter_slots(objs: Sequence[Any], width: int, src: int) -> tuple[bytearray, Any, Any]:
-    """``src``'s side of :func:`scatter_object`: every rank's slot, all in one buffer; when a
-    payload does not fit its slot, those payloads, each at rank x the widest of them (the rest
-    zeros; the slots say how wide), else None; and ``src``'s own stream (it fit) or payload."""
-    smalls = [small_slot(obj, width) for obj in objs]
-    if all(small is not None for small in smalls):
-        return join_bytes([small[0] for small in smalls]), None, smalls[src][1]  # type: ignore[index]
-    pickled = {r: Pickled(objs[r]) for r, small in enumerate(smalls) if small is None}
-    sizes = {r: p.size(HEAD) for r, p in pickled.items()}
-    widest = max(sizes.values())
-    full = empty(widest * len(objs))
-    view = memoryview(full)
-    slots = []
-    for r, small in enumerate(smalls):
-        if small is None:
-            slot = bytearray(width)
-            SIZE.pack_into(slot, 0, sizes[r])
-        else:
-            slot = small[0]
-        SIZE.pack_into(slot, _WIDEST, widest)
-        slots.append(slot)
-        pieces = pickled[r].pieces(HEAD) if r in pickled else []
-        node.lay_out(view[r * widest : (r + 1) * widest], pieces, widest)  # zeros the rest
-    mine = smalls[src]
-    own = mine[1] if mine is not None else view[src * widest + HEAD : src * widest + sizes[src]]
-    return join_bytes(slots), full, own
-
-
-def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:
-    """``obj`` to ``dst`` as two messages on ``tag``: its size (8 bytes), then its payload."""
-    payload = pack(obj)
-    n = memoryview(payload).nbytes
-    size = bytearray(SIZE.pack(n))
-    try:
-        check_size(n, comm.rank)
-    except _unpickling.Refused:  # the receiver refuses it on reading the size: so do we
-        comm._kit_start(comm._isend, "send_object", size, dst, tag).wait()
-        raise
-    works = [comm._kit_start(comm._isend, "send_object", b, dst, tag) for b in (size, payload)]
-    for work in works:
-        work.wait()
-
-
-def recv_object(comm: BaseCommunicator, src: int | None, tag: int) -> Any:
-    """The object :func:`send_object` sent from ``src`` (None: whichever sender comes first;
-    its payload is then taken from that same sender)."""
-    size = bytearray(SIZE.size)
-    first = comm._kit_start(comm._irecv, "recv_object", size, src, tag)
-    first.wait()
-    sender = src if src is not None else getattr(first, "source", None)
-    n = SIZE.unpack(size)[0]
-    check_size(n, sender)
-    payload = empty(n)
-    comm._kit_start(comm._irecv, "recv_object", payload, sender, tag).wait()
-    return unpack(memoryview(payload), sender=sender)
-
-
-@functools.lru_cache(maxsize=64)
-def slot_bytes(world_size: int) -> int:
-    """Bytes per rank of a gather's first exchange: :data:`SLOT`, less in large worlds (at most
-    about 64 KiB in all; from 1024 ranks on, the size alone)."""
-    return max(HEAD, min(SLOT, 64 * 1024 // world_size // ALIGN * ALIGN))
-
-
-def _slot(payload: Any, width: int = SLOT) -> bytearray:
-    """The slot of a payload too large for it: the payload's head (its size)."""
-    slot = bytearray(width)
-    memoryview(slot)[:HEAD] = memoryview(payload)[:HEAD]
-    return slot
-
-
-class _Offer(NamedTuple):
-    """This rank's part of a collective: its slot, mode, payload size, and, when the payload
-    goes through the engine, the payload and its direct buffers."""
-
-    slot: Any
-    mode: int
-    size: int
-    payload: Any = None
-    directs: Sequence[Any] = ()
-
-
-def _small_streams(slots: bytearray, width: int) -> list[int] | None:
-    """The length of each rank's pickle stream in all-gathered ``slots`` of ``width`` bytes if
-    every one is small (:func:`small_slot`: the stream alone, in its slot); None otherwise."""
-    streams = []
-    head = SMALL_HEAD.unpack_from
-    for at in range(0, len(slots), width):
-        size, mode, count, n = head(slots, at)
-        if mode != _PLAIN or size > width or count != 1:
-            return None
-        streams.append(n)
-    return streams
-
-
-def _small_objects(
-    slots: bytearray, width: int, streams: list[int], rank: int, mine: bytes
-) -> list[Any]:
-    """Every rank's object from all-gathered ``slots`` of ``width`` bytes, each the stream of
-    ``streams``' length in its slot; this rank's own from ``mine``, the stream it sent."""
-    view = memoryview(slots)
-    found = []
-    for r, n in enumerate(streams):
-        if r == rank:
-            found.append(loads_own(mine, (), r))
-        else:
-            at = r * width + STREAM
-            found.append(loads(view[at : at + n], (), r))
-    return found
-
-
-def _offer(
-    comm: BaseCommunicator, pickled: Pickled, room: int, direct_bytes: int | None = None
-) -> _Offer:
-    """This rank's slot of ``room`` bytes: for a large payload, when the ranks share a node,
-    where it is in node memory (written there now), and while that is not known, a question;
-    else today's (the payload whole when it fits)."""
-    segments = pickled.segments
-    size = 0 if len(segments) == 1 and segments[0].nbytes < room else pickled.size(HEAD)
-    if (
-        size > room
-        and size >= node.NODE_BYTES
-        and comm._node_memory
-        and (shared := node.local(comm)) is not False
-    ):
-        where = None
-        if shared:
-            where = node.publish(comm, size, pickled.pieces(HEAD))
-        if where is not None or shared is None:
-            mode = _ASK if where is None else _SHARED
-            slot = bytearray(room)
-            PAIR.pack_into(slot, 0, size, mode)
-            slot[_WHERE : _WHERE + node.WHERE.size] = where or bytes(node.WHERE.size)
-            return _Offer(slot, mode, size)
-    payload, size, directs = pickled.split(HEAD, direct_bytes, room)
-    SIZE.pack_into(payload, 0, size)
-    return _Offer(payload if size <= room else _slot(payload, room), _PLAIN, size, payload, directs)
-
-
-def _gather_slots(
-    comm: BaseCommunicator,
-    obj: Any,
-    reader: bool,
-    small: bytearray | None,
-    slots: bytearray | None = None,
-) -> tuple[_Offer, bytearray, int, list[int], list[int], dict[int, Any]]:
-    """All-gather the slots and, if ``reader``, read the payloads in node memory: ``(this rank's
-    offer, slots, slot width, every rank's payload size, the bytes each still sends (none from
-    node memory), payloads read by rank)``. ``small``: this rank's slot, if :func:`small_slot`
-    made one; ``slots``: what its all-gather gave, if done already. A question makes every rank
-    learn and offer again; so does a failed vote (node memory is then off)."""
-    width = slot_bytes(comm.world_size)
-    pickled = None
-    if small is not None:
-        offer = _Offer(small, _PLAIN, SIZE.unpack_from(small)[0], small)
-    else:
-        pickled = Pickled(obj)
-        offer = _offer(comm, pickled, width)
-    while True:
-        if slots is None:
-            slots = bytearray(width * comm.world_size)
-            comm._kit_call(comm._all_gather_into, False, slots, offer.slot)
-        pairs = [PAIR.unpack_from(slots, at) for at in range(0, len(slots), width)]
-        sizes = [n for n, _ in pairs]
-        biggest = max(sizes)  # every rank has every slot: all refuse alike
-        check_size(biggest, sizes.index(biggest))
-        modes = [mode for _, mode in pairs]
-        if not any(modes):  # the common case: every payload through the engine
-            return offer, slots, width, sizes, sizes, {}
-        if _ASK in modes:
-            node.learn(comm)
-        else:
-            got = node.fetch(comm, _places(slots, width, modes) if reader else {}, empty)
-            if got is not None:
-                rest = [0 if mode == _SHARED else n for n, mode in pairs]
-                return offer, slots, width, sizes, rest, got
-        if offer.mode != _PLAIN:
-            assert pickled is not None  # only a pickled object's offer asks or shares
-            offer = _offer(comm, pickled, width)
-        slots = None
-
-
-def _places(slots: bytearray, width: int, modes: list[int]) -> dict[int, tuple[bytes, int]]:
-    """Where each payload in node memory is and its size, by rank, as the slots say."""
-    return {r: _place(slots, r * width) for r, mode in enumerate(modes) if mode == _SHARED}
-
-
-def _place(slot: bytearray, at: int = 0) -> tuple[bytes, int]:
-    return bytes(slot[at + _WHERE : at + _WHERE + node.WHERE.size]), SIZE.unpack_from(slot, at)[0]
-
-
-def _objects(
-    sizes: list[int],
-    got: dict[int, Any],
-    view: memoryview,
-    starts: Iterable[int],
-    rank: int,
-    mine: Any,
-) -> list[Any]:
-    """Every rank's object: this rank's own from ``mine``, its payload (None: it went through
-    node memory), rank r's read from node memory (``got``), else its payload in ``view``, which
-    starts at the r-th of ``starts``."""
-    found = []
-    for r, (n, at) in enumerate(zip(sizes, starts, strict=False)):
-        if r == rank and mine is not None:
-            found.append(unpack(memoryview(mine)[HEAD:n], sender=r, own=True))
-        elif r in got:
-            found.append(unpack(memoryview(got[r])[HEAD:n], sender=r))
-        else:
-            found.append(unpack(view[at + HEAD : at + n], sender=r))
-    return found
-
-
-def check_scatter_list(objs: Any, world_size: int) -> None:
-    """Raise unless ``objs`` is a sequence with one object per rank."""
-    if not isinstance(objs, Sequence) or isinstance(objs, (str, bytes)) or len(objs) != world_size:
-        got = len(objs) if isinstance(objs, Sequence) else type(objs).__name__
-        raise InvalidArgumentError(
-            f"scatter_object: the source rank must pass a list of {world_size} objects (one per "
-            f"rank), got {got!r}. HINT: on src, pass one object per rank, e.g. "
-            "[obj_for(r) for r in range(world_size)]; other ranks may pass None."
+    def size(self, head: int, direct: Sequence[bool] = ()) -> int:
+        """The payload's size in bytes, ``head`` included, ``direct`` segments left out."""
+        inline = (
+            [s for s, d in zip(self.segments, direct, strict=True) if not d] if direct else None
         )
+        table = aligned(8 * (len(self.segments) + 1))
+        return head + table + sum(aligned(s.nbytes) for s in inline or self.segments)
+
+    def split(
+        self, head: int = 0, direct_bytes: int | None = None, room: int = 0
+    ) -> tuple[Any, int, list[Any]]:
+        """The payload, ``head`` bytes reserved at its start, as ``(payload, size, directs)``:
+        with ``direct_bytes``, writable out-of-band buffers of at least that size stay out of
+        the payload and are returned in order as ``directs``; a payload that fits in ``room``
+        bytes is allocated with ``room`` bytes (its ``size`` first ones used)."""
+        segments = self.segments
+        stream = segments[0].nbytes
+        if len(segments) == 1 and head + ALIGN + stream <= room:  # the common small object
+            out = bytearray(room)
+            PAIR.pack_into(out, head, 1, stream)
+            out[head + ALIGN : head + ALIGN + stream] = segments[0]
+            return out, head + ALIGN + aligned(stream), []
+        direct = [
+            direct_bytes is not None and i > 0 and s.nbytes >= direct_bytes and not s.readonly
+            for i, s in enumerate(segments)
+        ]
+        size = self.size(head, direct)
+        out = bytearray(room) if size <= room else empty(size)
+        lay_out(memoryview(out), self.pieces(head, direct), size, type(out) is bytearray)
+        return out, size, [s.cast("B") for s, d in zip(segments, direct, strict=True) if d]
+
+    def pieces(self, head: int, direct: Sequence[bool] = ()) -> list[tuple[int, Any]]:
+        """The payload from byte ``head`` on as ``(offset, bytes)`` pieces: the table, then each
+        segment (``direct`` ones left out) at its 64-byte aligned offset."""
+        flags = [*direct] or [False] * len(self.segments)
+        lengths = [-s.nbytes if d else s.nbytes for s, d in zip(self.segments, flags, strict=True)]
+        found = [(head, memoryview(struct.pack(f"<q{len(lengths)}q", len(lengths), *lengths)))]
+        offset = head + aligned(8 * (len(lengths) + 1))
+        for segment, is_direct in zip(self.segments, flags, strict=True):
+            if not is_direct:
+                found.append((offset, segment.cast("B")))
+                offset += aligned(segment.nbytes)
+        return found
+
+
+def direct_lengths(payload: memoryview) -> list[int]:
+    """The sizes of the direct segments a payload announces (``head`` already cut off)."""
+    return [-n for n in _table(payload) if n < 0]
+
+
+def _table(payload: memoryview) -> tuple[int, ...]:
+    """A payload's segment lengths (module docstring), checked to fit the payload."""
+    (count,) = SIZE.unpack_from(payload, 0)
+    if not 0 < count <= payload.nbytes // 8 - 1:
+        raise pickle.UnpicklingError(
+            f"a broken object payload: its table announces {count} segments in "
+            f"{payload.nbytes} bytes"
+        )
+    return struct.unpack_from(f"<{count}q", payload, 8)
+
+
+def unpack(
+    payload: memoryview, directs: Sequence[Any] = (), sender: int | None = None, own: bool = False
+) -> Any:
+    """Inverse of :func:`pack` (``head`` cut off); buffers stay views of ``payload``/``directs``.
+    Unpickled as :mod:`~distcomm._unpickling` allows (``sender``: the rank it came from), or,
+    ``own``: a payload this rank packed itself, in its own memory (never a peer's bytes), as
+    :func:`~distcomm._unpickling.loads_own` reads it."""
+    load = loads_own if own else loads
+    count, first = PAIR.unpack_from(payload, 0)
+    if count == 1:  # the pickle stream alone: the common small object
+        return load(payload[ALIGN : ALIGN + first], sender=sender)
+    lengths = _table(payload)
+    offset = aligned(8 * (count + 1))
+    views: list[Any] = []
+    received = iter(directs)
+    for length in lengths:
+        if length < 0:
+            views.append(next(received))
+        else:
+            views.append(payload[offset : offset + length])
+            offset += aligned(length)
+    return load(views[0], views[1:], sender)
+
+
+class _Large(Exception):
+    """A buffer too large to pickle in band: the object is not small (:func:`small_slot`)."""
+
+
+def _in_band(buffer: pickle.PickleBuffer) -> bool:
+    if buffer.raw().nbytes >= INBAND_BYTES:
+        raise _Large
+    return True
+
+
+def small_slot(obj: Any, room: int) -> tuple[bytearray, bytes] | None:
+    """The slot of an object whose pickle stream, with its buffers in band (all below
+    :data:`INBAND_BYTES`), fits a slot of ``room`` bytes, and that stream: the slot laid out as
+    :meth:`Pickled.split` lays out a stream alone (:data:`SMALL_HEAD`, the stream, zeros), in
+    one pickling and one copy; None for any other object (the common objects' way: the few
+    bytes of a rank's metadata, a loss)."""
+    try:
+        stream = pickle.dumps(obj, protocol=5, buffer_callback=_in_band)
+    except (_Large, BufferError):
+        return None
+    n = len(stream)
+    if n > room - STREAM:
+        return None
+    head = SMALL_HEAD.pack(STREAM + aligned(n), 0, 1, n)
+    return join_bytes((head, stream, _ZEROS[: room - STREAM - n])), stream
+
+
+#: Buffers joined into one new bytearray (one allocation, one copy each): slots, whole.
+join_bytes = bytearray().join
+
+
+def lay_out(
+    view: memoryview, pieces: list[tuple[int, Any]], size: int, zeroed: bool = False
+) -> None:
+    """Copy each ``(offset, bytes)`` piece of a payload into ``view``, and zero the gaps up to
+    ``size`` unless ``view`` already is zero (no stale memory goes out): node memory's kept
+    outbox, and the payloads the engine sends."""
+    end = 0
+    for at, piece in pieces:
+        if not zeroed:
+            view[end:at] = bytes(at - end)
+        end = at + piece.nbytes
+        view[at:end] = piece  # a memoryview copy: a bytearray slice assignment is ten times slower
+    if not zeroed:
+        view[end:size] = bytes(size - end)

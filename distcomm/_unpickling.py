@@ -65,7 +65,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "torch.nn.parameter": frozenset({"Parameter"}),
     "torch.storage": frozenset({"_load_from_bytes"}),  # replaced: :func:`_storage_from_bytes`
     # distcomm's own records (plain data): a helper's failure, the workspace's notes
-    "distcomm._sharing": frozenset({"Failure"}),
+    "distcomm._peer_failures": frozenset({"Failure"}),
     "distcomm.workspace": frozenset({"_Note"}),
 }
 

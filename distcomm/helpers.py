@@ -18,8 +18,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from distcomm._runtime.getters import get_rank, get_world_size, is_initialized
-from distcomm._sharing import (
+from distcomm._peer_failures import (
     Failure,
     main_only_section,
     peers,
@@ -27,6 +26,7 @@ from distcomm._sharing import (
     settle,
     share_from,
 )
+from distcomm._runtime.getters import get_rank, get_world_size, is_initialized
 from distcomm.protocol import Communicator
 
 __all__ = ["main_process_only", "rank_prefixed_message", "run_on_main", "zero_first"]

@@ -14,16 +14,84 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from distcomm._operations import OPERATIONS
 from distcomm.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     import datetime
 
-    from distcomm.backend.meshes import Mesh
-    from distcomm.backend.specs import Capabilities
-    from distcomm.environment import LaunchInfo
+    from distcomm.environment.info import LaunchInfo
+    from distcomm.meshes import Mesh
 
-__all__ = ["NON_MEMBER", "Communicator", "NonMember", "P2POp", "ReduceOp", "Work"]
+__all__ = [
+    "ALL_DTYPES",
+    "ALL_OPS",
+    "DTYPE_NAMES",
+    "FLOAT_DTYPES",
+    "NON_MEMBER",
+    "Capabilities",
+    "Communicator",
+    "NonMember",
+    "P2POp",
+    "ReduceOp",
+    "Work",
+]
+
+#: Every dtype name distcomm accepts, on every backend (some engines bridge through wider types),
+#: narrowest first.
+DTYPE_NAMES: tuple[str, ...] = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+)
+ALL_DTYPES = frozenset(DTYPE_NAMES)
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+#: Every collective a Communicator offers.
+ALL_OPS = frozenset(op.capability for op in OPERATIONS if op.capability)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a backend does natively; the rest distcomm emulates or refuses.
+
+    Attributes:
+        ops: collectives the engine runs (see :data:`ALL_OPS`).
+        dtypes: dtype names the engine reduces natively; others are bridged through wider types.
+        reduce_ops: ReduceOp names the engine has; AVG is emulated with SUM where missing.
+        async_ops: whether ``async_op=True`` overlaps with the caller (else it completes eagerly).
+        timeouts: whether a blocked operation ends with DistTimeoutError.
+        cancellable: whether a blocking call past its timeout can be given up (it raises
+            DistTimeoutError); False for engines that cannot (MPI), where distcomm ends the
+            job with the same diagnostic instead. ``Work.wait(timeout)`` raises either way.
+        any_source: whether ``recv(src=None)`` is supported.
+        p2p: whether point-to-point messages (send, recv, isend, irecv) exist at all.
+        p2p_tags: whether the engine matches point-to-point messages by tag. Where it does not
+            (NCCL ignores tags: a receive takes the next message from its sender, whatever its
+            tag), a non-zero tag is refused with InvalidArgumentError instead of two messages
+            being silently swapped; tag 0 works, messages matching in the order they are sent.
+        subgroup_split: whether a sub-communicator can itself be split (``new_group(...,
+            group=g)``, ``g.split``); engines whose groups are made by the whole world cannot.
+    """
+
+    ops: frozenset[str] = ALL_OPS
+    dtypes: frozenset[str] = ALL_DTYPES
+    reduce_ops: frozenset[str] = frozenset(
+        {"SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"}
+    )
+    async_ops: bool = True
+    timeouts: bool = True
+    cancellable: bool = True
+    any_source: bool = True
+    p2p: bool = True
+    p2p_tags: bool = True
+    subgroup_split: bool = True
 
 
 class ReduceOp(enum.Enum):

@@ -40,10 +40,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm import _value_codecs as codecs
+from distcomm import _workspace_codec as codecs
 from distcomm._files import private_folders
+from distcomm._peer_failures import Failure
 from distcomm._runtime.collectives import resolve_group
-from distcomm._sharing import Failure
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator
 

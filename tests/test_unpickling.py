@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import distcomm
-from distcomm import _payloads, _unpickling
+from distcomm import _object_codec, _unpickling
 from distcomm.errors import InvalidArgumentError, ObjectRefusedError, RankFailedError
 from distcomm.testing import run_threads
 
@@ -157,7 +157,7 @@ def test_hostile_objects_are_refused_by_name(hostile: str, marker: Path) -> None
         "nested": f"{os.system.__module__}.system",
     }[hostile]
     with pytest.raises(_unpickling.Refused) as caught:
-        _payloads.unpack(memoryview(_payloads.pack(obj)), sender=1)
+        _object_codec.unpack(memoryview(_object_codec.pack(obj)), sender=1)
     assert caught.value.refused == want and caught.value.sender == 1
 
 
@@ -247,9 +247,9 @@ def test_a_size_beyond_the_limit_is_refused_before_allocation(
         _unpickling.check_size(1025)
     # a payload whose table announces 2**60 segments is broken, not a reason to allocate
     table = bytearray(128)
-    _payloads.SIZE.pack_into(table, 0, 2**60)
+    _object_codec.SIZE.pack_into(table, 0, 2**60)
     with pytest.raises(pickle.UnpicklingError, match="announces 1152921504606846976 segments"):
-        _payloads.unpack(memoryview(table))
+        _object_codec.unpack(memoryview(table))
 
 
 def test_the_limit_takes_units_and_rejects_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -474,7 +474,7 @@ def _same(got: Any, want: Any) -> bool:
 @settings(max_examples=150, deadline=None)
 @given(_VALUES)
 def test_allowed_payloads_round_trip_exactly(value: Any) -> None:
-    assert _same(_payloads.unpack(memoryview(_payloads.pack(value))), value)
+    assert _same(_object_codec.unpack(memoryview(_object_codec.pack(value))), value)
 
 
 def test_allowed_torch_objects_round_trip() -> None:
@@ -486,7 +486,7 @@ def test_allowed_torch_objects_round_trip() -> None:
         "od": collections.OrderedDict(a=1),
         "misc": [range(3, 9, 2), slice(None, 4), bytearray(b"x" * 2000)],
     }
-    got = _payloads.unpack(memoryview(_payloads.pack(value)))
+    got = _object_codec.unpack(memoryview(_object_codec.pack(value)))
     assert torch.equal(got["t"], value["t"]) and got["t"].dtype == torch.bfloat16
     assert type(got["p"]) is torch.nn.Parameter and torch.equal(got["p"], value["p"])
     assert got["meta"] == value["meta"] and got["od"] == value["od"]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
-from distcomm._processes.failures import ended, killed_by
+from distcomm._processes.failure_summary import ended, killed_by
 from distcomm.errors import RankFailedError
 
 __all__ = ["ask_for_stacks", "died", "listen_for_stack_requests", "read_text", "where_they_are"]

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import IO, TextIO
 
 from distcomm._plugins.loader import check_backend
-from distcomm._processes import failures, tracebacks
+from distcomm._processes import failure_summary, tracebacks
 from distcomm._processes.arguments import checked_argv, open_logs
 from distcomm._processes.signals import caught_signals
 from distcomm._processes.variables import (
@@ -71,7 +71,7 @@ def run(
     their process groups, SIGKILL to whatever is left ``grace`` seconds later. A traceback on a
     rank's stderr is held back until the rank exits (or for 2 s, if it goes on); when the job
     failed, the root cause's traceback (the earliest uncaught exception that is not a
-    communication error, from the ranks' reports: :mod:`distcomm._processes.failures`) is
+    communication error, from the ranks' reports: :mod:`distcomm._processes.failure_summary`) is
     shown once, at the end, under a heading, and each other rank gets one line. SIGINT and
     SIGTERM received by this process (when called from the main thread) are forwarded to every
     rank's process group in the same way; a second one kills at once. After SIGINT (Ctrl-C),
@@ -143,7 +143,7 @@ def _run_attempts(
                 if status == 0 or job.signals or restart == max_restarts:
                     return status
                 restart += 1
-                how = failures.ended(status, launcher=True)
+                how = failure_summary.ended(status, launcher=True)
                 job._say(
                     f"attempt {restart} of {max_restarts + 1} failed ({how}); starting every rank "
                     f"again (restart {restart} of {max_restarts})"
@@ -216,15 +216,15 @@ class _Job:
 
     def _report_failure(self, first: int, first_code: int) -> int:
         """The root cause's traceback under a heading, a line per other rank, the verdict."""
-        reports = failures.read_reports(self.reports)
-        root = failures.root_cause(reports, first)
+        reports = failure_summary.read_reports(self.reports)
+        root = failure_summary.root_cause(reports, first)
         codes = [proc.poll() for proc in self.procs]
         code = codes[root]
         stopped = root != first and code is not None and -code in (signal.SIGTERM, signal.SIGKILL)
         code = first_code if stopped or not code else code
         report = reports.get(root)
         where = f" on {report['host']}" if report and report.get("host") else ""
-        how = "then stopped by distcomm run" if stopped else failures.ended(code)
+        how = "then stopped by distcomm run" if stopped else failure_summary.ended(code)
         with self.write_lock:
             held = self.held.pop(root, (0.0, []))[1]
             self.held.clear()  # the other ranks' tracebacks: one line each below
@@ -238,8 +238,8 @@ class _Job:
                 self._write(self.stderr, line)
         for rank, other in enumerate(codes):
             if rank != root:
-                self._say(failures.summary_line(rank, other, reports.get(rank), report))
-        self._say(f"rank {root} {failures.failed(code)}; stopped the other ranks")
+                self._say(failure_summary.summary_line(rank, other, reports.get(rank), report))
+        self._say(f"rank {root} {failure_summary.failed(code)}; stopped the other ranks")
         return exit_status(code)
 
     # -- steps --------------------------------------------------------------------------------

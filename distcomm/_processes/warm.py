@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import Any, cast
 
 from distcomm._processes import warm_rank
-from distcomm._processes.failures import ended
+from distcomm._processes.failure_summary import ended
 from distcomm._processes.rank_ends import ask_for_stacks, died, read_text, where_they_are
 from distcomm._processes.variables import launch_variables, new_run_id
 from distcomm.backend.ports import free_port

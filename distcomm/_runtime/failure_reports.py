@@ -9,7 +9,7 @@ communication error (a consequence of another rank's trouble), and, for distcomm
 errors, the operation, its sequence number, the ranks that had not arrived and a timeout's
 limit. The launcher names as the root cause the earliest exception that is not a communication
 error (the first rank to exit is often a peer that saw "connection closed"), and condenses the
-others to one line each (:mod:`distcomm._processes.failures`).
+others to one line each (:mod:`distcomm._processes.failure_summary`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from distcomm._runtime.collectives import resolve_group
 from distcomm.protocol import Communicator, NonMember
 
 if TYPE_CHECKING:
-    from distcomm.backend.meshes import Mesh
+    from distcomm.meshes import Mesh
 
 __all__ = ["mesh", "new_group", "new_subgroups", "split_group"]
 

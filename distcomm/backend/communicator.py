@@ -22,6 +22,7 @@ from typing import Any
 
 from distcomm.backend import _reserved
 from distcomm.backend._pipeline import confirmation, ledger
+from distcomm.backend._pipeline.assert_same import Sameness
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
 from distcomm.backend._pipeline.lists import ListForms
@@ -30,7 +31,6 @@ from distcomm.backend._pipeline.object_collectives import ObjectCollectives
 from distcomm.backend._pipeline.p2p import PointToPoint
 from distcomm.backend._pipeline.reductions import Reductions
 from distcomm.backend._pipeline.rooted import Rooted
-from distcomm.backend._pipeline.sameness import Sameness
 from distcomm.backend.primitives import Primitives
 from distcomm.backend.work import retained
 from distcomm.environment.info import LaunchInfo

@@ -102,9 +102,9 @@ class Primitives:
     #: call. Results are the pipeline's: entry r of a gathered list is rank r's tensor.
     _plan: Callable[[CallKind], Callable[[Any, Any], Any] | None] | None = None
     #: Whether large object payloads may go through node memory when every rank is a process
-    #: of one node (:mod:`distcomm._node_memory`). An engine whose own transfer is as fast on
-    #: one node (MPI's shared-memory transport: a 16 MiB broadcast_object at 2 ranks took 2.5
-    #: ms through it, 3.9 ms through node memory) sets it False.
+    #: of one node (:mod:`distcomm.backend._pipeline.node_memory`). An engine whose own transfer
+    #: is as fast on one node (MPI's shared-memory transport: a 16 MiB broadcast_object at 2
+    #: ranks took 2.5 ms through it, 3.9 ms through node memory) sets it False.
     _node_memory: ClassVar[bool] = True
     #: The tag of distcomm's own messages (:meth:`_control_isend`): never a user's. An engine
     #: with fewer tags sets it to one of them that it refuses to users (MPI: its largest).

@@ -1,4 +1,5 @@
-"""What plugins register: :class:`BackendSpec`, :class:`EnvironmentSpec`, :class:`Capabilities`."""
+"""What plugins register: :class:`BackendSpec`, :class:`EnvironmentSpec`, and (defined beside the
+protocol, :mod:`distcomm.protocol`) :class:`Capabilities`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from distcomm._operations import OPERATIONS
+from distcomm.errors import NotSupportedError
+from distcomm.protocol import ALL_DTYPES, ALL_OPS, DTYPE_NAMES, FLOAT_DTYPES, Capabilities
 
 if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
@@ -17,66 +19,20 @@ __all__ = [
     "ALL_OPS",
     "DTYPE_NAMES",
     "FLOAT_DTYPES",
+    "KIT_API",
+    "KIT_APIS",
     "BackendSpec",
     "Capabilities",
     "EnvironmentSpec",
 ]
 
-#: Every dtype name distcomm accepts, on every backend (some engines bridge through wider types),
-#: narrowest first.
-DTYPE_NAMES: tuple[str, ...] = (
-    "bool",
-    "uint8",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-)
-ALL_DTYPES = frozenset(DTYPE_NAMES)
-FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-#: Every collective a Communicator offers.
-ALL_OPS = frozenset(op.capability for op in OPERATIONS if op.capability)
-
-
-@dataclasses.dataclass(frozen=True)
-class Capabilities:
-    """What a backend does natively; the rest distcomm emulates or refuses.
-
-    Attributes:
-        ops: collectives the engine runs (see :data:`ALL_OPS`).
-        dtypes: dtype names the engine reduces natively; others are bridged through wider types.
-        reduce_ops: ReduceOp names the engine has; AVG is emulated with SUM where missing.
-        async_ops: whether ``async_op=True`` overlaps with the caller (else it completes eagerly).
-        timeouts: whether a blocked operation ends with DistTimeoutError.
-        cancellable: whether a blocking call past its timeout can be given up (it raises
-            DistTimeoutError); False for engines that cannot (MPI), where distcomm ends the
-            job with the same diagnostic instead. ``Work.wait(timeout)`` raises either way.
-        any_source: whether ``recv(src=None)`` is supported.
-        p2p: whether point-to-point messages (send, recv, isend, irecv) exist at all.
-        p2p_tags: whether the engine matches point-to-point messages by tag. Where it does not
-            (NCCL ignores tags: a receive takes the next message from its sender, whatever its
-            tag), a non-zero tag is refused with InvalidArgumentError instead of two messages
-            being silently swapped; tag 0 works, messages matching in the order they are sent.
-        subgroup_split: whether a sub-communicator can itself be split (``new_group(...,
-            group=g)``, ``g.split``); engines whose groups are made by the whole world cannot.
-    """
-
-    ops: frozenset[str] = ALL_OPS
-    dtypes: frozenset[str] = ALL_DTYPES
-    reduce_ops: frozenset[str] = frozenset(
-        {"SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"}
-    )
-    async_ops: bool = True
-    timeouts: bool = True
-    cancellable: bool = True
-    any_source: bool = True
-    p2p: bool = True
-    p2p_tags: bool = True
-    subgroup_split: bool = True
+#: The version of the contract between distcomm and a backend (what a backend defines and
+#: calls: docs/plugins.md, "The engine contract") that this distcomm provides. A backend declares
+#: the version it was written for (``BackendSpec(kit_api=...)``); a change that breaks a backend
+#: written for the old contract comes with a new version.
+KIT_API = 1
+#: The versions this distcomm runs backends of.
+KIT_APIS = frozenset({KIT_API})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +47,9 @@ class BackendSpec:
         devices: the tensor devices the engine moves natively, e.g. ``{"cpu"}``.
         capabilities: what the engine does natively.
         description: one line for ``distcomm info``.
+        kit_api: the version of the kit's contract the backend was written for
+            (:data:`KIT_API` when written for this distcomm); one this distcomm does not run
+            (:data:`KIT_APIS`), or none, raises NotSupportedError naming both and the fix.
     """
 
     name: str
@@ -98,12 +57,15 @@ class BackendSpec:
     is_available: Callable[[LaunchInfo], tuple[bool, str]]
     priority: int = 0
     devices: frozenset[str] = frozenset({"cpu"})
-    capabilities: Capabilities = Capabilities()
+    capabilities: Capabilities = Capabilities()  # noqa: RUF009 (frozen: one shared default)
     description: str = ""
+    kit_api: int | None = None
 
     def __post_init__(self) -> None:
         _check_name("backend", self.name)
         object.__setattr__(self, "devices", frozenset(self.devices))
+        if self.kit_api not in KIT_APIS:
+            raise NotSupportedError(_other_kit_api(self.name, self.kit_api))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +87,23 @@ class EnvironmentSpec:
 
     def __post_init__(self) -> None:
         _check_name("environment", self.name)
+
+
+def _other_kit_api(name: str, declared: Any) -> str:
+    """The error of backend ``name`` written for kit API ``declared`` (None: none declared)."""
+    runs = " and ".join(str(v) for v in sorted(KIT_APIS))
+    written = (
+        "declares no kit API version"
+        if declared is None
+        else f"was written for distcomm's kit API {declared!r}"
+    )
+    other = "" if declared is None else f", or a distcomm release that runs kit API {declared!r}"
+    return (
+        f"backend {name!r} {written}, and this distcomm runs backends of kit API {runs} only. "
+        f"HINT: install a release of the plugin written for kit API {KIT_API} (pip install -U "
+        f'<the plugin>){other}; if you wrote the backend, check it against docs/plugins.md ("The '
+        f'kit API version") and declare BackendSpec(kit_api=distcomm.backend.KIT_API).'
+    )
 
 
 def _check_name(kind: str, name: Any) -> None:

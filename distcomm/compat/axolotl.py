@@ -32,8 +32,8 @@ from types import TracebackType
 from typing import Any
 
 import distcomm
-from distcomm import _sharing, helpers
-from distcomm._sharing import Failure
+from distcomm import _peer_failures, helpers
+from distcomm._peer_failures import Failure
 from distcomm.errors import InvalidArgumentError, RankFailedError
 from distcomm.protocol import Communicator
 
@@ -54,7 +54,7 @@ def _peers() -> Communicator | None:
     """Initialise on first use under a multi-rank launch; the communicator, or None alone."""
     if not distcomm.is_initialized() and distcomm.detect_environment().world_size > 1:
         distcomm.init()
-    return _sharing.peers()
+    return _peer_failures.peers()
 
 
 def is_distributed() -> bool:
@@ -114,8 +114,8 @@ class zero_only:
         if not is_main_process():
             return None
         name = getattr(self._func, "__qualname__", repr(self._func))
-        region = f"zero_only {name!r} (called at {_sharing.region_site()})"
-        with _sharing.main_only_section(region):
+        region = f"zero_only {name!r} (called at {_peer_failures.region_site()})"
+        with _peer_failures.main_only_section(region):
             return self._func(*args, **kwargs)
 
 
@@ -164,7 +164,7 @@ def compute_and_broadcast(fn: Callable[[], Any]) -> Any:
     comm = _peers()
     if comm is None:
         return _scalar(fn())
-    return _sharing.share_from(comm, 0, lambda: _scalar(fn()), "compute_and_broadcast")
+    return _peer_failures.share_from(comm, 0, lambda: _scalar(fn()), "compute_and_broadcast")
 
 
 def reduce_and_broadcast(fn1: Callable[[], Any], fn2: Callable[[list[Any]], Any]) -> Any:
@@ -187,7 +187,7 @@ def reduce_and_broadcast(fn1: Callable[[], Any], fn2: Callable[[list[Any]], Any]
         return fn2(values)
 
     try:
-        return _sharing.share_from(comm, 0, reduce, "reduce_and_broadcast")
+        return _peer_failures.share_from(comm, 0, reduce, "reduce_and_broadcast")
     except RankFailedError:
         if error is not None:
             raise error from None

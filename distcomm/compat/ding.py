@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import distcomm
-from distcomm._runtime.doors import use_cuda_device
+from distcomm._runtime.init_forms import use_cuda_device
 from distcomm.compat import linklink
 from distcomm.errors import DistcommError, InvalidArgumentError
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work

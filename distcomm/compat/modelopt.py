@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import distcomm
-from distcomm import _object_codec as objects
 from distcomm import workspace
 from distcomm._runtime.collectives import resolve_group
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Communicator, NonMember
 

@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any
 
 import distcomm
-from distcomm import _settings, _sharing
+from distcomm import _peer_failures, _settings
 from distcomm._plugins.loader import check_backend
 from distcomm.errors import BackendNotFoundError, EnvironmentDetectionError, InvalidArgumentError
 from distcomm.helpers import main_process_only, run_on_main
@@ -96,8 +96,8 @@ class MainProcessContext:
     """Marks a section only main runs: inside it the ``ddp_*`` functions are no-ops."""
 
     def __enter__(self) -> MainProcessContext:
-        self._section = _sharing.main_only_section(
-            f"speechbrain's MainProcessContext (entered at {_sharing.region_site()})"
+        self._section = _peer_failures.main_only_section(
+            f"speechbrain's MainProcessContext (entered at {_peer_failures.region_site()})"
         )
         self._section.__enter__()
         return self
@@ -113,21 +113,21 @@ class MainProcessContext:
 
 def ddp_barrier() -> None:
     """Wait for every rank (a no-op alone and inside a main-only section)."""
-    if not _sharing.in_main_only_section():
+    if not _peer_failures.in_main_only_section():
         distcomm.barrier()
 
 
 def ddp_broadcast(communication_object: Any, src: int = 0) -> Any:
     """Rank ``src``'s (picklable) object on every rank (itself alone or in a main-only
     section)."""
-    if _sharing.in_main_only_section():
+    if _peer_failures.in_main_only_section():
         return communication_object
     return distcomm.broadcast_object(communication_object, src)
 
 
 def ddp_all_reduce(communication_object: Any, reduce_op: Any) -> Any:
     """All-reduce a tensor in place and return it (a number: return the reduced number)."""
-    if _sharing.in_main_only_section():
+    if _peer_failures.in_main_only_section():
         return communication_object
     reduced = distcomm.all_reduce(communication_object, op=reduce_op)
     return communication_object if reduced is None else reduced

@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import os
 import types
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from distcomm import _settings
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import EnvironmentDetectionError, InvalidArgumentError, did_you_mean
 
-if TYPE_CHECKING:
-    from distcomm.backend.specs import EnvironmentSpec
-
 __all__ = ["REQUIRED_VARIABLES", "detect_launch", "explain_launch"]
 
+
+class _Spec(Protocol):
+    """What detection reads of an environment a plugin registered
+    (:class:`distcomm.backend.EnvironmentSpec`, a layer above)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def detect(self) -> Callable[[Mapping[str, str]], LaunchInfo | None]: ...
+    @property
+    def priority(self) -> int: ...
+
+
 #: The environments to ask, by name (what plugins registered).
-Specs = Mapping[str, "EnvironmentSpec"]
+Specs = Mapping[str, _Spec]
 
 #: What each built-in method needs to find, for the error when it was asked for but not found.
 REQUIRED_VARIABLES = {
@@ -101,12 +111,12 @@ def _snapshot(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return types.MappingProxyType(dict(os.environ if environ is None else environ))
 
 
-def _ordered(specs: Specs) -> list[EnvironmentSpec]:
+def _ordered(specs: Specs) -> list[_Spec]:
     """Return the environments by descending priority, ties by name."""
     return sorted(specs.values(), key=lambda spec: (-spec.priority, spec.name))
 
 
-def _spec(specs: Specs, method: str, origin: str = "method") -> EnvironmentSpec:
+def _spec(specs: Specs, method: str, origin: str = "method") -> _Spec:
     """Return the environment registered as ``method`` (case-insensitive).
 
     Args:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distcomm.backend import BackendSpec, LaunchInfo, Registry, hookimpl
+from distcomm.backend import KIT_API, BackendSpec, LaunchInfo, Registry, hookimpl
 from distcomm.errors import BackendUnavailableError, InvalidArgumentError
 from distcomm.fakelink.communicator import FakeLinkCommunicator
 from distcomm.fakelink.fabric import Fabric
@@ -55,5 +55,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             devices=FakeLinkCommunicator.devices,
             capabilities=FakeLinkCommunicator.capabilities,
             description="in-process: a world of 1, or N thread-ranks (testing.run_threads)",
+            kit_api=KIT_API,
         )
     )

@@ -1,5 +1,5 @@
-"""Tests of distcomm._object_codec: the pickle-5 payload format and exact reduction
-of Python numbers."""
+"""Tests of the object transport (distcomm.backend._pipeline.object_transport): the pickle-5
+payload format and exact reduction of Python numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from distcomm._object_codec import INBAND_BYTES, pack, unpack
+from distcomm.backend._pipeline.object_transport import INBAND_BYTES, pack, unpack
 from distcomm.backend._pipeline.reductions import reduce_numbers
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp
@@ -227,7 +227,7 @@ def test_bitwise_ops_on_floats_are_refused(op: ReduceOp) -> None:
 
 # -- the first exchange ------------------------------------------------------------------------
 def test_the_slot_shrinks_in_large_worlds() -> None:
-    from distcomm._object_codec import HEAD, SLOT, slot_bytes
+    from distcomm.backend._pipeline.object_transport import HEAD, SLOT, slot_bytes
 
     assert [slot_bytes(n) for n in (1, 2, 32, 33, 64, 1024, 4096)] == [
         SLOT,

@@ -15,15 +15,18 @@ import pytest
 
 import distcomm
 from distcomm._plugins.loader import PluginRegistry, check_backend
+from distcomm.backend import KIT_API
 from distcomm.errors import BackendNotFoundError, PluginConflictError
 
 BACKEND_PLUGIN = """
-from distcomm.backend import BackendSpec, hookimpl
+from distcomm.backend import KIT_API, BackendSpec, hookimpl
 from distcomm.fakelink import create, is_available
 
 @hookimpl
 def distcomm_register_backends(registry):
-    registry.add_backend(BackendSpec({name!r}, create, is_available, priority={priority}))
+    registry.add_backend(
+        BackendSpec({name!r}, create, is_available, priority={priority}, kit_api=KIT_API)
+    )
 """
 
 
@@ -101,14 +104,31 @@ def test_plugin_that_fails_to_import_is_reported_not_fatal(site: Path) -> None:
     assert "good" in registry.backends
 
 
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [("kit_api=0", "was written for distcomm's kit API 0"), ("", "declares no kit API version")],
+)
+def test_a_backend_of_another_kit_api_is_refused_naming_both_versions(
+    site: Path, declared: str, said: str
+) -> None:
+    plugin = BACKEND_PLUGIN.format(name="old", priority=5).replace("kit_api=KIT_API", declared)
+    make_distribution(site, "fake-old", {"fake_old": plugin}, {"old": "fake_old"})
+    registry = load(site)
+    record = next(p for p in registry.plugins if p.name == "old")
+    assert "old" not in registry.backends, "a backend of another kit API was registered"
+    error = record.error or ""
+    assert said in error and f"runs backends of kit API {KIT_API} only" in error, error
+    assert "HINT: install a release of the plugin written for kit API" in error, error
+
+
 def test_hook_that_raises_is_rolled_back(site: Path) -> None:
     source = """
-    from distcomm.backend import BackendSpec, hookimpl
+    from distcomm.backend import KIT_API, BackendSpec, hookimpl
     from distcomm.fakelink import create, is_available
 
     @hookimpl
     def distcomm_register_backends(registry):
-        registry.add_backend(BackendSpec("half", create, is_available))
+        registry.add_backend(BackendSpec("half", create, is_available, kit_api=KIT_API))
         raise RuntimeError("second backend failed")
     """
     make_distribution(site, "fake-half", {"fake_half": source}, {"half": "fake_half"})

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from jobs import run_job
 
-from distcomm._processes import failures
-from distcomm._processes.failures import root_cause, summary_line
+from distcomm._processes import failure_summary
+from distcomm._processes.failure_summary import root_cause, summary_line
 from distcomm._runtime.failure_reports import COMMUNICATION
 
 RAISES = """
@@ -270,8 +270,8 @@ def test_a_line_says_what_happened_to_the_rank(
     ],
 )
 def test_how_a_rank_ended_names_the_signal(code: int, ended: str, failed: str) -> None:
-    assert failures.ended(code) == ended
-    assert failures.failed(code) == failed
+    assert failure_summary.ended(code) == ended
+    assert failure_summary.failed(code) == failed
 
 
 @pytest.mark.parametrize(
@@ -284,7 +284,7 @@ def test_how_a_rank_ended_names_the_signal(code: int, ended: str, failed: str) -
     ],
 )
 def test_a_launcher_s_128_plus_n_is_read_as_the_signal(status: int, ended: str) -> None:
-    assert failures.ended(status, launcher=True) == ended
+    assert failure_summary.ended(status, launcher=True) == ended
 
 
 PRINTS_THEN_DIES = """

@@ -13,7 +13,7 @@ import mesh_training
 import pytest
 from jobs import run_job
 
-from distcomm.backend.meshes import layout
+from distcomm.meshes import layout
 
 
 def test_layout_is_row_major_as_torchs() -> None:

@@ -1,4 +1,4 @@
-"""Object collectives through node memory (distcomm._node_memory).
+"""Object collectives through node memory (distcomm.backend._pipeline.node_memory).
 
 - Thread-ranks never use it (one process: the fabric already hands memory over); with its
   learning forced on, they run the whole protocol in one process: every root, worlds of 1, 2
@@ -27,8 +27,8 @@ import pytest
 from jobs import dev_shm_names, run_job
 
 import distcomm
-from distcomm import _node_memory as node
-from distcomm import _object_codec as codec
+from distcomm.backend._pipeline import node_memory as node
+from distcomm.backend._pipeline import object_transport as codec
 from distcomm.testing import run_threads
 from distcomm.testing.conformance.objects import same
 
@@ -48,7 +48,8 @@ def large(seed: int, mib: float = 1.5) -> dict[str, Any]:
 @pytest.fixture
 def shared_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Thread-ranks learn that they share a node (as processes of one node do); yields the
-    list of ranks that learned, one entry per :func:`~distcomm._node_memory.learn`."""
+    list of ranks that learned, one entry per
+    :func:`~distcomm.backend._pipeline.node_memory.learn`."""
     learn, learned = node.learn, []
 
     def learn_as_processes(comm: Any) -> bool:

@@ -13,7 +13,7 @@ from distcomm._plugins.names import FIRST_PARTY_BACKENDS
 from distcomm._runtime.selection import select_backend
 from distcomm.backend.hooks import hookimpl
 from distcomm.backend.registry import PluginRecord
-from distcomm.backend.specs import BackendSpec
+from distcomm.backend.specs import KIT_API, BackendSpec
 from distcomm.environment import LaunchInfo
 from distcomm.errors import BackendNotFoundError, BackendUnavailableError
 
@@ -67,7 +67,11 @@ def spec(
             return answer
 
     return BackendSpec(
-        name=name, factory=unusable_factory, is_available=is_available, priority=priority
+        name=name,
+        factory=unusable_factory,
+        is_available=is_available,
+        priority=priority,
+        kit_api=KIT_API,
     )
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 import distcomm
-from distcomm import _node_memory as node
+from distcomm.backend._pipeline import node_memory as node
 from distcomm.testing.conformance.objects import same
 
 

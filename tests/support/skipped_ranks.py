@@ -1,5 +1,6 @@
 """Rank functions in which one rank skips a collective, shared by the failure tests of every
-backend (run in threads by tests/backend/test_failures.py, in processes by the torch tests)."""
+backend (run in threads by tests/backend/test_engine_failures.py, in processes by the torch
+tests)."""
 
 from __future__ import annotations
 

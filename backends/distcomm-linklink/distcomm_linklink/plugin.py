@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from distcomm import LaunchInfo
-from distcomm.backend import BackendSpec, Capabilities, Registry, hookimpl
+from distcomm.backend import KIT_API, BackendSpec, Capabilities, Registry, hookimpl
 
 __all__ = ["LINKLINK_CAPABILITIES", "distcomm_register_backends", "find_module", "is_available"]
 
@@ -68,5 +68,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             devices=frozenset({"cpu", "cuda"}),
             capabilities=LINKLINK_CAPABILITIES,
             description="SenseTime linklink (linklink or spring.linklink), when installed",
+            kit_api=KIT_API,
         )
     )

@@ -6,7 +6,7 @@ import importlib.util
 from typing import Any
 
 from distcomm import LaunchInfo
-from distcomm.backend import BackendSpec, Capabilities, Registry, hookimpl
+from distcomm.backend import KIT_API, BackendSpec, Capabilities, Registry, hookimpl
 
 __all__ = ["MPI_CAPABILITIES", "distcomm_register_backends", "is_available"]
 
@@ -54,5 +54,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             devices=frozenset({"cpu"}),
             capabilities=MPI_CAPABILITIES,
             description="mpi4py: zero-copy CPU buffers under any MPI launcher",
+            kit_api=KIT_API,
         )
     )

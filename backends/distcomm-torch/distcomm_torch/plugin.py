@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from distcomm import LaunchInfo
-from distcomm.backend import BackendSpec, Capabilities, Registry, hookimpl
+from distcomm.backend import KIT_API, BackendSpec, Capabilities, Registry, hookimpl
 
 __all__ = ["GLOO", "NCCL", "distcomm_register_backends"]
 
@@ -78,6 +78,7 @@ def distcomm_register_backends(registry: Registry) -> None:
             devices=frozenset({"cpu"}),
             capabilities=GLOO,
             description="torch.distributed Gloo: CPU tensors over TCP",
+            kit_api=KIT_API,
         )
     )
     registry.add_backend(
@@ -89,5 +90,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             devices=frozenset({"cuda"}),
             capabilities=NCCL,
             description="torch.distributed NCCL: CUDA tensors; objects over a CPU side channel",
+            kit_api=KIT_API,
         )
     )

@@ -14,7 +14,7 @@ running values, so that nothing slips through:
   (:mod:`~distcomm.backend._pipeline.confirmation`), which a rank that called something else
   cannot meet with a collective of its own: the mismatch never reaches the engine;
 - when an operation times out or its engine fails: out of band
-  (:mod:`~distcomm.backend._pipeline.failures`);
+  (:mod:`~distcomm.backend._pipeline.engine_failures`);
 - the split tables of uneven all-to-alls, which differ from rank to rank by design and stay out
   of the running value: compared at a check point, kept between check points and settled at
   the next one, barrier or ``finalize()`` (:mod:`~distcomm.backend._pipeline.ledger`).
@@ -38,10 +38,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _divergence as divergence
-from distcomm import _object_codec as objects
 from distcomm import _settings
 from distcomm._call_sites import call_site
 from distcomm.backend._pipeline import confirmation, ledger
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _divergence as divergence
 from distcomm._call_sites import call_site
 from distcomm.backend import monitor
-from distcomm.backend._pipeline.failures import compare, seconds
+from distcomm.backend._pipeline.engine_failures import compare, seconds
 from distcomm.errors import CollectiveMismatchError, DistTimeoutError
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm import _object_codec as objects
-from distcomm.backend._pipeline.checks import _is_int
+from distcomm.backend._pipeline import object_transport as objects
+from distcomm.backend._pipeline.arguments import _is_int
 from distcomm.backend._pipeline.steps import Steps
-from distcomm.backend.meshes import Mesh, layout
 from distcomm.errors import InvalidArgumentError
+from distcomm.meshes import Mesh, layout
 from distcomm.protocol import Communicator, NonMember
 
 __all__ = ["Groups"]

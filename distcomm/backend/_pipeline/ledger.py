@@ -21,7 +21,7 @@ from __future__ import annotations
 from operator import mul
 from typing import TYPE_CHECKING
 
-from distcomm import _object_codec as objects
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from distcomm import _object_codec as objects
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline import splits
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps

@@ -1,8 +1,9 @@
 """The object pipeline: broadcast_object, all_gather_object, gather_object, scatter_object.
 
-Objects travel as pickle protocol 5 bytes with out-of-band buffers
-(:mod:`~distcomm._object_codec`), on the communicator's object channel (itself, or a
-CPU side channel for a GPU engine). Each counts as one collective, whatever it sends inside.
+Objects travel as pickle protocol 5 bytes with out-of-band buffers (:mod:`~distcomm._object_codec`)
+moved by :mod:`~distcomm.backend._pipeline.object_transport`, on the communicator's object
+channel (itself, or a CPU side channel for a GPU engine). Each counts as one collective,
+whatever it sends inside.
 
 A call like one the pipeline took before (the same op and root) skips the kit's steps outside
 the mismatch check's points, with no hooks, on a communicator that is its own object channel
@@ -16,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from distcomm import _object_codec as objects
 from distcomm import _unpickling
 from distcomm._unpickling import Refused
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import ObjectRefusedError

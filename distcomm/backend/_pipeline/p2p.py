@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm import _object_codec as objects
 from distcomm._unpickling import Refused
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.object_collectives import refusal
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.arrays import cached_adapter

@@ -19,7 +19,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from distcomm import _object_codec as objects
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.staging import Staged
 from distcomm.backend._pipeline.steps import DONE, Steps

@@ -21,8 +21,8 @@ import math
 import numbers
 from typing import TYPE_CHECKING, Any
 
-from distcomm import _object_codec as objects
 from distcomm.backend._pipeline import ledger, observing
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.plans import UNEVEN
 from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError

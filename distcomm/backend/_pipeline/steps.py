@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm._call_sites import user_site
 from distcomm.backend._pipeline import agreement, observing, recording
-from distcomm.backend._pipeline.checks import ArgumentChecks
-from distcomm.backend._pipeline.failures import Failures
+from distcomm.backend._pipeline.arguments import ArgumentChecks
+from distcomm.backend._pipeline.engine_failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
 from distcomm.backend._pipeline.plans import Plans
 from distcomm.backend._pipeline.recording import COMPLETED, ISSUED, Recorder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from distcomm.backend import BackendSpec, LaunchInfo, Registry, hookimpl
+from distcomm.backend import KIT_API, BackendSpec, LaunchInfo, Registry, hookimpl
 from distcomm.errors import InvalidArgumentError
 
 __all__ = ["distcomm_register_backends", "is_available"]
@@ -60,5 +60,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             devices=frozenset({"cpu"}),
             capabilities=ZMQ_CAPABILITIES,
             description="ZeroMQ sockets (pyzmq): an example third-party backend, CPU memory",
+            kit_api=KIT_API,
         )
     )

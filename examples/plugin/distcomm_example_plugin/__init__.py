@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import distcomm
-from distcomm.backend import BackendSpec, EnvironmentSpec, Registry, hookimpl, read_int
+from distcomm.backend import KIT_API, BackendSpec, EnvironmentSpec, Registry, hookimpl, read_int
 from distcomm_example_plugin.loopback import LoopbackCommunicator, create, is_available
 
 
@@ -70,5 +70,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             priority=0,
             devices=LoopbackCommunicator.devices,
             description="example: a world of 1 that keeps messages to itself",
+            kit_api=KIT_API,
         )
     )

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from distcomm import _object_codec as objects
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.errors import InvalidArgumentError
 
 __all__ = ["OBJECTS", "TENSORS", "Codec", "copy"]

@@ -15,9 +15,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from distcomm import _object_codec as objects
 from distcomm._call_sites import call_site
 from distcomm._runtime.collectives import resolve_group
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend.events import CollectiveEvent, HookHandle, add_hook
 from distcomm.errors import InvalidArgumentError, MainOnlyCollectiveError, RankFailedError
 from distcomm.protocol import Communicator

@@ -1,4 +1,5 @@
-"""Tests of distcomm._runtime.doors: dist_init, DistContext and dist_mode over init and finalize."""
+"""Tests of distcomm._runtime.init_forms: dist_init, DistContext and dist_mode over init and
+finalize."""
 
 from __future__ import annotations
 
@@ -86,14 +87,14 @@ def test_dist_init_leaves_a_gpu_backend_on_the_gpu_it_chose_at_init(
     communicator's (cuda:1 for rank 1), or tensors made on cuda:0 meet a communicator on cuda:1.
     CUDA and init are stand-ins (no GPU in CI)."""
     torch = pytest.importorskip("torch")
-    from distcomm._runtime import doors
+    from distcomm._runtime import init_forms
 
     current: list[int] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
-    monkeypatch.setattr(doors, "init", lambda **_: BoundToGpu1(torch))
-    monkeypatch.setattr(doors, "get_local_rank", lambda: 1)
+    monkeypatch.setattr(init_forms, "init", lambda **_: BoundToGpu1(torch))
+    monkeypatch.setattr(init_forms, "get_local_rank", lambda: 1)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         assert distcomm.dist_init(device_id=device_id) == (1, 2)

@@ -50,6 +50,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from distcomm._logs import logger
+from distcomm._object_codec import lay_out
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,7 +63,6 @@ __all__ = [
     "WHERE",
     "agree",
     "fetch",
-    "lay_out",
     "learn",
     "local",
     "publish",
@@ -124,22 +124,6 @@ class _Outbox:
             while piece.nbytes:
                 written = os.pwrite(self.fd, piece, at)
                 piece, at = piece[written:], at + written
-
-
-def lay_out(
-    view: memoryview, pieces: list[tuple[int, Any]], size: int, zeroed: bool = False
-) -> None:
-    """Copy each ``(offset, bytes)`` piece of a payload into ``view``, and zero the gaps up to
-    ``size`` unless ``view`` already is zero (no stale memory goes out): node memory's kept
-    outbox, and the payloads the engine sends."""
-    end = 0
-    for at, piece in pieces:
-        if not zeroed:
-            view[end:at] = bytes(at - end)
-        end = at + piece.nbytes
-        view[at:end] = piece  # a memoryview copy: a bytearray slice assignment is ten times slower
-    if not zeroed:
-        view[end:size] = bytes(size - end)
 
 
 def _close(fd: int, mapping: mmap.mmap | None) -> None:

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from distcomm import _object_codec as objects
 from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import NotSameError

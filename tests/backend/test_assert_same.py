@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import distcomm
-from distcomm.backend._pipeline.sameness import digests
+from distcomm.backend._pipeline.assert_same import digests
 from distcomm.errors import NotSameError
 from distcomm.testing import run_threads
 

@@ -1,4 +1,4 @@
-"""Tests of distcomm.backend._pipeline.failures: timeouts that name names, engine failures as
+"""Tests of distcomm.backend._pipeline.engine_failures: timeouts that name names, engine failures as
 distcomm errors, Works that own their buffers, and finalize with operations pending (in one
 process: fakelink thread-ranks and small stand-in backends; the real engines have their own
 tests). The policies that end a job: test_aborts.py; the monitor thread: test_monitor.py.

@@ -1,4 +1,4 @@
-"""Tests of distcomm.backend._pipeline.checks: the argument checks of the collectives.
+"""Tests of distcomm.backend._pipeline.arguments: the argument checks of the collectives.
 
 They run on rank 1 of a 3-rank communicator that has no engine: a check raises before anything
 is sent, so no primitive is ever called. docs/errors.md promises that every message names the
