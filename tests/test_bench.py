@@ -449,3 +449,23 @@ def test_cuda_buffers_are_timed_to_the_end_of_the_device_work(
     (record,) = json.loads(out.read_text())["records"]
     assert (record["time_s"], record["time_min_s"], record["time_max_s"]) == (0.25, 0.25, 0.25)
     assert gpu.synchronised() == ["cuda:0"] * 2 * 3, "two per block: the warm-up and 2 rounds"
+
+
+def test_the_sides_take_turns_to_go_first() -> None:
+    """The side timed second finds the buffers in the caches the first warmed: each round the
+    order reverses, so that neither side has that advantage in every round."""
+    from distcomm._bench import runner
+
+    class OneRank:
+        def barrier(self) -> None:
+            pass
+
+        def all_gather_object(self, obj: Any) -> list[Any]:
+            return [obj]
+
+    order: list[str] = []
+    sides = {"distcomm": lambda: order.append("distcomm"), "raw": lambda: order.append("raw")}
+    args = argparse.Namespace(warmup=0, iters=1, rounds=4)
+    calls, times = runner._time(OneRank(), sides, args, "cpu")
+    assert calls == 1 and {name: len(t) for name, t in times.items()} == {"distcomm": 4, "raw": 4}
+    assert order == ["distcomm", "raw", "raw", "distcomm"] * 2, f"the order was {order}"

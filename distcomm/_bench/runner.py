@@ -2,9 +2,10 @@
 
 After barriers that take the communicator past the mismatch check's first checked collectives,
 for each (operation, size): ``--warmup`` calls of each side, then ``--rounds`` rounds in which
-the sides take turns (distcomm, then the engine's own call with ``--compare raw``), each side
-timing ``--iters`` calls after a barrier. A round's time is the slowest rank's time per call;
-the record holds the median over rounds, with min and max. Without ``--iters``, the warm-up's
+the sides take turns (distcomm and the engine's own call with ``--compare raw``; the one that
+went first goes last in the next round), each side timing ``--iters`` calls after a barrier. A
+round's time is the slowest rank's time per call; the record holds the median over rounds, with
+min and max. Without ``--iters``, the warm-up's
 slowest rank decides how many calls make about 20 ms (3 to 1000), the same number on every rank.
 barrier has one record per run (size 0: it moves nothing; no bandwidth); sendrecv's calls are
 round trips, reported per message (half a round trip); without 2 ranks, or on a backend without
@@ -209,9 +210,11 @@ def _time(
         slowest = comm.all_reduce(max(warm.values(), default=0.0), op="max")
         iters = max(3, min(1000, int(_TARGET_SECONDS / slowest) if slowest > 0 else 1000))
     mine: dict[str, list[float]] = {name: [] for name in sides}
+    order = list(sides.items())
     for _ in range(args.rounds):
-        for name, fn in sides.items():
+        for name, fn in order:
             mine[name].append(_block(comm, fn, iters, device))
+        order.reverse()  # each side runs first in every other round: no side has the warm cache
     every = comm.all_gather_object(mine)
     return iters, {
         name: [max(rank[name][i] for rank in every) for i in range(args.rounds)] for name in sides
