@@ -167,7 +167,7 @@ def _measure(comm: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]],
 def _past_the_first_checks(comm: Any) -> None:
     """Barriers until the mismatch check's first checked collectives are behind (the default
     checks the first 64 of a communicator): every op is then timed as a long job runs it."""
-    from distcomm.backend._pipeline.agreement import SAMPLED_FIRST
+    from distcomm.backend._pipeline.mismatch_check import SAMPLED_FIRST
 
     while getattr(comm, "seq", SAMPLED_FIRST) < SAMPLED_FIRST:
         comm.barrier()

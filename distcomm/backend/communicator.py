@@ -21,7 +21,7 @@ import warnings
 from typing import Any
 
 from distcomm.backend import _reserved
-from distcomm.backend._pipeline import confirmation, ledger
+from distcomm.backend._pipeline import ledger, p2p_vote
 from distcomm.backend._pipeline.assert_same import Sameness
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
@@ -175,7 +175,7 @@ class BaseCommunicator(
         if self.unusable is not None or handling or not self._kit_can_confirm():
             return None
         try:
-            confirmation.vote(self, confirmation.FINALIZE)
+            p2p_vote.vote(self, p2p_vote.FINALIZE)
             ledger.settle(self, self.seq, "finalize()")
         except CollectiveMismatchError as exc:
             return exc

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import distcomm
-from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
 from distcomm.backend._pipeline.object_collectives import ObjectCollectives
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 from distcomm.testing import run_threads

@@ -222,6 +222,44 @@ def test_a_hook_refusing_a_planned_call_gives_its_number_back() -> None:
     assert len(runs) == 1 and comm.seq == 2 and comm._kit_event is None
 
 
+def test_a_planned_call_inside_an_observed_one_is_seen_once() -> None:
+    """reduce_scatter (observed as a whole) runs reduce_scatter_tensor inside, whose kind has
+    a plan: the hooks see each reduce_scatter once (the plan is left to the pipeline there)."""
+    runs: list[Any] = []
+    comm = planned_world(False, runs)
+    comm.reduce_scatter(np.zeros(1), [np.ones(1)])  # its inner kind learned, its plan asked for
+    seen: list[Any] = []
+    with distcomm.add_hook(
+        before=lambda e: seen.append(("before", e.op, e.seq)),
+        after=lambda e: seen.append(("after", e.op, e.seq)),
+    ):
+        for _ in range(3):
+            comm.reduce_scatter(np.zeros(1), [np.ones(1)])
+    # (numbered, as on the pipeline, by the call inside: its op is reduce_scatter_tensor)
+    want = [(w, "reduce_scatter_tensor", n) for n in (3, 4, 5) for w in ("before", "after")]
+    assert seen == want, f"the hooks saw {seen}"
+    assert comm.seq == 5 and comm._kit_event is None
+
+
+def test_a_hook_removed_after_a_plan_declined_leaves_no_event_behind() -> None:
+    runs: list[Any] = []
+    comm = planned_world(True, runs)
+    seen: list[Any] = []
+    handle: Any = None
+
+    def once(e: distcomm.CollectiveEvent) -> None:
+        seen.append((e.op, e.seq))
+        handle.remove()  # a one-shot hook: gone before the pipeline takes the declined call
+
+    handle = distcomm.add_hook(before=once)
+    comm.all_reduce(np.ones(1))
+    assert seen == [("all_reduce", 2)] and comm._kit_event is None, comm._kit_event
+    later: list[Any] = []
+    with distcomm.add_hook(before=lambda e: later.append((e.op, e.seq))):
+        comm.broadcast(np.ones(1), 0)
+    assert later == [("broadcast", 3)], f"a stale event was reused: {later}"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({}, "give before=, after= or both"), ({"before": 3}, "before=3 is not callable")],

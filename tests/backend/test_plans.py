@@ -32,7 +32,7 @@ import torch
 
 import distcomm
 from distcomm.backend import CallKind, NotPlanned
-from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
 from distcomm.backend._pipeline.plans import OUTPUTS
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import (

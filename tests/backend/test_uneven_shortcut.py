@@ -11,7 +11,7 @@ import torch
 
 import distcomm
 from distcomm.backend._pipeline import ledger, splits
-from distcomm.backend._pipeline.agreement import SAMPLED_FIRST
+from distcomm.backend._pipeline.mismatch_check import SAMPLED_FIRST
 from distcomm.testing import run_threads
 
 

@@ -45,7 +45,7 @@ from mpi4py import MPI
 
 import distcomm
 from distcomm.backend import CallKind, NotPlanned
-from distcomm.backend._pipeline.agreement import SAMPLE_EVERY, SAMPLED_FIRST
+from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
 from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
 from distcomm.protocol import Communicator
 

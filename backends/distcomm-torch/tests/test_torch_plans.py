@@ -63,7 +63,7 @@ MESSAGE_DTYPES = ("float32", "int64", "float64", "uint8", "bool")
 TAGS = (0, 7, 2**30 - 1)
 #: Calls in each run of one kind of call.
 RUN = 4
-#: The collectives checked first, where no plan runs (agreement.SAMPLED_FIRST).
+#: The collectives checked first, where no plan runs (mismatch_check.SAMPLED_FIRST).
 CHECKED = 64
 
 Call = Callable[[], Any]

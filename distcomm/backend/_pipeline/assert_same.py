@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline import mismatch_check
 from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
@@ -55,7 +55,7 @@ class Sameness(Steps):
         whole = hashlib.blake2b(digest_size=8)
         for path in sorted(leaves):
             whole.update(f"{path}\0".encode() + leaves[path])
-        if agreement.agree(channel, int.from_bytes(whole.digest(), "little") >> 2):
+        if mismatch_check.agree(channel, int.from_bytes(whole.digest(), "little") >> 2):
             return
         table = objects.all_gather_object(channel, leaves)
         raise _not_same(self, table, what)

@@ -9,8 +9,8 @@ run (fingerprint and length) into one integer: two ranks have equal values when 
 same calls in the same order (barring an accident of 2**-62), and a call like the one before it
 costs nothing to record.
 
-The ranks compare running values at check points (:mod:`~distcomm.backend._pipeline.agreement`,
-:mod:`~distcomm.backend._pipeline.confirmation`). The runs since the last agreement (a ring of
+The ranks compare running values at check points (:mod:`~distcomm.backend._pipeline.mismatch_check`,
+:mod:`~distcomm.backend._pipeline.p2p_vote`). The runs since the last agreement (a ring of
 at most :data:`RING`) and the signature of each fingerprint with the call site where it was
 first seen are what a rank shows when they differ: :mod:`~distcomm._divergence`
 finds the first operation where ranks parted from them, and a peer asked out of band (the answer

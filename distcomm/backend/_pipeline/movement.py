@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import confirmation, ledger, splits
+from distcomm.backend._pipeline import ledger, p2p_vote, splits
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.plans import NO_ARRAY
 from distcomm.backend._pipeline.steps import DONE, Steps
@@ -26,9 +26,7 @@ class Movement(Steps):
         return self._kit_broadcast_steps(tensor, src, async_op)
 
     @observed
-    def _kit_broadcast_steps(
-        self, tensor: Any, src: int = 0, async_op: bool = False
-    ) -> Work | None:
+    def _kit_broadcast_steps(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         """broadcast past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_begin(tensor, "tensor")
         self._kit_check_rank(src, "src")
@@ -71,7 +69,7 @@ class Movement(Steps):
 
     @observed
     def _kit_all_gather_into_tensor_steps(
-        self, output_tensor: Any, input_tensor: Any, async_op: bool = False
+        self, output_tensor: Any, input_tensor: Any, async_op: bool
     ) -> Work | None:
         """all_gather_into_tensor past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_begin(input_tensor, "input_tensor")
@@ -194,7 +192,7 @@ class Movement(Steps):
         barrier of a communicator is confirmed by a vote of the ranks first, as every new kind
         of call is; and a blocking barrier after uneven all-to-alls whose split tables have not
         been compared yet is a vote of point-to-point messages
-        (:mod:`~distcomm.backend._pipeline.confirmation`) that confirms the ranks made the same
+        (:mod:`~distcomm.backend._pipeline.p2p_vote`) that confirms the ranks made the same
         calls, then compares the tables (:mod:`~distcomm.backend._pipeline.ledger`).
         """
         if not async_op and self._kit_planned("barrier", NO_ARRAY):
@@ -202,7 +200,7 @@ class Movement(Steps):
         return self._kit_barrier_steps(async_op)
 
     @observed
-    def _kit_barrier_steps(self, async_op: bool = False) -> Work | None:
+    def _kit_barrier_steps(self, async_op: bool) -> Work | None:
         """barrier past its plan (every call is numbered; the hooks see it)."""
         self._kit_check_usable()
         self._kit_count("barrier", NO_ARRAY)
@@ -213,7 +211,7 @@ class Movement(Steps):
             if async_op or not self._kit_can_confirm():
                 self._kit_plans.drop_barrier()  # the tables still wait: no plan until settled
             else:
-                confirmation.vote(self, confirmation.BARRIER)
+                p2p_vote.vote(self, p2p_vote.BARRIER)
                 ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
                 if self._object_channel() is self:
                     return None

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from distcomm import _device_clock as device_clock
 from distcomm._operations import named
 from distcomm.backend import events
-from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline import mismatch_check
 from distcomm.backend.arrays import cached_adapter
 from distcomm.backend.events import CollectiveEvent
 from distcomm.protocol import ReduceOp
@@ -83,7 +83,10 @@ def observed(steps: F) -> F:
     @functools.wraps(steps)
     def method(self: Steps, *args: Any, **kwargs: Any) -> Any:
         made = self._kit_event
-        if not registered or (made is not None and made.__class__ is not _Carried):
+        if made is None:
+            if not registered:
+                return steps(self, *args, **kwargs)
+        elif made.__class__ is not _Carried:  # inside another public call: part of it
             return steps(self, *args, **kwargs)
         if async_at is None:
             blocking = True
@@ -152,7 +155,7 @@ def before(
     """Make the event of the call being numbered on ``comm`` and call the ``before`` hooks."""
     event = CollectiveEvent(op, comm.seq, comm, comm._kit_rank, comm._kit_world_size)  # type: ignore[arg-type]
     if x is not None and adapter is not None:
-        event.shape = agreement.shape_of(x)
+        event.shape = mismatch_check.shape_of(x)
         event.numel, event.dtype, event.device = (
             adapter.numel(x),
             adapter.dtype(x),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from distcomm import _device_clock as device_clock
 from distcomm._call_sites import user_site
-from distcomm.backend._pipeline.agreement import shape_of
+from distcomm.backend._pipeline.mismatch_check import shape_of
 
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps

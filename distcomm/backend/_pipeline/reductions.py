@@ -90,9 +90,7 @@ class Reductions(Steps):
         return self._kit_reduce_steps(tensor, dst, op, async_op)
 
     @observed
-    def _kit_reduce_steps(
-        self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
-    ) -> Work | None:
+    def _kit_reduce_steps(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
         """reduce past its plan (every call is numbered; the hooks see it)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._kit_begin(tensor, "tensor")
@@ -125,7 +123,7 @@ class Reductions(Steps):
 
     @observed
     def _kit_reduce_scatter_tensor_steps(
-        self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
+        self, output: Any, input: Any, op: Any, async_op: bool
     ) -> Work | None:
         """reduce_scatter_tensor past its plan (every call is numbered; the hooks see it)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)

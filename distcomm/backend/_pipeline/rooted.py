@@ -36,11 +36,7 @@ class Rooted(Steps):
 
     @observed
     def _kit_gather_steps(
-        self,
-        tensor: Any,
-        gather_list: list[Any] | None = None,
-        dst: int = 0,
-        async_op: bool = False,
+        self, tensor: Any, gather_list: list[Any] | None, dst: int, async_op: bool
     ) -> Work | None:
         """gather past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_rooted("gather", tensor, gather_list, "gather_list", dst, "dst")
@@ -71,11 +67,7 @@ class Rooted(Steps):
 
     @observed
     def _kit_scatter_steps(
-        self,
-        tensor: Any,
-        scatter_list: list[Any] | None = None,
-        src: int = 0,
-        async_op: bool = False,
+        self, tensor: Any, scatter_list: list[Any] | None, src: int, async_op: bool
     ) -> Work | None:
         """scatter past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._kit_rooted(

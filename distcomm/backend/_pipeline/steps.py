@@ -25,7 +25,7 @@ from time import time as _wall
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from distcomm._call_sites import user_site
-from distcomm.backend._pipeline import agreement, observing, recording
+from distcomm.backend._pipeline import mismatch_check, observing, recording
 from distcomm.backend._pipeline.arguments import ArgumentChecks
 from distcomm.backend._pipeline.engine_failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
@@ -122,7 +122,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         #: (:mod:`~distcomm.backend._pipeline.plans`).
         self._kit_plans = Plans(self._plan, self._kit_barrier_plan)
         self._kit_kinds = self._kit_plans.kinds  # the same dict, read on every planned call
-        self.debug = agreement.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
+        self.debug = mismatch_check.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
         self._kit_pending = PendingWorks()
         self._kit_warned_staging = False
@@ -178,7 +178,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
     ) -> None:
         """Count collective ``op``, which passed validation (see BaseCommunicator), fold it into
         the running fingerprint and, where the check policy says so, agree with the other
-        ranks that they made the same calls (:mod:`~distcomm.backend._pipeline.agreement`;
+        ranks that they made the same calls (:mod:`~distcomm.backend._pipeline.mismatch_check`;
         ``_next_check`` is the next checked ``seq``, so that an unchecked call tests one
         integer). Registered hooks see the call here first
         (:mod:`~distcomm.backend._pipeline.observing`), and the flight recorder gets its entry
@@ -199,14 +199,16 @@ class Steps(ArgumentChecks, Failures, Primitives):
         fp = 0
         try:
             if h is not None:
-                fp = agreement.record(self, h, seq, op, x, adapter, root, reduce_op, varies, layout)
+                fp = mismatch_check.record(
+                    self, h, seq, op, x, adapter, root, reduce_op, varies, layout
+                )
             if x is not None and not self._kit_solo:  # a world of 1 calls no engine
                 moved = self._kit_native_dtypes if reduce_op is None else self._kit_direct_dtypes
                 self._kit_plans.learn(op, x, adapter, root, reduce_op, fp, moved, varies)
             if seq >= self._kit_next_check:
-                self._kit_next_check = agreement.next_checked(seq + 1, *self._kit_limits)
+                self._kit_next_check = mismatch_check.next_checked(seq + 1, *self._kit_limits)
                 if self._kit_world_size > 1:
-                    agreement.check(self, x)
+                    mismatch_check.check(self, x)
         except BaseException as exc:
             if rec is not None:
                 rec.failed(entry, exc)
@@ -221,9 +223,9 @@ class Steps(ArgumentChecks, Failures, Primitives):
 
     @debug.setter
     def debug(self, value: str) -> None:
-        self._kit_debug = agreement.policy(value)
-        self._kit_limits = agreement.limits(self._kit_debug)
-        self._kit_next_check = agreement.next_checked(self.seq + 1, *self._kit_limits)
+        self._kit_debug = mismatch_check.policy(value)
+        self._kit_limits = mismatch_check.limits(self._kit_debug)
+        self._kit_next_check = mismatch_check.next_checked(self.seq + 1, *self._kit_limits)
         if self._kit_debug == "off" or self._kit_world_size == 1:
             self._kit_history = None
         elif self._kit_history is None:
@@ -238,12 +240,12 @@ class Steps(ArgumentChecks, Failures, Primitives):
         mismatch check does not record them, and afterwards ``seq`` is what it was, so that the
         program's first collective is #1. Every rank makes the same calls here."""
         saved = (self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder)
+        event, self._kit_event = self._kit_event, observing.UNSEEN
         self._kit_history = self._kit_recorder = self._kit_entry = None
-        self._kit_event = observing.UNSEEN
         try:
             yield
         finally:
-            self._kit_event = None
+            self._kit_event = event
             self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder = saved
             self._kit_entry = None
             self._kit_plans.forget()  # its calls were not recorded: no plan from them
@@ -265,7 +267,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
 
     def _kit_can_confirm(self) -> bool:
         """Whether this communicator's calls can be confirmed by a vote of point-to-point
-        messages (:mod:`~distcomm.backend._pipeline.confirmation`)."""
+        messages (:mod:`~distcomm.backend._pipeline.p2p_vote`)."""
         return self._kit_world_size > 1 and self._object_channel()._control_ready()
 
     # -- stage ---------------------------------------------------------------------------------
@@ -349,7 +351,13 @@ class Steps(ArgumentChecks, Failures, Primitives):
         moved, nothing was counted, and the pipeline takes the call (and says what is wrong
         with it)."""
         seq = self.seq + 1
-        if seq >= self._kit_next_check or self.unusable is not None:
+        if (
+            seq >= self._kit_next_check
+            or self.unusable is not None
+            # part of an observed public call (reduce_scatter's reduce_scatter_tensor): the
+            # pipeline numbers it and makes its event
+            or (_hooks and self._kit_event is observing.PENDING)
+        ):
             return False
         try:
             entry = self._kit_kinds.get((op, x.__class__, x.dtype, x.nbytes, root))
@@ -372,45 +380,46 @@ class Steps(ArgumentChecks, Failures, Primitives):
         event = None
         if _hooks and self._kit_event is None:  # the hooks see it (a hook may refuse it)
             event = observing.opened(self, op, x, root)
-        if h is not None and fp != h.run_fp:
-            h.start_run(seq, fp)
         self.blocked_seq = seq
         rec = self._kit_recorder
-        if rec is not None:  # the flight recorder's entry, in its ring while the call runs
-            bound = self.bound_device  # (recording.FIELDS; the site: past user_site, this, and
-            # the public method that called this, a frame Python need not make an object of)
-            record = [
-                op,
-                seq,
-                self._kit_global_ranks,
-                x.shape,
-                dtype,
-                x.nbytes,
-                root,
-                user_site(3),
-                _wall() if bound is None else recording.stamp(bound),
-                None,
-                None,
-            ]
-            rec.add(record)
-            self._kit_entry = None  # no later engine call stamps an earlier call's entry
+        record = None
         try:
+            if h is not None and fp != h.run_fp:
+                h.start_run(seq, fp)
+            if rec is not None:  # the flight recorder's entry, in its ring while the call runs
+                bound = self.bound_device  # (recording.FIELDS; the site: past user_site, this,
+                # and the public method that called this, a frame Python need make no object of)
+                record = [
+                    op,
+                    seq,
+                    self._kit_global_ranks,
+                    x.shape,
+                    dtype,
+                    x.nbytes,
+                    root,
+                    user_site(3),
+                    _wall() if bound is None else recording.stamp(bound),
+                    None,
+                    None,
+                ]
+                rec.add(record)
+                self._kit_entry = None  # no later engine call stamps an earlier call's entry
             plan(x, y)
         except NotPlanned:
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
-            if rec is not None:
-                rec.retract(record)
+            if record is not None:
+                self._kit_recorder.retract(record)  # type: ignore[union-attr]
             if event is not None:
                 observing.carry(self, event)
             return False
         except BaseException as exc:
-            error = self._kit_plan_failed(op, seq, exc, record if rec is not None else None, event)
+            error = self._kit_plan_failed(op, seq, exc, record, event)
             if error is exc:
                 raise
             raise error from exc
         finally:
             self.blocked_seq = 0
-        if rec is not None:
+        if record is not None:
             record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
         if event is not None:
             observing.closed(self, event, None)

@@ -11,7 +11,7 @@ running values, so that nothing slips through:
 - before a call whose signature the ranks have never agreed on (a new size, dtype, op, root; a
   communicator's first ``barrier``), at a ``barrier`` after uneven all-to-alls whose split
   tables wait to be compared, and in ``finalize()``: a vote of point-to-point messages
-  (:mod:`~distcomm.backend._pipeline.confirmation`), which a rank that called something else
+  (:mod:`~distcomm.backend._pipeline.p2p_vote`), which a rank that called something else
   cannot meet with a collective of its own: the mismatch never reaches the engine;
 - when an operation times out or its engine fails: out of band
   (:mod:`~distcomm.backend._pipeline.engine_failures`);
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _divergence as divergence
 from distcomm import _settings
 from distcomm._call_sites import call_site
-from distcomm.backend._pipeline import confirmation, ledger
+from distcomm.backend._pipeline import ledger, p2p_vote
 from distcomm.backend._pipeline import object_transport as objects
 from distcomm.protocol import ReduceOp
 
@@ -172,7 +172,7 @@ def record(
         shape = None if x is None else shape_of(x)
         h.describe(fp, signature, call_site(), shape)
         if seq < comm._kit_next_check and comm._kit_can_confirm():
-            confirmation.vote(comm, confirmation.CALL, shape)
+            p2p_vote.vote(comm, p2p_vote.CALL, shape)
     return fp
 
 

@@ -1,4 +1,4 @@
-"""Tests of distcomm.backend._pipeline.agreement: the mismatch check, on fakelink thread-ranks.
+"""Tests of distcomm.backend._pipeline.mismatch_check: the mismatch check, on fakelink thread-ranks.
 
 The conformance topic ``mismatches`` runs the same kinds of mismatch on every backend (gloo and
 mpi included); here are the policy, the sampling by ``seq``, the cost in engine calls, the table
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import distcomm
-from distcomm.backend._pipeline import agreement
+from distcomm.backend._pipeline import mismatch_check
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 from distcomm.testing import run_threads
 
@@ -81,8 +81,8 @@ def test_by_default_every_mismatch_is_caught_before_it_runs() -> None:
     # between them, a call the ranks never agreed on is confirmed by a vote before it is issued
     assert set(sizes_at(65, None)) == {"mismatch"}
     assert set(sizes_at(64 + 1023, None)) == {"mismatch"}
-    assert agreement.is_checked(64 + 2 * 1024, *agreement.limits("sample"))
-    assert not agreement.is_checked(64 + 1023, *agreement.limits("sample"))
+    assert mismatch_check.is_checked(64 + 2 * 1024, *mismatch_check.limits("sample"))
+    assert not mismatch_check.is_checked(64 + 1023, *mismatch_check.limits("sample"))
 
 
 def test_check_catches_every_call_and_off_none() -> None:
@@ -123,11 +123,11 @@ def test_groups_inherit_the_policy() -> None:
 
 
 def test_policy_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert agreement.policy(environ={}) == "sample"
-    assert agreement.policy(environ={"DISTCOMM_DEBUG": " CHECK "}) == "check"
-    assert agreement.policy("off") == "off"
+    assert mismatch_check.policy(environ={}) == "sample"
+    assert mismatch_check.policy(environ={"DISTCOMM_DEBUG": " CHECK "}) == "check"
+    assert mismatch_check.policy("off") == "off"
     with pytest.raises(InvalidArgumentError, match=r"DISTCOMM_DEBUG='loud'.*valid: sample"):
-        agreement.policy(environ={"DISTCOMM_DEBUG": "loud"})
+        mismatch_check.policy(environ={"DISTCOMM_DEBUG": "loud"})
     monkeypatch.setenv("DISTCOMM_DEBUG", "loud")
     with pytest.raises(InvalidArgumentError, match="HINT"):
         distcomm.init()
