@@ -2,11 +2,11 @@
 fakelink thread-ranks.
 
 A call of a kind (op, root) the pipeline took before skips the kit's steps past the check
-points, with no hooks. Proven here: it is taken, with right results, for small objects, large
-ones, and a mix of both across ranks (the all-gather then goes on as the pipeline does); the
-mismatch check's history ends exactly as it does with the shortcut turned off; hooks see every
-call; a bad root is the pipeline's error; a late mismatch between two object collectives that
-took it is found at the next check point.
+points. Proven here: it is taken, with right results, for small objects, large ones, and a mix
+of both across ranks (the all-gather then goes on as the pipeline does); the mismatch check's
+history ends exactly as it does with the shortcut turned off; hooks see every call, numbered,
+and the shortcut is still taken under them; a bad root is the pipeline's error; a late mismatch
+between two object collectives that took it is found at the next check point.
 """
 
 from __future__ import annotations
@@ -99,22 +99,34 @@ def test_the_shortcut_is_taken_with_right_results_and_the_same_history(
 
 
 def test_hooks_see_every_object_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    def body() -> list[str]:
+    def body() -> tuple[list[Any], int]:
         comm = distcomm.get_communicator()
         for _ in range(SAMPLED_FIRST + 10):
             distcomm.broadcast_object("x")
-        seen: list[str] = []
-        with distcomm.add_hook(before=lambda e: seen.append(e.op) if e.group is comm else None):
+        start = comm.seq
+        seen: list[Any] = []
+        with distcomm.add_hook(
+            before=lambda e: seen.append(("before", e.op, e.seq)) if e.group is comm else None,
+            after=lambda e: seen.append(("after", e.op, e.result)) if e.group is comm else None,
+        ):
             for _ in range(20):
                 distcomm.broadcast_object("x")
                 distcomm.all_gather_object("y")
-        return seen
+        return seen, start
 
     with counted(monkeypatch) as taken:
         results = run_threads(body, 2)
-    assert results == [["broadcast_object", "all_gather_object"] * 20] * 2
-    # the first 64 calls are checked: the 10 after them take the shortcut, none under the hook
-    assert taken[0] == 2 * 10, f"expected 10 shortcuts per rank before the hook, got {taken[0]}"
+    for seen, start in results:
+        want: list[Any] = []
+        for i in range(20):
+            want += [("before", "broadcast_object", start + 2 * i + 1)]
+            want += [("after", "broadcast_object", "x")]
+            want += [("before", "all_gather_object", start + 2 * i + 2)]
+            want += [("after", "all_gather_object", ["y", "y"])]
+        assert seen == want, f"the hooks saw {seen[:6]}..."
+    # the first 64 calls are checked: the 10 after them take the shortcut, and the 40 under the
+    # hook (all_gather_object's first is the pipeline's: a new kind)
+    assert taken[0] == 2 * (10 + 39), f"expected 49 shortcuts per rank, got {taken[0] / 2}"
 
 
 @pytest.mark.parametrize("src", [5, -1, True, "0"])

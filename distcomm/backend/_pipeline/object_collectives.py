@@ -6,10 +6,11 @@ channel (itself, or a CPU side channel for a GPU engine). Each counts as one col
 whatever it sends inside.
 
 A call like one the pipeline took before (the same op and root) skips the kit's steps outside
-the mismatch check's points, with no hooks, on a communicator that is its own object channel
+the mismatch check's points, on a communicator that is its own object channel
 (:meth:`ObjectCollectives._kit_object_shortcut`): nothing is left to check or record but its
-fingerprint, as for the tensors' plans (:mod:`~distcomm.backend._pipeline.plans`). Its bytes
-move as the pipeline's would, so that ranks may take either way.
+fingerprint, as for the tensors' plans (:mod:`~distcomm.backend._pipeline.plans`), and the
+hooks see it as they see the pipeline's (its event made where it is numbered). Its bytes move
+as the pipeline's would, so that ranks may take either way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _unpickling
 from distcomm._unpickling import Refused
 from distcomm.backend._pipeline import object_transport as objects
+from distcomm.backend._pipeline import observing
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.errors import ObjectRefusedError
@@ -100,12 +102,15 @@ class ObjectCollectives(Steps):
     def _kit_object_shortcut(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` if it may skip the kit's steps (module docstring):
         a kind (op, root) the pipeline took before (:meth:`_kit_objects` remembers it) and the
-        ranks agreed on, outside the check points, with no hooks. Returns the communicator to
-        run it on (this one) if it did; None: nothing happened, and the pipeline takes it."""
+        ranks agreed on, outside the check points, not inside another public call. Registered
+        hooks see it: its event is made where it is numbered, as the pipeline's. Returns the
+        communicator to run it on (this one) if it did; None: nothing happened, and the
+        pipeline takes it."""
         seq = self.seq + 1
+        event = self._kit_event
         if (
             seq >= self._kit_next_check
-            or self._kit_event is not None  # hooks see it (observing), or inside another call
+            or (event is not None and event is not observing.PENDING)  # inside another call
             or self.unusable is not None
             or (root is not None and (root.__class__ is not int or root < 0))
         ):
@@ -116,12 +121,14 @@ class ObjectCollectives(Steps):
         if entry is None or channel is not self:
             return None
         fp = entry[1]
-        if h is not None and fp != h.run_fp:
-            if fp not in h.agreed:
-                return None
-            h.start_run(seq, fp)
+        if h is not None and fp != h.run_fp and fp not in h.agreed:
+            return None
         self.op = op
         self.seq = seq
+        if event is not None:  # hooks registered (the public method is observed): numbered here
+            observing.before(self, op, None, None, root, None)  # one that raises: seq given back
+        if h is not None and fp != h.run_fp:
+            h.start_run(seq, fp)
         if self._kit_recorder is not None:
             self._kit_open_entry(op, seq, root=root)
         return channel
