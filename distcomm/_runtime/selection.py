@@ -77,7 +77,8 @@ def select_backend(
         name = normalise_backend(str(requested))
         choice = by_name.get(name) if name in specs else None
         if choice is None:
-            return _fail(candidates, trace, _not_found(name, specs, by_name, origin))
+            broken = _broken_plugins(registry)
+            return _fail(candidates, trace, _not_found(name, specs, by_name, origin, broken))
         if not choice.available:
             return _fail(candidates, trace, _unavailable(choice, specs, candidates, origin))
         return _chosen(choice, specs, candidates, trace, "was requested")
@@ -261,11 +262,23 @@ def _unavailable_hint(
     return f"HINT: backends that can run here: {names}; {fix.format(usable[0].name)}"
 
 
+def _broken_plugins(registry: Registry) -> list[str]:
+    """The plugins outside distcomm's own backends that failed to load or register, with why:
+    one of them may be the backend a user asks for."""
+    first_party = set(FIRST_PARTY_BACKENDS.values()) | {"distcomm"}
+    return [
+        f"{p.name!r} ({p.distribution}): {p.error}"
+        for p in registry.plugins
+        if p.error and p.distribution not in first_party
+    ]
+
+
 def _not_found(
     name: str,
     specs: Mapping[str, BackendSpec],
     by_name: dict[str, Candidate],
     origin: str | None = None,
+    broken: list[str] | None = None,
 ) -> BackendNotFoundError:
     available = ", ".join(sorted(specs)) or "none"
     hint = did_you_mean(name, [*specs, *FIRST_PARTY_BACKENDS])
@@ -287,6 +300,8 @@ def _not_found(
     parts = [f"unknown backend {_named(name, origin)}; available: {available}."]
     if grouped:
         parts.append(f"Not installed: {grouped}.")
+    if broken:
+        parts.append(f"Plugins that failed to load (one may provide it): {'; '.join(broken)}.")
     if guess in absent:
         missing = absent[guess]
         lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"

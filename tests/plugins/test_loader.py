@@ -15,7 +15,8 @@ import pytest
 
 import distcomm
 from distcomm._plugins.loader import PluginRegistry, check_backend
-from distcomm.backend import KIT_API
+from distcomm._runtime.selection import select_backend
+from distcomm.backend import KIT_API, LaunchInfo
 from distcomm.errors import BackendNotFoundError, PluginConflictError
 
 BACKEND_PLUGIN = """
@@ -119,6 +120,10 @@ def test_a_backend_of_another_kit_api_is_refused_naming_both_versions(
     error = record.error or ""
     assert said in error and f"runs backends of kit API {KIT_API} only" in error, error
     assert "HINT: install a release of the plugin written for kit API" in error, error
+    asked = select_backend(registry, LaunchInfo("single_node", 0, 1, 0, 1, 0, 1), "old", {})
+    said_then = str(asked.error)
+    assert "unknown backend 'old'" in said_then and "failed to load" in said_then, said_then
+    assert "'old' (fake-old)" in said_then and said in said_then, said_then
 
 
 def test_hook_that_raises_is_rolled_back(site: Path) -> None:
