@@ -87,7 +87,8 @@ def select_backend(
         trace.append(f"a torch default process group exists (backend {adopted!r}): adopting it")
         choice = by_name.get(adopted)
         if choice is None or adopted not in specs:
-            return _fail(candidates, trace, _not_found(adopted, specs, by_name))
+            broken = _broken_plugins(registry)
+            return _fail(candidates, trace, _not_found(adopted, specs, by_name, None, broken))
         return _chosen(choice, specs, candidates, trace, "adopts the existing torch process group")
     return _automatic(launch, specs, candidates, trace)
 
@@ -263,14 +264,9 @@ def _unavailable_hint(
 
 
 def _broken_plugins(registry: Registry) -> list[str]:
-    """The plugins outside distcomm's own backends that failed to load or register, with why:
-    one of them may be the backend a user asks for."""
-    first_party = set(FIRST_PARTY_BACKENDS.values()) | {"distcomm"}
-    return [
-        f"{p.name!r} ({p.distribution}): {p.error}"
-        for p in registry.plugins
-        if p.error and p.distribution not in first_party
-    ]
+    """The plugins that failed to load or register, with why: one of them may be the backend
+    a user asks for."""
+    return [f"{p.name!r} ({p.distribution}): {p.error}" for p in registry.plugins if p.error]
 
 
 def _not_found(
@@ -301,7 +297,8 @@ def _not_found(
     if grouped:
         parts.append(f"Not installed: {grouped}.")
     if broken:
-        parts.append(f"Plugins that failed to load (one may provide it): {'; '.join(broken)}.")
+        failed = "; ".join(broken)
+        parts.append(f"Plugins that failed to load or register (one may provide it): {failed}.")
     if guess in absent:
         missing = absent[guess]
         lead = f"HINT: {hint} It" if hint and guess != name else "HINT: it"
