@@ -61,7 +61,7 @@ def main() -> None:
         times: dict[str, list[float]] = {"raw": [], "off": [], "on": []}
         for round_ in range(args.rounds + 1):  # the first round warms up
             for side in times:
-                comm._kit_record_into(recorder if side == "on" else None)
+                comm._record_into(recorder if side == "on" else None)
                 fn = theirs if side == "raw" else ours
                 raw.Barrier()
                 start = time.perf_counter()
@@ -76,7 +76,7 @@ def main() -> None:
                 f"{cell(times['on'], 2):>20} {med['raw'] / med['off']:>8.2f} "
                 f"{med['raw'] / med['on']:>8.2f} {med['off'] / med['on']:>7.2f}"
             )
-    comm._kit_record_into(recorder)
+    comm._record_into(recorder)
     recorder.stop()
     distcomm.finalize()
 

@@ -83,7 +83,7 @@ PAGES: tuple[Page, ...] = (
             "distcomm.backend.stacks",
             "distcomm.backend.claims",
         ),
-        "../plugins.md#the-communicator",
+        "../plugins.md#the-engine-contract",
     ),
     Page("compat-linklink.md", ("distcomm.compat.linklink",), "../compat.md#linklink"),
     Page("compat-ding.md", ("distcomm.compat.ding",), "../compat.md#ding"),

@@ -232,9 +232,12 @@ def test_the_checks_see_imports() -> None:
     assert "distcomm.backend.communicator" not in dict(imports(typed_only))
 
 
-def test_backends_override_primitives_never_public_methods() -> None:
-    """A communicator of a backend (first-party, fakelink, the example plugin) defines no public
-    method of BaseCommunicator: those are pipelines, the same on every backend."""
+def test_engines_never_subclass_the_communicator_nor_its_work() -> None:
+    """The kit makes one communicator class around every engine (kit API 2): its public methods
+    are pipelines, the same on every backend, so no backend (first-party, fakelink, the example
+    plugins), test or other module subclasses BaseCommunicator; and an engine's Works are the
+    kit's (an EngineWork around its request), so only distcomm/backend/work.py subclasses
+    BaseWork."""
     import inspect
 
     from distcomm.backend import BaseCommunicator
@@ -247,13 +250,20 @@ def test_backends_override_primitives_never_public_methods() -> None:
     }
     assert {"all_reduce", "broadcast", "adopt", "finalize"} <= public
     sources = [*ROOT.glob("backends/*/distcomm_*/**/*.py"), *ROOT.glob("examples/*/*/*.py")]
-    sources += [*(PACKAGE / "fakelink").glob("*.py")]
-    overridden = [
-        f"{path.relative_to(ROOT)}:{item.lineno}: {node.name}.{item.name}"
+    sources += [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    sources += [*(ROOT / "benchmarks").glob("*.py")]
+    kit_works = PACKAGE / "backend" / "work.py"
+    subclassed = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}({ast.unparse(base)})"
         for path in sources
+        if "build" not in path.relative_to(ROOT).parts
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ClassDef) and node.name.endswith("Communicator")
-        for item in node.body
-        if isinstance(item, ast.FunctionDef) and item.name in public
+        if isinstance(node, ast.ClassDef)
+        for base in node.bases
+        if ast.unparse(base).rpartition(".")[2] == "BaseCommunicator"
+        or (ast.unparse(base).rpartition(".")[2] == "BaseWork" and path != kit_works)
     ]
-    assert overridden == [], "override the primitive instead:\n" + "\n".join(overridden)
+    assert subclassed == [], (
+        "an engine is wrapped, never subclassed: write the engine's methods "
+        "(distcomm.backend.engine) and return EngineWork(comm, request):\n" + "\n".join(subclassed)
+    )

@@ -386,9 +386,9 @@ def bench_on(
     """Run bench in a world of 1 whose backend (fakelink, selected automatically) says it moves
     ``devices``; return its status and the device it measured on (the measuring is left out)."""
     from distcomm._bench import runner
-    from distcomm.fakelink import FakeLinkCommunicator
+    from distcomm.fakelink import FakeLinkEngine
 
-    monkeypatch.setattr(FakeLinkCommunicator, "devices", frozenset(devices))
+    monkeypatch.setattr(FakeLinkEngine, "devices", frozenset(devices))
     seen: list[str] = []
 
     def measure(comm: Any, args: argparse.Namespace) -> tuple[list[Any], list[str]]:

@@ -83,9 +83,9 @@ def _before_init() -> Communicator:
         )
     with _solo_lock:
         if _solo is None:
-            from distcomm.fakelink import create
+            from distcomm.fakelink import Fabric, world
 
-            _solo = create(launch)
+            _solo = world(Fabric(1), launch)
         return _solo
 
 

@@ -109,8 +109,8 @@ def _ignore(entry: list[Any]) -> None:
 def attach(comm: Any) -> None:
     """Give ``comm`` (a communicator ``init`` made) to this process's flight recorder, if one
     runs: its calls, and those of the groups made from it, are kept."""
-    if _current is not None and hasattr(comm, "_kit_record_into"):
-        comm._kit_record_into(_current)
+    if _current is not None and hasattr(comm, "_record_into"):
+        comm._record_into(_current)
 
 
 def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> None:

@@ -60,9 +60,10 @@ def use_cuda_device(comm: Any, wanted: int, asked: str, stacklevel: int = 3) -> 
     with a warning naming both (``stacklevel``: the caller of the caller, by default)."""
     import torch
 
-    bound = getattr(comm, "device", None)
-    if bound is not None and getattr(bound, "type", None) == "cuda":
-        if bound.index != wanted:
+    bound = getattr(comm, "bound_device", None)
+    if bound is not None and bound.startswith("cuda:"):
+        index = int(bound.partition(":")[2])
+        if index != wanted:
             warnings.warn(
                 f"{asked}: rank {comm.rank} stays on {bound}, the GPU its {comm.backend!r} "
                 f"communicator uses (one GPU per rank), not cuda:{wanted}. HINT: to choose it, "
@@ -70,7 +71,7 @@ def use_cuda_device(comm: Any, wanted: int, asked: str, stacklevel: int = 3) -> 
                 DistcommWarning,
                 stacklevel=stacklevel,
             )
-        wanted = bound.index
+        wanted = index
     torch.cuda.set_device(wanted)
 
 

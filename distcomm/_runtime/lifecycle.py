@@ -29,6 +29,7 @@ from distcomm._runtime.detection import detect_environment
 from distcomm._runtime.request import InitRequest, apply_overrides, resolve_timeout
 from distcomm._runtime.selection import select_backend
 from distcomm.backend import BaseCommunicator, _uncaught
+from distcomm.backend.communicator import world_over
 from distcomm.backend.specs import BackendSpec
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import AlreadyInitializedError
@@ -158,7 +159,8 @@ def _select(start: _Start) -> BackendSpec:
 def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Communicator | None]:
     """The default communicator, and torch's default group beside it where that is asked."""
     launch, request = start.launch, start.request
-    comm = spec.factory(launch, timeout=start.timeout, device=request.device, **request.options)
+    engine = spec.factory(launch, timeout=start.timeout, device=request.device, **request.options)
+    comm = world_over(spec, engine, launch, start.timeout)
     if hasattr(comm, "debug"):
         comm.debug = start.debug
     flight_recorder.attach(comm)

@@ -29,7 +29,7 @@ from typing import Any
 from distcomm import _settings
 from distcomm._logs import logger
 from distcomm._plugins.names import install_hint
-from distcomm.backend.communicator import BaseCommunicator
+from distcomm.backend.communicator import BaseCommunicator, world_over
 from distcomm.backend.ports import free_port
 from distcomm.backend.registry import Registry
 from distcomm.environment.info import LaunchInfo
@@ -105,7 +105,8 @@ def make(
         master_addr=addr,
         master_port=port,
     )
-    made = spec.factory(beside, timeout=timeout, device=device, companion=True)
+    engine = spec.factory(beside, timeout=timeout, device=device, companion=True)
+    made = world_over(spec, engine, beside, timeout)
     logger.info("made torch's default process group (%s) at %s:%s", name, addr, port)
     why = f"torch group: {name}, made beside {comm.backend} (rendezvous {addr}:{port})"
     return made, dist.group.WORLD, why
@@ -141,8 +142,8 @@ def _missing(choice: str | bool, why: str) -> tuple[None, None, str]:
 
 
 def _setting_up(comm: Communicator) -> contextlib.AbstractContextManager[None]:
-    """Calls that are init's, not the program's (``BaseCommunicator._kit_setting_up``); a
+    """Calls that are init's, not the program's (``BaseCommunicator._setting_up``); a
     communicator of another kind counts them as it does."""
     if isinstance(comm, BaseCommunicator):
-        return comm._kit_setting_up()
+        return comm._setting_up()
     return contextlib.nullcontext()

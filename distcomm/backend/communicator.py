@@ -1,26 +1,25 @@
-"""`BaseCommunicator`: the public collectives, written once over a few engine primitives.
+"""`BaseCommunicator`: the public collectives, written once over an engine's few methods.
 
-A backend derives from :class:`BaseCommunicator` and overrides the ``_primitive`` methods
-(:mod:`distcomm.backend.primitives` lists them, which are required and the defaults of the
-others); it never overrides a public method. Each public method is one pipeline of shared steps
+A backend's factory returns an engine (:mod:`distcomm.backend.engine`: six required methods,
+optional ones found by presence); the kit makes a :class:`BaseCommunicator` around it, which
+calls the engine and is never subclassed. Each public method is one pipeline of shared steps
 (validate, normalise, world of 1, stage, primitive, finish; see
 :mod:`distcomm.backend._pipeline.steps`), one module per kind of operation: reductions, data
 movement, gathers and scatters, point to point, objects, ``assert_same`` and groups. The steps
 accept torch tensors and numpy arrays, answer worlds of 1 locally, stage CUDA tensors through
 host memory for CPU-only engines, bridge dtypes the engine lacks through wider ones, emulate AVG,
-and copy results back into non-contiguous tensors. A primitive receives contiguous arrays of a
-native dtype on a native device and, with ``async_op=True``, may return a
+and copy results back into non-contiguous tensors. An engine method receives contiguous arrays
+of a native dtype on a native device and, with ``async_op=True``, may return a
 :class:`~distcomm.protocol.Work` (None means done). A contiguous CPU tensor of a native dtype
-(the common case) goes to the primitive as it is, with no copy and no wrapper.
+(the common case) goes to the engine as it is, with no copy and no wrapper.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distcomm.backend import _reserved
 from distcomm.backend._pipeline import ledger, p2p_vote
 from distcomm.backend._pipeline.assert_same import Sameness
 from distcomm.backend._pipeline.coalesced import Coalesced
@@ -31,19 +30,14 @@ from distcomm.backend._pipeline.object_collectives import ObjectCollectives
 from distcomm.backend._pipeline.p2p import PointToPoint
 from distcomm.backend._pipeline.reductions import Reductions
 from distcomm.backend._pipeline.rooted import Rooted
-from distcomm.backend.primitives import Primitives
 from distcomm.backend.work import retained
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
 
-__all__ = ["BaseCommunicator"]
+if TYPE_CHECKING:
+    from distcomm.backend.specs import BackendSpec
 
-#: What a backend's communicator may define: the primitives and the names of
-#: ``_reserved.COMMUNICATOR``; any other name of the kit's is refused when the class is made.
-_PROVIDED = _reserved.COMMUNICATOR | {
-    name for name in vars(Primitives) if name.startswith("_") and not name.startswith("__")
-}
-_LISTED = _reserved.COMMUNICATOR | {"the primitives of distcomm.backend.primitives"}
+__all__ = ["BaseCommunicator", "world_over"]
 
 
 class BaseCommunicator(
@@ -57,7 +51,7 @@ class BaseCommunicator(
     Sameness,
     Groups,
 ):
-    """Template for backends; see the module docstring.
+    """A communicator over an engine; see the module docstring.
 
     ``seq`` counts the collectives called on this communicator that passed validation (object
     collectives, ``new_group`` and ``split`` count once each; point-to-point messages do not):
@@ -66,6 +60,9 @@ class BaseCommunicator(
     blocked in (0 and "" when it is not), for watchdogs and diagnostics.
 
     Args:
+        engine: the engine (:mod:`distcomm.backend.engine`).
+        backend: the backend's name.
+        capabilities: what the engine does natively (its spec's).
         rank: this process's rank in the communicator.
         world_size: the number of ranks.
         launch: how the job was launched.
@@ -79,27 +76,18 @@ class BaseCommunicator(
     #: group ``init`` made beside it (``init(torch_group=...)``, docs/interop.md); else None.
     torch_group: Any = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _reserved.check(cls, BaseCommunicator, _PROVIDED, _LISTED)
-        if "uint8" not in cls.capabilities.dtypes:
-            raise TypeError(
-                f"{cls.__qualname__}.capabilities.dtypes must include 'uint8': object "
-                "collectives, new_group and split travel as bytes"
-            )
-
     # -- identity ----------------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self._kit_rank
+        return self._rank
 
     @property
     def world_size(self) -> int:
-        return self._kit_world_size
+        return self._world_size
 
     @property
     def global_ranks(self) -> tuple[int, ...]:
-        return self._kit_global_ranks
+        return self._global_ranks
 
     @property
     def backend(self) -> str:
@@ -107,17 +95,18 @@ class BaseCommunicator(
 
     @property
     def native(self) -> Any:
-        """The engine's own handle (None for engines without one)."""
-        return None
+        """The engine's own handle (an mpi4py ``Comm``, a torch ProcessGroup; None for engines
+        without one)."""
+        return getattr(self.engine, "native", None)
 
     @property
     def launch(self) -> LaunchInfo:
-        return self._kit_launch
+        return self._launch
 
     def __repr__(self) -> str:
         return (
             f"<{type(self).__name__} {self.backend_name} {self.name!r} "
-            f"rank {self._kit_rank} of {self._kit_world_size}>"
+            f"rank {self._rank} of {self._world_size}>"
         )
 
     def finalize(self) -> None:
@@ -140,8 +129,8 @@ class BaseCommunicator(
         """
         if self.unusable == "finalized":
             return
-        failed = self._kit_confirm_the_end()
-        left = self._kit_pending.settle(self.timeout if self.unusable is None else 0.0)
+        failed = self._confirm_the_end()
+        left = self._pending.settle(self.timeout if self.unusable is None else 0.0)
         if left:
             retained().append(self)
             warnings.warn(
@@ -158,21 +147,21 @@ class BaseCommunicator(
         if failed is not None:
             raise failed
 
-    def _kit_confirm_the_end(self) -> CollectiveMismatchError | None:
+    def _confirm_the_end(self) -> CollectiveMismatchError | None:
         """Before finalizing: confirm with the other ranks that they made the same calls (a
         vote, unless the policy is off, this communicator already failed or an exception is
         being handled); the mismatch to raise once the communicator is released, if they did
         not (a vote that cannot finish only warns)."""
-        self._kit_lend_entry(None)  # the last call's entry is complete: the vote's are not its
+        self._lend_entry(None)  # the last call's entry is complete: the vote's are not its
         channel = self._object_channel()
         if channel is not self:
-            channel._kit_lend_entry(None)
-        h = self._kit_history
+            channel._lend_entry(None)
+        h = self._history
         if h is None:
             return None
         h.ended = True
         handling = sys.exc_info()[1] is not None  # the exception in flight says what went wrong
-        if self.unusable is not None or handling or not self._kit_can_confirm():
+        if self.unusable is not None or handling or not self._can_confirm():
             return None
         try:
             p2p_vote.vote(self, p2p_vote.FINALIZE)
@@ -188,3 +177,21 @@ class BaseCommunicator(
                 stacklevel=3,
             )
         return None
+
+
+def world_over(
+    spec: BackendSpec, engine: Any, launch: LaunchInfo, timeout: float
+) -> BaseCommunicator:
+    """The world communicator over ``engine``, which ``spec``'s factory made for ``launch`` (or
+    for the launch it settled on, its ``launch``: torch under MPI derives the rendezvous
+    address)."""
+    launch = getattr(engine, "launch", None) or launch
+    return BaseCommunicator(
+        engine,
+        backend=spec.name,
+        capabilities=spec.capabilities,
+        rank=launch.rank,
+        world_size=launch.world_size,
+        launch=launch,
+        timeout=timeout,
+    )

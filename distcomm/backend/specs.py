@@ -12,7 +12,6 @@ from distcomm.protocol import ALL_DTYPES, ALL_OPS, DTYPE_NAMES, FLOAT_DTYPES, Ca
 
 if TYPE_CHECKING:
     from distcomm.environment import LaunchInfo
-    from distcomm.protocol import Communicator
 
 __all__ = [
     "ALL_DTYPES",
@@ -29,8 +28,10 @@ __all__ = [
 #: The version of the contract between distcomm and a backend (what a backend defines and
 #: calls: docs/plugins.md, "The engine contract") that this distcomm provides. A backend declares
 #: the version it was written for (``BackendSpec(kit_api=...)``); a change that breaks a backend
-#: written for the old contract comes with a new version.
-KIT_API = 1
+#: written for the old contract comes with a new version. 1: a subclass of the kit's
+#: communicator overriding ``_``-named primitives; 2: an engine object the kit's communicator
+#: holds (:mod:`distcomm.backend.engine`).
+KIT_API = 2
 #: The versions this distcomm runs backends of.
 KIT_APIS = frozenset({KIT_API})
 
@@ -41,7 +42,8 @@ class BackendSpec:
 
     Attributes:
         name: what users pass as ``backend=``, lower case.
-        factory: ``factory(launch_info, **options) -> Communicator``; import heavy engines here.
+        factory: ``factory(launch_info, *, timeout, device, **options) -> engine`` (the
+            engine of the world: :mod:`distcomm.backend.engine`); import heavy engines here.
         is_available: ``is_available(launch_info) -> (bool, reason)``; cheap, never initialises.
         priority: place in the automatic order (higher first); 0 means only when asked for.
         devices: the tensor devices the engine moves natively, e.g. ``{"cpu"}``.
@@ -53,7 +55,7 @@ class BackendSpec:
     """
 
     name: str
-    factory: Callable[..., Communicator]
+    factory: Callable[..., Any]
     is_available: Callable[[LaunchInfo], tuple[bool, str]]
     priority: int = 0
     devices: frozenset[str] = frozenset({"cpu"})

@@ -47,7 +47,7 @@ def where(comm: Any = None, *, thread: int | None = None) -> str:
     thread; the text of :func:`traceback.format_list`, at most :data:`MAX_TEXT` characters."""
     if thread is None:
         main = threading.main_thread().ident
-        thread = main if comm is None else getattr(comm, "_kit_thread", main)
+        thread = main if comm is None else getattr(comm, "_thread", main)
     if thread == threading.get_ident():
         frame: FrameType | None = sys._getframe(1)  # this thread: from the caller on
     else:
@@ -83,7 +83,7 @@ def _histories(comm: Any) -> str:
     """What this process called on its communicators, ``comm``'s first (its current call only
     when it keeps no history), as JSON of at most :data:`MAX_HISTORIES` characters (the newest
     calls of each kept); "" if there is nothing to say."""
-    mine = getattr(comm, "_kit_history", None)
+    mine = getattr(comm, "_history", None)
     first: list[Any] = [mine] if mine is not None else []
     if mine is None and isinstance(getattr(comm, "seq", None), int):
         first = [history.minimal_dump(comm)]
@@ -108,11 +108,11 @@ def _histories(comm: Any) -> str:
 def _current_site(comm: Any) -> str | None:
     """``file:line`` of the program's call that ``comm``'s thread is making now, if it is in
     one of ``comm``'s collectives (blocked in the engine, or voting before one), else None."""
-    h = getattr(comm, "_kit_history", None)
+    h = getattr(comm, "_history", None)
     seq = getattr(comm, "seq", 0)
     if comm is None or not seq or seq not in (getattr(comm, "blocked_seq", 0), h and h.voting):
         return None
-    frame = sys._current_frames().get(getattr(comm, "_kit_thread", -1) or -1)
+    frame = sys._current_frames().get(getattr(comm, "_thread", -1) or -1)
     while frame is not None and not _library(frame):  # the engine's or threading's frames
         frame = frame.f_back
     while frame is not None and _library(frame):  # distcomm's, out to the program's call

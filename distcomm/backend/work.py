@@ -6,12 +6,13 @@ result back at ``wait()``. Nothing a caller passes with ``async_op=True`` can be
 engine, even a temporary (``all_reduce(torch.ones(4), async_op=True).wait()``) with the garbage
 collector running. Once complete, a Work lets go of them.
 
-A backend derives its Work from :class:`BaseWork`, passes the engine's buffers to the
-constructor, and overrides :meth:`BaseWork._test` (has the engine finished?) and, when the engine
-can block with a timeout, :meth:`BaseWork._block`. The base turns a timeout into the
-communicator's :class:`~distcomm.errors.DistTimeoutError` (naming the ranks that had not arrived)
-and an engine exception into :class:`~distcomm.errors.EngineError`. A Work that timed out or failed
-keeps its buffers until the process exits: the engine may still write into them.
+An engine returns an :class:`EngineWork`: the kit's Work around the engine's own request (an
+object whose ``test()`` says whether the engine has finished and, where the engine can block with
+a timeout, whose ``block(timeout)`` waits), owning the buffers it is given. The kit turns a
+timeout into the communicator's :class:`~distcomm.errors.DistTimeoutError` (naming the ranks
+that had not arrived) and an engine exception into :class:`~distcomm.errors.EngineError`. A
+Work that timed out or failed keeps its buffers until the process exits: the engine may still
+write into them.
 """
 
 from __future__ import annotations
@@ -21,14 +22,21 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend import _reserved
 from distcomm.errors import DistcommError
 from distcomm.protocol import Work
 
 if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
 
-__all__ = ["AllOf", "BaseWork", "CompletedWork", "PendingWorks", "WrappedWork", "retained"]
+__all__ = [
+    "AllOf",
+    "BaseWork",
+    "CompletedWork",
+    "EngineWork",
+    "PendingWorks",
+    "WrappedWork",
+    "retained",
+]
 
 #: Works that timed out or failed: the engine may still touch their buffers, so they live
 #: until the process exits.
@@ -56,10 +64,6 @@ class BaseWork:
             none.
     """
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _reserved.check(cls, BaseWork, _reserved.WORK, _reserved.WORK)
-
     def __init__(
         self,
         comm: BaseCommunicator | None,
@@ -69,14 +73,14 @@ class BaseWork:
     ) -> None:
         if op is None and comm is not None:
             op, seq = comm.op, comm.seq
-        self._kit_comm = comm
+        self._comm = comm
         self.op = op or ""
         self.seq = seq
-        self._kit_owned: list[Any] = list(buffers)
-        self._kit_finishers: list[Callable[[], None]] = []
-        self._kit_done = False
+        self._owned: list[Any] = list(buffers)
+        self._finishers: list[Callable[[], None]] = []
+        self._done = False
 
-    # -- what a backend overrides --------------------------------------------------------------
+    # -- what each kind of Work defines ---------------------------------------------------------
     def _test(self) -> bool:
         """Whether the engine has finished the operation, without blocking."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement _test()")
@@ -91,9 +95,7 @@ class BaseWork:
         timeout as "none" (torch's ``kNoTimeout``) must get at least its smallest unit instead.
         The default tests the engine with short sleeps until the deadline.
         """
-        limit = (
-            self._kit_comm.timeout if timeout is None and self._kit_comm is not None else timeout
-        )
+        limit = self._comm.timeout if timeout is None and self._comm is not None else timeout
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.0001
         while not self._test():
@@ -106,17 +108,17 @@ class BaseWork:
     # -- ownership and finishing ---------------------------------------------------------------
     def own(self, *objects: Any) -> None:
         """Keep ``objects`` alive until the operation completes."""
-        if not self._kit_done:
-            self._kit_owned.extend(objects)
+        if not self._done:
+            self._owned.extend(objects)
 
     def then(self, finish: Callable[[], None]) -> None:
         """Run ``finish`` once, in the waiting thread, when the operation completes (at once if
         it already has): the copy back into a caller's tensor, the division of an emulated
         AVG."""
-        if self._kit_done:
+        if self._done:
             finish()
         else:
-            self._kit_finishers.append(finish)
+            self._finishers.append(finish)
 
     @property
     def source(self) -> int | None:
@@ -127,7 +129,7 @@ class BaseWork:
     def done(self) -> bool:
         """Whether the operation has completed and its result is in place, as far as this Work
         knows (no engine call: :meth:`is_completed` asks the engine)."""
-        return self._kit_done
+        return self._done
 
     # -- the Work protocol ---------------------------------------------------------------------
     def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
@@ -140,14 +142,14 @@ class BaseWork:
                 communicator's timeout); the message names the ranks that had not arrived.
             EngineError: the engine failed (a peer went away, ...); its exception is the cause.
         """
-        if self._kit_done:
+        if self._done:
             return True
-        comm = self._kit_comm
+        comm = self._comm
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
         marked = comm if timeout is None else None
         if marked is not None:  # what this rank is blocked in, for watchdogs and diagnostics
-            marked.blocked_op = self._kit_label()
+            marked.blocked_op = self._label()
             marked.blocked_seq = self.seq or -next(marked.p2p_marks)
         try:
             finished = self._block(timeout)
@@ -162,33 +164,33 @@ class BaseWork:
                 marked.blocked_seq, marked.blocked_op = 0, ""
         if not finished:
             _RETAINED.append(self)
-            comm = self._kit_comm
+            comm = self._comm
             assert comm is not None, "a Work without a communicator cannot time out"
             limit = comm.timeout if timeout is None else timeout
             raise comm.timed_out(self.op, self.seq, limit, self._waiting_for())
-        self._kit_complete()
+        self._complete()
         return True
 
     def is_completed(self) -> bool:
         """Whether the operation has completed (its result then in place), without blocking."""
-        if self._kit_done:
+        if self._done:
             return True
         try:
             finished = self._test()
         except Exception as exc:
-            if self._kit_comm is None:
+            if self._comm is None:
                 raise
             _RETAINED.append(self)  # failed or timed out: the engine may still use the buffers
-            if _ours(self._kit_comm, exc):
+            if _ours(self._comm, exc):
                 raise
-            raise self._kit_comm.engine_failed(
+            raise self._comm.engine_failed(
                 self.op, self.seq, exc, waiting_for=self._waiting_for()
             ) from exc
         if finished:
-            self._kit_complete()
+            self._complete()
         return finished
 
-    def _kit_label(self) -> str:
+    def _label(self) -> str:
         """The operation in messages: its name, and its sequence number when it has one."""
         return self.op if self.seq is None else f"{self.op} (operation #{self.seq})"
 
@@ -197,17 +199,17 @@ class BaseWork:
         sender): the message of a timeout says it."""
         return ""
 
-    def _kit_complete(self) -> None:
-        self._kit_done = True
-        finishers, self._kit_finishers = self._kit_finishers, []
+    def _complete(self) -> None:
+        self._done = True
+        finishers, self._finishers = self._finishers, []
         for finish in finishers:
             finish()
-        self._kit_owned = []
-        if self._kit_comm is not None:
-            self._kit_comm._kit_pending.discard(self)
+        self._owned = []
+        if self._comm is not None:
+            self._comm._pending.discard(self)
 
     def __repr__(self) -> str:
-        state = "done" if self._kit_done else "pending"
+        state = "done" if self._done else "pending"
         return f"<{type(self).__name__} {self.op or 'operation'} #{self.seq} {state}>"
 
 
@@ -217,17 +219,60 @@ def _ours(comm: BaseCommunicator, exc: BaseException) -> bool:
     return isinstance(exc, DistcommError) and comm._timeout_of(exc) is None
 
 
+class EngineWork(BaseWork):
+    """The Work of an engine's operation: ``request`` is the engine's own handle on it.
+
+    ``request.test()`` says, without blocking, whether the engine has finished (it may raise
+    the engine's error). Optional: ``request.block(timeout)`` waits, returning False if
+    ``timeout`` seconds passed first (``timeout`` None: the communicator's timeout, enforced
+    however the engine can; 0 or a fraction of a millisecond: never wait forever), else the
+    kit tests with short sleeps; ``request.source``, a receive's sender once complete;
+    ``request.waiting_for()``, what a timeout's message says it waited for (a receive's
+    sender).
+
+    Args:
+        comm: the communicator (the engine's ``bind`` gave it).
+        request: the engine's handle.
+        *buffers: what the engine may touch until the operation completes.
+        op: the operation's name for messages (default: the communicator's current one).
+        seq: its sequence number (None for point-to-point messages).
+    """
+
+    def __init__(
+        self,
+        comm: BaseCommunicator | None,
+        request: Any,
+        *buffers: Any,
+        op: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(comm, *buffers, op=op, seq=seq)
+        self.request = request
+        self._test = request.test  # type: ignore[method-assign]
+        block = getattr(request, "block", None)
+        if block is not None:
+            self._block = block  # type: ignore[method-assign]
+        waiting_for = getattr(request, "waiting_for", None)
+        if waiting_for is not None:
+            self._waiting_for = waiting_for  # type: ignore[method-assign]
+
+    @property
+    def source(self) -> int | None:
+        source = getattr(self.request, "source", None) if self._done else None
+        return None if source is None else int(source)
+
+
 class CompletedWork(BaseWork):
     """A Work that is complete from the start (eager engines, worlds of 1)."""
 
     def __init__(self, source: int | None = None) -> None:
         super().__init__(None, op="", seq=0)
-        self._kit_done = True
-        self._kit_source = source
+        self._done = True
+        self._source = source
 
     @property
     def source(self) -> int | None:
-        return self._kit_source
+        return self._source
 
     def _test(self) -> bool:
         return True
@@ -239,18 +284,18 @@ class WrappedWork(BaseWork):
 
     def __init__(self, comm: BaseCommunicator, inner: Work, *buffers: Any) -> None:
         super().__init__(comm, *buffers)
-        self._kit_inner = inner
+        self._inner = inner
 
     @property
     def source(self) -> int | None:
-        source = getattr(self._kit_inner, "source", None)
+        source = getattr(self._inner, "source", None)
         return None if source is None else int(source)
 
     def _test(self) -> bool:
-        return bool(self._kit_inner.is_completed())
+        return bool(self._inner.is_completed())
 
     def _block(self, timeout: float | None) -> bool:
-        self._kit_inner.wait(timeout)
+        self._inner.wait(timeout)
         return True
 
 
@@ -260,20 +305,20 @@ class AllOf(BaseWork):
 
     def __init__(self, comm: BaseCommunicator, works: list[Work], *buffers: Any) -> None:
         super().__init__(comm, *buffers)
-        self._kit_parts = [w if isinstance(w, BaseWork) else WrappedWork(comm, w) for w in works]
+        self._parts = [w if isinstance(w, BaseWork) else WrappedWork(comm, w) for w in works]
 
     def _test(self) -> bool:
-        return all(part.is_completed() for part in self._kit_parts)
+        return all(part.is_completed() for part in self._parts)
 
     def _block(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
-        for part in self._kit_parts:
-            if part._kit_done:
+        for part in self._parts:
+            if part._done:
                 continue
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not part._block(left):
                 return False
-            part._kit_complete()
+            part._complete()
         return True
 
 
@@ -295,7 +340,7 @@ class PendingWorks:
         if len(self._works) >= self._TEST_FROM:
             for other in list(self._works.values()):
                 _quietly_completed(other)
-        if not work._kit_done:
+        if not work._done:
             self._works[id(work)] = work
 
     def discard(self, work: BaseWork) -> None:
@@ -309,11 +354,11 @@ class PendingWorks:
         left = []
         for work in list(self._works.values()):
             try:
-                finished = work._kit_done or work._block(max(0.0, deadline - time.monotonic()))
+                finished = work._done or work._block(max(0.0, deadline - time.monotonic()))
             except Exception:
                 finished = False
             if finished:
-                work._kit_complete()
+                work._complete()
             else:
                 _RETAINED.append(work)
                 left.append(work)

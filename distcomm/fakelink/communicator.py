@@ -1,4 +1,4 @@
-"""The FakeLink communicator: every collective computed by the last rank to arrive.
+"""The FakeLink engine: every collective computed by the last rank to arrive.
 
 Data really moves and reductions are really computed, in the ranks' own tensors. A wait past the
 timeout raises DistTimeoutError naming the op, its sequence number and the missing ranks.
@@ -9,89 +9,115 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from distcomm.backend import BaseCommunicator, BaseWork, Capabilities, CompletedWork, adapter_for
+from distcomm.backend import (
+    BaseCommunicator,
+    Capabilities,
+    CompletedWork,
+    EngineWork,
+    LaunchInfo,
+    adapter_for,
+)
 from distcomm.errors import InvalidArgumentError
 from distcomm.fakelink.fabric import Fabric, FabricStalled, _Recv, _Slot
-from distcomm.protocol import NON_MEMBER, Communicator, NonMember, ReduceOp, Work
+from distcomm.protocol import ReduceOp, Work
 
-__all__ = ["FakeLinkCommunicator"]
+__all__ = ["CAPABILITIES", "FakeLinkEngine", "world"]
 
 
-class _FabricWork(BaseWork):
-    """A Work on a fabric: complete when ``state`` (a collective's slot or a posted receive) is
-    done; its error, if any, is raised at wait()."""
+#: What fakelink does natively: everything (the spec's, and every fakelink communicator's).
+CAPABILITIES = Capabilities()
 
-    def __init__(
-        self, comm: FakeLinkCommunicator, state: _Slot | _Recv, *buffers: Any, **names: Any
-    ) -> None:
-        super().__init__(comm, *buffers, **names)
-        self._fabric, self._state, self._limit = comm.fabric, state, comm.timeout
 
-    def _test(self) -> bool:
+class _Waiting:
+    """A request on a fabric: complete when ``state`` (a collective's slot or a posted
+    receive) is done; its error, if any, is raised at wait()."""
+
+    def __init__(self, engine: FakeLinkEngine, state: _Slot | _Recv) -> None:
+        self._fabric, self._state, self._limit = engine.fabric, state, engine.comm.timeout
+
+    def test(self) -> bool:
         if self._state.error is not None:
             raise self._state.error
         return self._state.done
 
-    def _block(self, timeout: float | None) -> bool:
+    def block(self, timeout: float | None) -> bool:
         state = self._state
         limit = self._limit if timeout is None else timeout
         if not self._fabric.wait(lambda: state.done, limit, polling=timeout is not None):
-            return False  # a stall raises FabricStalled (FakeLinkCommunicator._timeout_of)
-        return self._test()
+            return False  # a stall raises FabricStalled (FakeLinkEngine.timeout_of)
+        return self.test()
 
 
-class _RecvWork(_FabricWork):
-    def __init__(self, comm: FakeLinkCommunicator, req: _Recv) -> None:
-        super().__init__(comm, req, req.target, op="recv", seq=None)
-        self._req, self._world = req, comm.world_size
+class _Receiving(_Waiting):
+    def __init__(self, engine: FakeLinkEngine, req: _Recv) -> None:
+        super().__init__(engine, req)
+        self._req, self._world = req, engine.comm.world_size
 
     @property
     def source(self) -> int | None:
         return self._req.source
 
-    def _block(self, timeout: float | None) -> bool:
+    def block(self, timeout: float | None) -> bool:
         if not self._req.done and self._world == 1:
             raise InvalidArgumentError(
                 "recv in a world of 1 with no message sent to this rank can never complete. "
                 "HINT: isend to yourself first, or run several ranks (testing.run_threads)."
             )
-        return super()._block(timeout)
+        return super().block(timeout)
 
-    def _waiting_for(self) -> str:
+    def waiting_for(self) -> str:
         sender = "any rank" if self._req.src is None else f"rank {self._req.src}"
         return f"no message from {sender} with tag {self._req.tag} arrived"
 
 
-class FakeLinkCommunicator(BaseCommunicator):
-    """A communicator of an in-process :class:`Fabric` (a world of 1, or thread-ranks)."""
+def world(
+    fabric: Fabric, launch: LaunchInfo, timeout: float = 1800.0, engine: type | None = None
+) -> BaseCommunicator:
+    """Rank ``launch.rank`` of the world of ``fabric`` (of ``launch.world_size`` ranks): the
+    communicator over a :class:`FakeLinkEngine` (or ``engine``, a subclass of it)."""
+    return BaseCommunicator(
+        (engine or FakeLinkEngine)(fabric, 0),
+        backend="fakelink",
+        capabilities=CAPABILITIES,
+        rank=launch.rank,
+        world_size=launch.world_size,
+        launch=launch,
+        timeout=timeout,
+    )
 
-    backend_name = "fakelink"
-    capabilities = Capabilities()
+
+class FakeLinkEngine:
+    """The engine of an in-process :class:`Fabric` (a world of 1, or thread-ranks): ``uid``
+    names its communicator on the fabric."""
+
     devices = frozenset({"cpu", "cuda"})
 
-    def __init__(self, fabric: Fabric, uid: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, fabric: Fabric, uid: int) -> None:
         self.fabric = fabric
         self.uid = uid
         self._collectives = 0
-        fabric.register(uid, self.rank, self)
 
     @property
     def native(self) -> Fabric:
         return self.fabric
 
-    def _peer_progress(self) -> dict[int, int]:
+    def bind(self, comm: BaseCommunicator) -> None:
+        self.comm = comm
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.fabric.register(self.uid, self.rank, comm)
+
+    def peer_progress(self) -> dict[int, int]:
         return self.fabric.progress(self.uid)
 
-    def _peer_stacks(self, ranks: list[int]) -> dict[int, str]:
+    def peer_stacks(self, ranks: list[int]) -> dict[int, str]:
         return self.fabric.stacks(self.uid, ranks)
 
-    def _timeout_of(self, exc: BaseException) -> str | None:
+    def timeout_of(self, exc: BaseException) -> str | None:
         """A stalled fabric (every rank still running waits, none can go on) is a timeout
         that came early: the operation can never complete."""
         return str(exc) if isinstance(exc, FabricStalled) else None
 
-    def _abort_job(self, message: str) -> None:
+    def abort_job(self, message: str) -> None:
         """Thread-ranks end their fabric, never the process: every rank waiting in it stops."""
         self.fabric.abort(message)
 
@@ -105,23 +131,23 @@ class FakeLinkCommunicator(BaseCommunicator):
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, op, inputs, compute)
-        work = _FabricWork(self, slot, *inputs)
+        work = EngineWork(self.comm, _Waiting(self, slot), *inputs)
         if async_op:
             return work
         work.wait()
         return None
 
-    def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    def all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         return self._collective(
             "all_reduce", (tensor,), lambda ins: _reduce_into(ins, op, range(len(ins))), async_op
         )
 
-    def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
+    def reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         return self._collective(
             "reduce", (tensor, dst), lambda ins: _reduce_into(ins, op, [dst]), async_op
         )
 
-    def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
             _same_root(ins, "src")
             source = ins[src][0]
@@ -132,7 +158,7 @@ class FakeLinkCommunicator(BaseCommunicator):
 
         return self._collective("broadcast", (tensor, src), compute, async_op)
 
-    def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
+    def all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
             _same_shape(ins, "all_gather", index=1)
             for out, _ in ins.values():
@@ -140,7 +166,7 @@ class FakeLinkCommunicator(BaseCommunicator):
 
         return self._collective("all_gather", (output, tensor), compute, async_op)
 
-    def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
             _same_shape(ins, "reduce_scatter", index=1)
             total = _combine([ins[r][1] for r in range(len(ins))], op)
@@ -151,7 +177,7 @@ class FakeLinkCommunicator(BaseCommunicator):
 
         return self._collective("reduce_scatter", (output, input), compute, async_op)
 
-    def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
+    def gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
             _same_root(ins, "dst", index=2)
             _same_shape(ins, "gather", index=1)
@@ -160,7 +186,7 @@ class FakeLinkCommunicator(BaseCommunicator):
 
         return self._collective("gather", (output, tensor, dst), compute, async_op)
 
-    def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
+    def scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
             _same_root(ins, "src", index=2)
             _same_shape(ins, "scatter")
@@ -171,7 +197,7 @@ class FakeLinkCommunicator(BaseCommunicator):
 
         return self._collective("scatter", (output, full, src), compute, async_op)
 
-    def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
+    def all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> None:
             _same_shape(ins, "all_to_all_single", index=1)
             size = len(ins)
@@ -185,33 +211,27 @@ class FakeLinkCommunicator(BaseCommunicator):
 
         return self._collective("all_to_all_single", (output, input), compute, async_op)
 
-    def _barrier(self, async_op: bool) -> Work | None:
+    def barrier(self, async_op: bool) -> Work | None:
         return self._collective("barrier", (), lambda ins: None, async_op)
 
-    def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
+    def isend(self, tensor: Any, dst: int, tag: int) -> Work:
         self.fabric.post_send(self.uid, self.rank, dst, tag, adapter_for(tensor).clone(tensor))
         return CompletedWork()
 
-    def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
+    def irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
         req = _Recv(tensor, src, tag)
         self.fabric.post_recv(self.uid, self.rank, req)
-        return _RecvWork(self, req)
+        return EngineWork(self.comm, _Receiving(self, req), req.target, op="recv", seq=None)
 
-    def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
+    def split(self, groups: list[tuple[int, ...]], index: int | None) -> FakeLinkEngine | None:
         def compute(ins: dict[int, tuple[Any, ...]]) -> list[int]:
             return [self.fabric.new_uid() for _ in groups]
 
         self._collectives += 1
         seq = self._collectives
         slot = self.fabric.join(self.uid, seq, self.rank, self.world_size, "split", (), compute)
-        _FabricWork(self, slot).wait()
-        if index is None:
-            return NON_MEMBER
-        members = groups[index]
-        uid = slot.result[index]
-        return FakeLinkCommunicator(
-            self.fabric, uid, **{**self._group_arguments(members), "name": f"group {uid}"}
-        )
+        EngineWork(self.comm, _Waiting(self, slot)).wait()
+        return None if index is None else type(self)(self.fabric, slot.result[index])
 
 
 def _combine(parts: list[Any], op: ReduceOp) -> Any:

@@ -20,7 +20,7 @@ from distcomm.backend.arrays import adapter_for
 from distcomm.errors import DistcommError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from distcomm.fakelink.communicator import FakeLinkCommunicator
+    from distcomm.backend import BaseCommunicator
 
 __all__ = ["Fabric", "FabricAborted", "FabricStalled"]
 
@@ -74,7 +74,7 @@ class Fabric:
         self._messages: dict[tuple[int, int], list[tuple[int, int, Any]]] = {}
         self._posted: dict[tuple[int, int], list[_Recv]] = {}
         self._uids = itertools.count(1)
-        self._members: dict[int, dict[int, FakeLinkCommunicator]] = {}
+        self._members: dict[int, dict[int, BaseCommunicator]] = {}
         #: What each waiting thread waits for; the ranks that left (returned from their run).
         self._waiting: dict[int, Callable[[], bool]] = {}
         self._departed: set[int] = set()
@@ -142,7 +142,7 @@ class Fabric:
         why = f"; rank(s) {left} returned without calling it" if left else ""
         return f"every rank of the run is waiting in distcomm and none can go on{why}"
 
-    def register(self, uid: int, rank: int, comm: FakeLinkCommunicator) -> None:
+    def register(self, uid: int, rank: int, comm: BaseCommunicator) -> None:
         """Record ``comm`` as rank ``rank`` of communicator ``uid`` (for :meth:`progress`)."""
         with self.cond:
             self._members.setdefault(uid, {})[rank] = comm

@@ -9,7 +9,7 @@ from typing import Any
 
 from distcomm.backend import KIT_API, BackendSpec, LaunchInfo, Registry, hookimpl
 from distcomm.errors import BackendUnavailableError, InvalidArgumentError
-from distcomm.fakelink.communicator import FakeLinkCommunicator
+from distcomm.fakelink import communicator
 from distcomm.fakelink.fabric import Fabric
 
 __all__ = ["create", "distcomm_register_backends", "is_available"]
@@ -17,7 +17,7 @@ __all__ = ["create", "distcomm_register_backends", "is_available"]
 
 def create(
     launch: LaunchInfo, *, timeout: float = 1800.0, device: str | None = None, **options: Any
-) -> FakeLinkCommunicator:
+) -> communicator.FakeLinkEngine:
     """Factory of the ``fakelink`` backend: a world of 1 in this process.
 
     ``device`` is accepted and needs nothing: fakelink moves CPU and CUDA tensors alike.
@@ -30,7 +30,7 @@ def create(
     available, reason = is_available(launch)
     if not available:
         raise BackendUnavailableError(f"fakelink: {reason}", backend="fakelink", reason=reason)
-    return FakeLinkCommunicator(Fabric(1), 0, rank=0, world_size=1, launch=launch, timeout=timeout)
+    return communicator.FakeLinkEngine(Fabric(1), 0)
 
 
 def is_available(launch: LaunchInfo) -> tuple[bool, str]:
@@ -52,8 +52,8 @@ def distcomm_register_backends(registry: Registry) -> None:
             factory=create,
             is_available=is_available,
             priority=0,
-            devices=FakeLinkCommunicator.devices,
-            capabilities=FakeLinkCommunicator.capabilities,
+            devices=communicator.FakeLinkEngine.devices,
+            capabilities=communicator.CAPABILITIES,
             description="in-process: a world of 1, or N thread-ranks (testing.run_threads)",
             kit_api=KIT_API,
         )

@@ -14,7 +14,7 @@ from distcomm.backend import stacks
 from distcomm.backend._uncaught import format_exception
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import DistTimeoutError, InvalidArgumentError, RankFailedError
-from distcomm.fakelink import Fabric, FabricAborted, FakeLinkCommunicator
+from distcomm.fakelink import Fabric, FabricAborted, world
 from distcomm.testing.faults import Fault, checked, inject
 
 __all__ = ["run_threads"]
@@ -122,9 +122,7 @@ def _rank_context(
         num_nodes=1,
         sources={"method": "distcomm.testing.run_threads"},
     )
-    comm = FakeLinkCommunicator(
-        run.fabric, 0, rank=rank, world_size=world_size, launch=launch, timeout=op_timeout
-    )
+    comm = world(run.fabric, launch, op_timeout)
     inject(comm, faults)
     requested = {
         "backend": "fakelink",

@@ -1,4 +1,4 @@
-"""BaseCommunicator's contract with backend authors, beyond what the conformance suite runs."""
+"""BaseCommunicator's contract with engine authors, beyond what the conformance suite runs."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit_engines import Idle, over
 
 import distcomm
-from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.specs import Capabilities
 from distcomm.environment import LaunchInfo
-from distcomm.fakelink import Fabric, FakeLinkCommunicator
+from distcomm.fakelink import Fabric, world
 from distcomm.testing import run_threads
 
 LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
@@ -20,33 +20,31 @@ LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
 
 def test_a_backend_must_move_bytes() -> None:
     with pytest.raises(TypeError, match="must include 'uint8'"):
-
-        class NoBytes(BaseCommunicator):
-            capabilities = Capabilities(dtypes=frozenset({"float32"}))
+        over(Idle(), backend="nobytes", capabilities=Capabilities(dtypes=frozenset({"float32"})))
 
 
 def test_missing_primitive_names_backend_and_primitive() -> None:
-    class Half(BaseCommunicator):
-        backend_name = "half"
+    """An engine without a required method is refused when its communicator is made (kit API
+    2; it was refused at the first call of the method)."""
 
-    comm = Half(rank=0, world_size=2, launch=LAUNCH)
+    class Half(Idle):
+        all_reduce = None
+
     with pytest.raises(
-        NotImplementedError,
-        match=r"backend 'half' \(.*Half\) does not implement the primitive _all_reduce\(\)",
+        TypeError,
+        match=r"backend 'half': its engine \(.*Half\) lacks the required method\(s\) all_reduce ",
     ):
-        comm.all_reduce(np.ones(2))
+        over(Half(), backend="half", launch=LAUNCH)
 
 
 def test_plain_tensor_reaches_the_primitive_without_a_copy() -> None:
     seen: list[Any] = []
 
-    class Recorder(BaseCommunicator):
-        backend_name = "recorder"
-
-        def _all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:
+    class Recorder(Idle):
+        def all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:
             seen.append(tensor)
 
-    comm = Recorder(rank=0, world_size=2, launch=LAUNCH)
+    comm = over(Recorder(), backend="recorder", launch=LAUNCH)
     comm.debug = "off"  # the mismatch check's all-reduce would be seen first
     plain = np.ones(4, dtype=np.float32)
     comm.all_reduce(plain)
@@ -87,9 +85,7 @@ def test_timed_out_wait_names_the_time_and_retires_the_communicator() -> None:
 
 
 def test_finalized_communicator_refuses_work() -> None:
-    comm = FakeLinkCommunicator(
-        Fabric(1), 0, rank=0, world_size=1, launch=LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
-    )
+    comm = world(Fabric(1), LaunchInfo("single_node", 0, 1, 0, 1, 0, 1))
     comm.finalize()
     with pytest.raises(distcomm.DistcommError, match="can no longer be used: finalized"):
         comm.all_reduce(np.ones(1))

@@ -16,19 +16,20 @@ import torch
 from fake_gpu import FakeGpu
 
 import distcomm
+from distcomm.backend import BaseCommunicator
 from distcomm.environment.info import LaunchInfo
-from distcomm.fakelink import Fabric, FakeLinkCommunicator
+from distcomm.fakelink import Fabric, world
 
 
 @pytest.fixture
-def comm() -> Iterator[FakeLinkCommunicator]:
+def comm() -> Iterator[BaseCommunicator]:
     """A world of 1 on fakelink: the hooks see its calls (answered locally)."""
     launch = LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
-    yield FakeLinkCommunicator(Fabric(1), 0, rank=0, world_size=1, launch=launch)
+    yield world(Fabric(1), launch)
 
 
 def test_a_blocking_call_on_a_cuda_tensor_is_timed_to_the_end_of_the_device_work(
-    monkeypatch: pytest.MonkeyPatch, comm: FakeLinkCommunicator
+    monkeypatch: pytest.MonkeyPatch, comm: BaseCommunicator
 ) -> None:
     """started is read once the work queued before the call is done, finished once the call's
     own is: each clock reading follows a synchronisation of the tensor's device."""
@@ -46,7 +47,7 @@ def test_a_blocking_call_on_a_cuda_tensor_is_timed_to_the_end_of_the_device_work
 
 
 def test_only_blocking_calls_on_cuda_tensors_synchronise(
-    monkeypatch: pytest.MonkeyPatch, comm: FakeLinkCommunicator
+    monkeypatch: pytest.MonkeyPatch, comm: BaseCommunicator
 ) -> None:
     """CPU arrays, objects and async calls (which a synchronisation would make blocking) read
     the host clock alone; numpy calls do so without torch (hidden from sys.modules here)."""
@@ -68,7 +69,7 @@ def test_only_blocking_calls_on_cuda_tensors_synchronise(
 
 
 def test_a_call_that_raised_is_not_synchronised_at_the_end(
-    monkeypatch: pytest.MonkeyPatch, comm: FakeLinkCommunicator
+    monkeypatch: pytest.MonkeyPatch, comm: BaseCommunicator
 ) -> None:
     """A failed call may leave the device unusable: waiting for it could hang, so the time is
     taken to the error (after the synchronisation at the start)."""

@@ -1,6 +1,6 @@
 """Tests of distcomm.backend._pipeline.engine_failures: timeouts that name names, engine failures as
 distcomm errors, Works that own their buffers, and finalize with operations pending (in one
-process: fakelink thread-ranks and small stand-in backends; the real engines have their own
+process: fakelink thread-ranks and small stand-in engines; the real engines have their own
 tests). The policies that end a job: test_aborts.py; the monitor thread: test_monitor.py.
 """
 
@@ -12,14 +12,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit_engines import Idle, over
 from skipped_ranks import TIMEOUT, skipped_barrier, skipped_group_barrier
 
 import distcomm
 from distcomm.backend.communicator import BaseCommunicator
-from distcomm.backend.work import BaseWork, retained
+from distcomm.backend.work import EngineWork, retained
 from distcomm.environment import LaunchInfo
 from distcomm.errors import DistcommError, DistTimeoutError, EngineError
-from distcomm.fakelink import FabricAborted, FakeLinkCommunicator
+from distcomm.fakelink import FabricAborted, FakeLinkEngine
 from distcomm.testing import run_threads
 
 LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
@@ -86,55 +87,55 @@ def test_abort_policy_on_threads_ends_the_fabric_not_the_process(
 
 
 # -- Works and their engines ---------------------------------------------------------------------
-class Engine:
-    """What a stand-in engine's request does when tested or waited for."""
+class Request:
+    """A stand-in engine's request: complete when the test says so (``done``), or failing with
+    ``error`` when tested or waited for."""
 
     def __init__(self) -> None:
         self.done = False
         self.error: Exception | None = None
 
-
-class StandInWork(BaseWork):
-    """A backend Work over an :class:`Engine`."""
-
-    def __init__(self, comm: Any, engine: Engine, *buffers: Any) -> None:
-        super().__init__(comm, *buffers)
-        self.engine = engine
-
-    def _test(self) -> bool:
-        if self.engine.error is not None:
-            raise self.engine.error
-        return self.engine.done
+    def test(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return self.done
 
 
-class StandIn(BaseCommunicator):
-    """A 2-rank backend whose async operations complete when the test says so."""
+class StandInEngine(Idle):
+    """A 2-rank engine whose async operations complete when the test says so: ``requests``,
+    one per operation, in order; ``finalized`` once the kit finalized it."""
 
-    backend_name = "standin"
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(rank=0, world_size=2, launch=LAUNCH, **kwargs)
-        self.debug = "off"  # no mismatch check: its all-reduce would wait on a stand-in engine
-        self.engines: list[Engine] = []
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
         self.finalized = False
 
-    def _all_reduce(self, tensor: Any, op: Any, async_op: bool) -> BaseWork:
-        self.engines.append(Engine())
-        return StandInWork(self, self.engines[-1], tensor)
+    def bind(self, comm: BaseCommunicator) -> None:
+        self.comm = comm
 
-    def _isend(self, tensor: Any, dst: int, tag: int) -> BaseWork:
-        self.engines.append(Engine())
-        return StandInWork(self, self.engines[-1], tensor)
+    def all_reduce(self, tensor: Any, op: Any, async_op: bool) -> EngineWork:
+        self.requests.append(Request())
+        return EngineWork(self.comm, self.requests[-1], tensor)
 
-    def _finalize(self) -> None:
+    def isend(self, tensor: Any, dst: int, tag: int) -> EngineWork:
+        self.requests.append(Request())
+        return EngineWork(self.comm, self.requests[-1], tensor)
+
+    def finalize(self) -> None:
         self.finalized = True
 
 
+def stand_in(**kwargs: Any) -> BaseCommunicator:
+    """Rank 0 of 2 over a :class:`StandInEngine` (``kwargs``: the communicator's, timeout)."""
+    comm = over(StandInEngine(), backend="standin", launch=LAUNCH, **kwargs)
+    comm.debug = "off"  # no mismatch check: its all-reduce would wait on a stand-in engine
+    return comm
+
+
 def test_an_engine_exception_becomes_an_engine_error_with_the_cause() -> None:
-    comm = StandIn()
+    comm = stand_in()
     work = comm.all_reduce(np.ones(3), async_op=True)
     lost = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
-    comm.engines[0].error = lost
+    comm.engine.requests[0].error = lost
     with pytest.raises(EngineError) as info:
         work.wait()
     error = info.value
@@ -149,7 +150,7 @@ def test_an_engine_exception_becomes_an_engine_error_with_the_cause() -> None:
 
 
 def test_a_timed_out_work_keeps_its_buffers_until_exit() -> None:
-    comm = StandIn(timeout=0.05)
+    comm = stand_in(timeout=0.05)
     work = comm.all_reduce(np.ones(3), async_op=True)
     with pytest.raises(DistTimeoutError, match=r"within 0\.05 s") as info:
         work.wait()
@@ -159,28 +160,28 @@ def test_a_timed_out_work_keeps_its_buffers_until_exit() -> None:
 
 
 def test_works_nobody_waits_for_do_not_pile_up() -> None:
-    comm = StandIn()
+    comm = stand_in()
     for _ in range(200):
         comm.isend(np.ones(2), 1)
-        comm.engines[-1].done = True
-    assert len(comm._kit_pending) <= 64
+        comm.engine.requests[-1].done = True
+    assert len(comm._pending) <= 64
 
 
 def test_finalize_waits_for_a_pending_work() -> None:
-    comm = StandIn(timeout=5)
+    comm = stand_in(timeout=5)
     data = np.ones(3)
     work = comm.all_reduce(data, async_op=True)
-    threading.Timer(0.2, lambda: setattr(comm.engines[0], "done", True)).start()
+    threading.Timer(0.2, lambda: setattr(comm.engine.requests[0], "done", True)).start()
     comm.finalize()
-    assert comm.finalized and work.is_completed()
+    assert comm.engine.finalized and work.is_completed()
 
 
 def test_finalize_keeps_a_communicator_whose_work_never_completes() -> None:
-    comm = StandIn(timeout=0.1)
+    comm = stand_in(timeout=0.1)
     work = comm.all_reduce(np.ones(3), async_op=True)
     with pytest.warns(distcomm.DistcommWarning, match="had not completed"):
         comm.finalize()
-    assert not comm.finalized, "freed under a pending operation"
+    assert not comm.engine.finalized, "freed under a pending operation"
     assert comm in retained() and work in retained()
 
 
@@ -191,7 +192,7 @@ def test_finalize_of_a_fakelink_world_with_a_work_in_flight() -> None:
         if comm.rank == 1:
             time.sleep(0.3)
         work = distcomm.all_reduce(data, async_op=True)
-        assert isinstance(comm, FakeLinkCommunicator)
+        assert isinstance(comm.engine, FakeLinkEngine)
         comm.finalize()  # rank 0's waits for rank 1 to join the all_reduce
         assert work.is_completed()
         work.wait()
@@ -216,9 +217,9 @@ NCCL_DUPLICATE_GPU = (
 def test_an_engine_error_keeps_the_engines_reason_after_its_first_line() -> None:
     """NCCL's reason comes after torch's first line: an EngineError that kept only the first
     line said "invalid usage" and hid "Duplicate GPU detected"."""
-    comm = StandIn()
+    comm = stand_in()
     work = comm.all_reduce(np.ones(3), async_op=True)
-    comm.engines[0].error = RuntimeError(NCCL_DUPLICATE_GPU)
+    comm.engine.requests[0].error = RuntimeError(NCCL_DUPLICATE_GPU)
     with pytest.raises(EngineError) as info:
         work.wait()
     said = str(info.value)

@@ -26,7 +26,7 @@ from distcomm.testing import run_threads
 
 #: Rounds of the long program: past the first check point after the first 64 calls.
 ROUNDS = 300
-_GATE = ObjectCollectives._kit_object_shortcut
+_GATE = ObjectCollectives._object_shortcut
 
 
 @contextmanager
@@ -42,7 +42,7 @@ def counted(monkeypatch: pytest.MonkeyPatch, off: bool = False) -> Iterator[list
         taken[0] += went is not None
         return went
 
-    monkeypatch.setattr(ObjectCollectives, "_kit_object_shortcut", gate)
+    monkeypatch.setattr(ObjectCollectives, "_object_shortcut", gate)
     yield taken
 
 
@@ -81,7 +81,7 @@ def program() -> tuple[bool, tuple[Any, ...]]:
             right &= gathered is None
         parts = [payload(r, step) for r in range(world)] if rank == root else None
         right &= same(distcomm.scatter_object(parts, src=root), payload(rank, step))
-    h = comm._kit_history
+    h = comm._history
     return right, (comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs))
 
 

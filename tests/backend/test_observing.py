@@ -18,7 +18,7 @@ import distcomm
 from distcomm.backend import BaseCommunicator, CallKind, NotPlanned
 from distcomm.backend._pipeline import observing
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
-from distcomm.fakelink import Fabric, FakeLinkCommunicator
+from distcomm.fakelink import Fabric, FakeLinkEngine, world
 from distcomm.testing import run_threads
 
 
@@ -55,7 +55,7 @@ def test_every_observed_collective_passes_the_hook_point() -> None:
     """Each observed method, or its pipeline past the plan, is wrapped by observing.observed."""
     for name in observing.OBSERVED:
         public = getattr(BaseCommunicator, name)
-        steps = getattr(BaseCommunicator, f"_kit_{name}_steps", None)
+        steps = getattr(BaseCommunicator, f"_{name}_steps", None)
         wrapped = public if steps is None else steps
         assert getattr(wrapped, "__wrapped__", None) is not None, f"{name} is not observed"
 
@@ -154,12 +154,12 @@ def test_hooks_run_in_order_and_after_hooks_in_reverse() -> None:
     assert order == ["b1", "b2", "a2", "a1"]
 
 
-def planned_world(decline: bool, runs: list[Any]) -> FakeLinkCommunicator:
+def planned_world(decline: bool, runs: list[Any]) -> BaseCommunicator:
     """A world of 1 that calls its engine and whose plan records each call (and moves it:
     a world of 1 has nothing to move), or declines it (NotPlanned: the pipeline moves it)."""
 
-    class Planned(FakeLinkCommunicator):
-        def _plan(self, kind: CallKind) -> Callable[[Any, Any], None]:
+    class Planned(FakeLinkEngine):
+        def plan(self, kind: CallKind) -> Callable[[Any, Any], None]:
             def run(x: Any, y: Any) -> None:
                 runs.append(x)
                 if decline:
@@ -168,7 +168,7 @@ def planned_world(decline: bool, runs: list[Any]) -> FakeLinkCommunicator:
             return run
 
     launch = distcomm.LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
-    comm = Planned(Fabric(1), 0, rank=0, world_size=1, launch=launch)
+    comm = world(Fabric(1), launch, engine=Planned)
     comm.debug = "off"  # plans are for unchecked calls
     comm.world_of_one_shortcut = False  # a world of 1 that calls its engine, and plans
     comm.all_reduce(np.ones(1))  # the pipeline's: the kind learned, its plan asked for
@@ -186,7 +186,7 @@ def test_a_planned_call_runs_the_hooks_once() -> None:
         comm.all_reduce(np.ones(1))
     assert len(runs) == 1, "the plan did not run with a hook registered"
     assert seen == [("before", "all_reduce", 2, (1,), "SUM"), ("after", "all_reduce", 2, None)]
-    assert comm._kit_event is None
+    assert comm._event is None
 
 
 def test_a_declined_plan_hands_its_event_to_the_pipeline() -> None:
@@ -200,7 +200,7 @@ def test_a_declined_plan_hands_its_event_to_the_pipeline() -> None:
         comm.all_reduce(np.ones(1))
     assert len(runs) == 1  # the plan ran and declined it: the pipeline moved it
     assert seen == [("before", 2), ("after", 2, None)], "the hooks saw the call other than once"
-    assert comm.seq == 2 and comm._kit_event is None
+    assert comm.seq == 2 and comm._event is None
 
 
 def test_a_hook_refusing_a_planned_call_gives_its_number_back() -> None:
@@ -219,7 +219,7 @@ def test_a_hook_refusing_a_planned_call_gives_its_number_back() -> None:
     assert runs == [] and comm.seq == 1, "a refused call ran or kept its number"
     assert [type(e).__name__ for e in errors] == ["RuntimeError"]
     comm.all_reduce(np.ones(1))
-    assert len(runs) == 1 and comm.seq == 2 and comm._kit_event is None
+    assert len(runs) == 1 and comm.seq == 2 and comm._event is None
 
 
 def test_a_planned_call_inside_an_observed_one_is_seen_once() -> None:
@@ -238,7 +238,7 @@ def test_a_planned_call_inside_an_observed_one_is_seen_once() -> None:
     # (numbered, as on the pipeline, by the call inside: its op is reduce_scatter_tensor)
     want = [(w, "reduce_scatter_tensor", n) for n in (3, 4, 5) for w in ("before", "after")]
     assert seen == want, f"the hooks saw {seen}"
-    assert comm.seq == 5 and comm._kit_event is None
+    assert comm.seq == 5 and comm._event is None
 
 
 def test_a_hook_removed_after_a_plan_declined_leaves_no_event_behind() -> None:
@@ -253,7 +253,7 @@ def test_a_hook_removed_after_a_plan_declined_leaves_no_event_behind() -> None:
 
     handle = distcomm.add_hook(before=once)
     comm.all_reduce(np.ones(1))
-    assert seen == [("all_reduce", 2)] and comm._kit_event is None, comm._kit_event
+    assert seen == [("all_reduce", 2)] and comm._event is None, comm._event
     later: list[Any] = []
     with distcomm.add_hook(before=lambda e: later.append((e.op, e.seq))):
         comm.broadcast(np.ones(1), 0)

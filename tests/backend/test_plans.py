@@ -1,17 +1,16 @@
 """The kit's plans of blocking calls (:mod:`distcomm.backend._pipeline.plans`) on fakelink
 thread-ranks.
 
-FakeLink has no plans: each test gives its communicators an engine's ``_plan`` (an instance
-attribute, :func:`give_plans`) whose plans call the blocking primitives and log the ``seq`` each
-ran as. Proven here: a plan is taken only past the check points; the kinds of call are
-remembered per (op, class, dtype, byte size, root), so interleaved ops are taken, and the engine
-is asked for the plan of each once; a new kind goes through the pipeline first; a policy change
-and a collective mismatch forget them (the engine is asked again); the history's running value
-is what it would be with no plans; a plan raising NotPlanned leaves ``seq`` alone and the
-pipeline answers, and a kind the engine has no plan for (None) takes the pipeline every time.
-gather and scatter are kinds alike; a list the pipeline would refuse (its length, an entry's
-dtype, class or size, a list off the root, none on it) never reaches their plans. Reductions
-other than SUM and calls with ``async_op`` are never planned.
+FakeLink's engine has no ``plan``: each test gives its communicators one (:func:`give_plans`) whose
+plans call the blocking primitives and log the ``seq`` each ran as. Proven here: a plan is taken
+only past the check points; the kinds of call are remembered per (op, class, dtype, byte size,
+root), so interleaved ops are taken, and the engine is asked for the plan of each once; a new kind
+goes through the pipeline first; a policy change and a collective mismatch forget them (the engine
+is asked again); the history's running value is what it would be with no plans; a plan raising
+NotPlanned leaves ``seq`` alone and the pipeline answers, and a kind the engine has no plan for
+(None) takes the pipeline every time. gather and scatter are kinds alike; a list the pipeline would
+refuse (its length, an entry's dtype, class or size, a list off the root, none on it) never reaches
+their plans. Reductions other than SUM and calls with ``async_op`` are never planned.
 
 The plans of blocking messages alike (``send``, ``recv``, here built on the communicator's own
 ``_isend`` / ``_irecv`` waited for): asked on the first message of a kind (op, class, dtype, byte
@@ -62,14 +61,14 @@ K = 4
 
 
 def give_plans(comm: Any, plan: Callable[[CallKind], Any]) -> None:
-    """Give ``comm``, a fakelink communicator already made, an engine's ``_plan``: an instance
-    attribute. The kit reads ``_plan`` once, when it makes a communicator (into its table of
-    kinds, ``_kit_plans``, whose dict it keeps for the communicator's life), so the table is
-    given the plan here and forgets what it learned without it; call this before the calls
-    whose kinds it should plan."""
+    """Give ``comm``, a fakelink communicator already made, an engine's ``plan`` (``_plan``,
+    as the kit binds it). The kit reads the engine's ``plan`` once, when it makes a
+    communicator (into its table of kinds, ``_plans``, whose dict it keeps for the
+    communicator's life), so the table is given the plan here and forgets what it learned
+    without it; call this before the calls whose kinds it should plan."""
     comm._plan = plan
-    comm._kit_plans._engine_plan = plan
-    comm._kit_plans.forget()
+    comm._plans._engine_plan = plan
+    comm._plans.forget()
 
 
 def described(kind: CallKind) -> tuple[Any, ...]:
@@ -298,7 +297,7 @@ def test_kinds_are_remembered_so_that_interleaved_calls_take_their_plans() -> No
             for kind in KINDS:
                 right &= call_kind(comm, kind, step)
             rounds.append([op for op, _ in planner.taken[before:]])
-        return rounds, list(comm._kit_plans.kinds), planner.asked[asked:], right
+        return rounds, list(comm._plans.kinds), planner.asked[asked:], right
 
     ops = [kind[0] for kind in KINDS]
     keys = [_key(kind, 3) for kind in KINDS]
@@ -347,9 +346,9 @@ def test_a_policy_change_forgets_the_kinds(policy: str) -> None:
         planner = Planner(comm)
         past_the_first_checks(comm)
         path = [_path(comm, planner, KINDS[0], step) for step in range(3)]
-        before = len(comm._kit_plans.kinds) > 0
+        before = len(comm._plans.kinds) > 0
         comm.debug = policy
-        after = dict(comm._kit_plans.kinds)
+        after = dict(comm._plans.kinds)
         path += [_path(comm, planner, KINDS[0], step) for step in range(3)]
         key = (*_key(KINDS[0], comm.world_size), 0)
         return before, after, path, planner.asked.count(key)
@@ -376,7 +375,7 @@ def test_a_collective_mismatch_forgets_the_kinds() -> None:
             outcome: Any = "no error"
         except CollectiveMismatchError as exc:
             outcome = (exc.seq == at, exc.ran)
-        after = (dict(comm._kit_plans.kinds), comm.unusable)
+        after = (dict(comm._plans.kinds), comm.unusable)
         path += [_path(comm, planner, KINDS[0], step) for step in range(3)]
         return outcome, after, path
 
@@ -395,7 +394,7 @@ def test_a_kind_whose_agreement_was_forgotten_is_confirmed_again_first() -> None
         past_the_first_checks(comm)
         kinds = (KINDS[0], KINDS[6])  # a broadcast and a reduce in turn
         path = [_path(comm, planner, kind, step) for step in range(2) for kind in kinds]
-        comm._kit_history.agreed.clear()
+        comm._history.agreed.clear()
         path += [_path(comm, planner, kinds[1], 2)]  # the run in progress: the reduce's
         path += [_path(comm, planner, kind, step) for step in (3, 4) for kind in kinds]
         return path
@@ -506,7 +505,7 @@ def program(comm: Any) -> bool:
 
 def _state(comm: Any) -> tuple[Any, ...]:
     """What the mismatch check knows of ``comm``'s calls: its running value and the runs."""
-    h = comm._kit_history
+    h = comm._history
     return comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs), h.agreed_seq
 
 
@@ -560,7 +559,7 @@ def test_a_kind_without_a_plan_takes_the_pipeline_every_time() -> None:
         past_the_first_checks(comm)
         asked = len(planner.asked)
         right = all(call_kind(comm, kind, step) for step in range(3) for kind in KINDS)
-        plans = [comm._kit_plans.kinds[_key(kind, comm.world_size)][0] for kind in KINDS]
+        plans = [comm._plans.kinds[_key(kind, comm.world_size)][0] for kind in KINDS]
         return right, len(planner.taken) + len(planner.refused), planner.asked[asked:], plans
 
     asked = [(*_key(kind, 3), 0) for kind in KINDS]
@@ -640,7 +639,7 @@ def test_a_refused_bad_call_leaves_the_history_as_the_pipeline_would(who: str) -
             out = np.zeros(K * comm.world_size - 1, np.float32)
             with pytest.raises(InvalidArgumentError):
                 comm.all_gather_into_tensor(out, np.ones(K, np.float32))
-        value = comm._kit_history.value(comm.seq)
+        value = comm._history.value(comm.seq)
         try:
             while comm.seq < NEXT_CHECK:
                 fill(comm)
@@ -1048,12 +1047,12 @@ def test_an_engine_whose_plan_raises_is_warned_about_and_its_calls_take_the_pipe
     def body() -> tuple[list[str], int]:
         comm: Any = distcomm.get_communicator()
         give_plans(comm, lambda kind: {"all_reduce": lambda x, y: None}[kind.op])
-        with pytest.warns(distcomm.DistcommWarning, match=r"_plan\('barrier'.*KeyError"):
+        with pytest.warns(distcomm.DistcommWarning, match=r"engine's plan\('barrier'.*KeyError"):
             for _ in range(3):
                 comm.barrier()
         x = np.ones(2)
         comm.all_reduce(x)
-        return [op for op, *_ in comm._kit_plans.kinds], comm.seq
+        return [op for op, *_ in comm._plans.kinds], comm.seq
 
     ops, seq = run_threads(body, 2)[0]
     assert seq == 4 and "barrier" in ops, (ops, seq)

@@ -1,11 +1,13 @@
-"""Tests of distcomm.backend.primitives: the defaults of the optional primitives.
+"""Tests of distcomm.backend._pipeline.defaults: the kit's defaults of an engine's optional
+operations.
 
-:class:`Defaults` is fakelink with its own ``_reduce``, ``_reduce_scatter``, ``_gather``,
-``_scatter``, ``_all_to_all`` and ``_barrier`` taken away, so that BaseCommunicator's defaults run
-over fakelink's required primitives, which it records. Its ranks are thread-ranks of
-``run_threads``, on the fabric of the run (see :func:`on_defaults`). The whole conformance suite
-also runs on such a backend (tests/fakelink/test_conformance_fakelink.py, "minimal"); these tests
-check each default alone, blocking and with ``async_op=True``.
+:class:`Recording` is fakelink's engine without its own ``reduce``, ``reduce_scatter``,
+``gather``, ``scatter``, ``all_to_all`` and ``barrier`` (``Minimal``, tests/support/kit_engines.py:
+it defines the required methods only), so that the kit's defaults run over fakelink's required
+methods, which it records. Its ranks are thread-ranks of ``run_threads``, on the fabric of the
+run (see :func:`on_defaults`). The whole conformance suite also runs on such an engine
+(tests/fakelink/test_conformance_fakelink.py, "minimal"); these tests check each default alone,
+blocking and with ``async_op=True``.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from kit_engines import Minimal
 
 import distcomm
-from distcomm.backend.primitives import INTERNAL_TAG, Primitives
+from distcomm.backend import INTERNAL_TAG, BaseCommunicator
+from distcomm.backend._pipeline.defaults import Defaults
+from distcomm.environment import LaunchInfo
 from distcomm.errors import NotSupportedError
-from distcomm.fakelink import FakeLinkCommunicator
+from distcomm.fakelink import CAPABILITIES, Fabric, FakeLinkEngine, world
 from distcomm.protocol import ReduceOp, Work
 from distcomm.testing import run_threads
 
@@ -29,76 +34,78 @@ T = TypeVar("T")
 DEFAULTED = ("_reduce", "_reduce_scatter", "_gather", "_scatter", "_all_to_all", "_barrier")
 
 
-class Defaults(FakeLinkCommunicator):
-    """fakelink reduced to its required primitives; ``calls`` lists those called, in order."""
+class Recording(Minimal):  # type: ignore[misc, valid-type]
+    """fakelink's engine reduced to its required methods; ``calls`` lists those its
+    communicator called, in order, by the communicator's names of them (``_all_reduce`` is the
+    engine's ``all_reduce``)."""
 
-    backend_name = "defaults"
-    _reduce = Primitives._reduce
-    _reduce_scatter = Primitives._reduce_scatter
-    _gather = Primitives._gather
-    _scatter = Primitives._scatter
-    _all_to_all = Primitives._all_to_all
-    _barrier = Primitives._barrier
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.debug = "off"  # the mismatch check's own all-reduce would show in calls
+    def __init__(self, fabric: Fabric, uid: int) -> None:
+        super().__init__(fabric, uid)
         self.calls: list[Any] = []
 
-    def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    def all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         self.calls.append("_all_reduce")
-        return super()._all_reduce(tensor, op, async_op)
+        return super().all_reduce(tensor, op, async_op)
 
-    def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         self.calls.append("_broadcast")
-        return super()._broadcast(tensor, src, async_op)
+        return super().broadcast(tensor, src, async_op)
 
-    def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
+    def all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         self.calls.append(("_all_gather_into", type(output).__name__))
-        return super()._all_gather_into(output, tensor, async_op)
+        return super().all_gather_into(output, tensor, async_op)
 
-    def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
+    def isend(self, tensor: Any, dst: int, tag: int) -> Work:
         self.calls.append(("_isend", dst, tag))
-        return super()._isend(tensor, dst, tag)
+        return super().isend(tensor, dst, tag)
 
-    def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
+    def irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
         self.calls.append(("_irecv", src, tag))
-        return super()._irecv(tensor, src, tag)
+        return super().irecv(tensor, src, tag)
 
 
-def on_defaults(fn: Callable[[Defaults], T], world_size: int = 2) -> list[T]:
-    """``fn(comm)`` on every rank of a :class:`Defaults` world of thread-ranks."""
+def on_defaults(fn: Callable[[BaseCommunicator], T], world_size: int = 2) -> list[T]:
+    """``fn(comm)`` on every rank of a world of thread-ranks over :class:`Recording` engines
+    (backend ``defaults``; the engine's ``calls``: ``comm.engine.calls``)."""
 
     def body() -> T:
         base = distcomm.get_communicator()
-        assert isinstance(base, FakeLinkCommunicator)
-        comm = Defaults(
-            base.fabric,
-            1000,  # a communicator of the run's fabric of its own (the run's is uid 0)
+        assert isinstance(base, BaseCommunicator) and isinstance(base.engine, FakeLinkEngine)
+        comm = BaseCommunicator(
+            Recording(base.engine.fabric, 1000),  # a communicator of the run's fabric of its own
+            backend="defaults",  # (the run's is uid 0)
+            capabilities=CAPABILITIES,
             rank=base.rank,
             world_size=base.world_size,
             launch=base.launch,
             timeout=10.0,
         )
+        comm.debug = "off"  # the mismatch check's own all-reduce would show in calls
         return fn(comm)
 
     return run_threads(body, world_size, timeout=60)
 
 
 def test_the_defaults_are_the_base_classes() -> None:
+    """A communicator's optional operations are the kit's defaults where its engine has none,
+    else the engine's own."""
+    launch = LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
+    reduced = world(Fabric(1), launch, engine=Recording)
+    native = world(Fabric(1), launch)
     for name in DEFAULTED:
-        assert getattr(Defaults, name) is getattr(Primitives, name), name
-        assert getattr(FakeLinkCommunicator, name) is not getattr(Primitives, name), name
+        assert getattr(reduced, name).__func__ is getattr(Defaults, name), name
+        assert getattr(native, name).__self__ is native.engine, name
+        assert getattr(native, name).__func__ is not getattr(Defaults, name), name
 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 def test_reduce_all_reduces_a_scratch_copy_off_the_destination(async_op: bool) -> None:
-    def body(comm: Defaults) -> tuple[list[float], list[Any]]:
+    def body(comm: BaseCommunicator) -> tuple[list[float], list[Any]]:
         data = np.array([comm.rank + 1.0, 10.0 * (comm.rank + 1)])
         work = comm.reduce(data, dst=1, op="max", async_op=async_op)
         if async_op:
             assert work is not None and work.wait()
-        return data.tolist(), comm.calls
+        return data.tolist(), comm.engine.calls
 
     (data0, calls0), (data1, calls1) = on_defaults(body)
     assert data1 == [2.0, 20.0], "dst gets the reduction"
@@ -108,13 +115,13 @@ def test_reduce_all_reduces_a_scratch_copy_off_the_destination(async_op: bool) -
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 def test_reduce_scatter_keeps_this_ranks_chunk_of_an_all_reduce(async_op: bool) -> None:
-    def body(comm: Defaults) -> tuple[list[int], list[int], list[Any]]:
+    def body(comm: BaseCommunicator) -> tuple[list[int], list[int], list[Any]]:
         data = np.arange(6, dtype=np.int64) + 100 * comm.rank  # rank r: 100r, ..., 100r + 5
         out = np.zeros(2, dtype=np.int64)
         work = comm.reduce_scatter_tensor(out, data, async_op=async_op)
         if async_op:
             assert work is not None and work.wait()
-        return out.tolist(), data.tolist(), comm.calls
+        return out.tolist(), data.tolist(), comm.engine.calls
 
     results = on_defaults(body, 3)
     # the sum of the three ranks' inputs: 300 + 3i for element i; rank r gets elements 2r, 2r + 1
@@ -126,13 +133,13 @@ def test_reduce_scatter_keeps_this_ranks_chunk_of_an_all_reduce(async_op: bool) 
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 def test_gather_is_an_all_gather(async_op: bool) -> None:
-    def body(comm: Defaults) -> tuple[Any, list[Any]]:
+    def body(comm: BaseCommunicator) -> tuple[Any, list[Any]]:
         mine = np.full(2, comm.rank, dtype=np.int32)
         parts = [np.zeros(2, dtype=np.int32) for _ in range(3)] if comm.rank == 2 else None
         work = comm.gather(mine, parts, dst=2, async_op=async_op)
         if async_op:
             assert work is not None and work.wait()
-        return None if parts is None else [p.tolist() for p in parts], comm.calls
+        return None if parts is None else [p.tolist() for p in parts], comm.engine.calls
 
     results = on_defaults(body, 3)
     assert [parts for parts, _ in results] == [None, None, [[0, 0], [1, 1], [2, 2]]]
@@ -141,13 +148,13 @@ def test_gather_is_an_all_gather(async_op: bool) -> None:
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 def test_scatter_broadcasts_the_whole_and_keeps_a_slice(async_op: bool) -> None:
-    def body(comm: Defaults) -> tuple[list[float], list[Any]]:
+    def body(comm: BaseCommunicator) -> tuple[list[float], list[Any]]:
         out = np.zeros(2)
         parts = [np.full(2, 10.0 * r) for r in range(3)] if comm.rank == 0 else None
         work = comm.scatter(out, parts, src=0, async_op=async_op)
         if async_op:
             assert work is not None and work.wait()
-        return out.tolist(), comm.calls
+        return out.tolist(), comm.engine.calls
 
     results = on_defaults(body, 3)
     assert [out for out, _ in results] == [[0.0, 0.0], [10.0, 10.0], [20.0, 20.0]]
@@ -156,13 +163,13 @@ def test_scatter_broadcasts_the_whole_and_keeps_a_slice(async_op: bool) -> None:
 
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 def test_all_to_all_is_point_to_point_on_the_internal_tag(async_op: bool) -> None:
-    def body(comm: Defaults) -> tuple[list[int], list[Any]]:
+    def body(comm: BaseCommunicator) -> tuple[list[int], list[Any]]:
         data = np.array([10 * comm.rank + r for r in range(3)], dtype=np.int64)  # chunk r to r
         out = np.full(3, -1, dtype=np.int64)
         work = comm.all_to_all_single(out, data, async_op=async_op)
         if async_op:
             assert work is not None and work.wait()
-        return out.tolist(), comm.calls
+        return out.tolist(), comm.engine.calls
 
     results = on_defaults(body, 3)
     for rank, (out, calls) in enumerate(results):
@@ -177,14 +184,14 @@ def test_all_to_all_is_point_to_point_on_the_internal_tag(async_op: bool) -> Non
 def test_barrier_waits_for_every_rank() -> None:
     arrived = threading.Event()
 
-    def body(comm: Defaults) -> tuple[bool, list[Any]]:
+    def body(comm: BaseCommunicator) -> tuple[bool, list[Any]]:
         if comm.rank == 1:
             time.sleep(0.2)
             arrived.set()
             comm.barrier()
-            return True, comm.calls
+            return True, comm.engine.calls
         comm.barrier()
-        return arrived.is_set(), comm.calls
+        return arrived.is_set(), comm.engine.calls
 
     results = on_defaults(body)
     assert results[0][0], "rank 0 left the barrier before rank 1 arrived"
@@ -195,7 +202,7 @@ def test_an_async_default_finishes_its_result_only_when_complete() -> None:
     """The default _reduce_scatter's Work copies the chunk out once the all-reduce completes."""
     started = threading.Event()
 
-    def body(comm: Defaults) -> list[float]:
+    def body(comm: BaseCommunicator) -> list[float]:
         data = np.arange(4.0) + comm.rank
         out = np.full(2, -1.0)
         if comm.rank == 1:
@@ -213,7 +220,7 @@ def test_an_async_default_finishes_its_result_only_when_complete() -> None:
 
 
 def test_adopting_a_foreign_group_is_not_supported_by_default() -> None:
-    def body(comm: Defaults) -> str:
+    def body(comm: BaseCommunicator) -> str:
         with pytest.raises(NotSupportedError) as info:
             comm._adopt(object())
         return str(info.value)

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kit_engines import Idle, over
 
 import distcomm
 from distcomm.backend import stacks
 from distcomm.backend.communicator import BaseCommunicator
-from distcomm.backend.work import BaseWork
+from distcomm.backend.work import EngineWork
 from distcomm.environment import LaunchInfo
 from distcomm.errors import DistTimeoutError
 from distcomm.testing import run_threads
@@ -51,13 +52,13 @@ def test_a_communicator_shows_the_thread_that_made_it(parked: threading.Thread) 
     made: list[Any] = []
 
     def make() -> None:
-        made.append(Probe())
+        made.append(probed(Probe()))
 
     maker = threading.Thread(target=make)
     maker.start()
     maker.join()
     assert "thread has ended" in stacks.where(made[0])
-    assert "in test_a_communicator_shows_the_thread_that_made_it" in stacks.where(Probe())
+    assert "in test_a_communicator_shows_the_thread_that_made_it" in stacks.where(probed(Probe()))
 
 
 def test_a_thread_that_ended_says_so() -> None:
@@ -136,36 +137,45 @@ def test_identical_stacks_are_shown_once_and_silent_ranks_are_named() -> None:
 LAUNCH = LaunchInfo("env", 0, 2, 0, 2, 0, 1)
 
 
-class Probe(BaseCommunicator):
-    """A 2-rank backend whose rank 1 never arrives and whose ``_peer_stacks`` the test sets."""
-
-    backend_name = "probe"
+class Probe(Idle):
+    """The engine of a 2-rank backend whose rank 1 never arrives and whose ``peer_stacks`` the
+    test sets (``answer``: what it returns, or an exception it raises)."""
 
     def __init__(self, answer: Any = None) -> None:
-        super().__init__(rank=0, world_size=2, launch=LAUNCH, timeout=0.05)
-        self.debug = "off"
         self.answer = answer
 
-    def _barrier(self, async_op: bool) -> Any:
-        return Never(self)
+    def bind(self, comm: BaseCommunicator) -> None:
+        self.comm = comm
 
-    def _peer_progress(self) -> dict[int, int]:
+    def barrier(self, async_op: bool) -> Any:
+        return EngineWork(self.comm, Never())
+
+    def peer_progress(self) -> dict[int, int]:
         return {1: 0}
 
-    def _peer_stacks(self, ranks: list[int]) -> Any:
+    def peer_stacks(self, ranks: list[int]) -> Any:
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
 
 
-class Never(BaseWork):
-    def _test(self) -> bool:
+class Never:
+    """A request that never completes."""
+
+    def test(self) -> bool:
         return False
+
+
+def probed(engine: Probe) -> BaseCommunicator:
+    """Rank 0 of 2 over ``engine``, with a timeout of 0.05 s and no mismatch check."""
+    comm = over(engine, backend="probe", launch=LAUNCH, timeout=0.05)
+    comm.debug = "off"
+    return comm
 
 
 def timed_out(answer: Any) -> DistTimeoutError:
     with pytest.raises(DistTimeoutError) as info:
-        Probe(answer).barrier()
+        probed(Probe(answer)).barrier()
     return info.value
 
 
@@ -204,18 +214,18 @@ def test_a_rank_that_did_not_answer_is_named() -> None:
 
 def test_no_stacks_when_every_rank_had_arrived_and_no_claim_that_all_is_well() -> None:
     class Arrived(Probe):
-        def _peer_progress(self) -> dict[int, int]:
+        def peer_progress(self) -> dict[int, int]:
             return {1: 1}
 
     asked: list[list[int]] = []
 
     class Asked(Arrived):
-        def _peer_stacks(self, ranks: list[int]) -> Any:
+        def peer_stacks(self, ranks: list[int]) -> Any:
             asked.append(ranks)  # for the histories (a mismatch); no stack is shown
             return {1: '  File "train.py", line 9, in step\n    barrier()\n'}
 
     with pytest.raises(DistTimeoutError) as info:
-        Asked().barrier()
+        probed(Asked()).barrier()
     message = str(info.value)
     assert asked == [[1]] and info.value.stacks == {} and "Where" not in message
     assert (

@@ -18,7 +18,7 @@ import pytest
 import distcomm
 from distcomm.backend.specs import Capabilities
 from distcomm.errors import InvalidArgumentError
-from distcomm.fakelink import FakeLinkCommunicator
+from distcomm.fakelink import communicator as fakelink
 from distcomm.testing import run_threads
 from distcomm.testing.conformance import run_check
 from distcomm.testing.conformance.kit import World, summary
@@ -26,9 +26,10 @@ from distcomm.testing.conformance.kit import World, summary
 
 @pytest.fixture
 def untagged(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """fakelink, told to match no tags (as NCCL): its capabilities say so."""
-    caps = dataclasses.replace(FakeLinkCommunicator.capabilities, p2p_tags=False)
-    monkeypatch.setattr(FakeLinkCommunicator, "capabilities", caps)
+    """fakelink, told to match no tags (as NCCL): its capabilities say so (those every fakelink
+    communicator made meanwhile gets: ``run_threads``' worlds read them when made)."""
+    caps = dataclasses.replace(fakelink.CAPABILITIES, p2p_tags=False)
+    monkeypatch.setattr(fakelink, "CAPABILITIES", caps)
     yield
 
 

@@ -26,7 +26,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     counts = {"shortcut": 0, "refused": 0, "steps": 0}
     shortcut, steps = (
         splits.shortcut,
-        distcomm.backend.BaseCommunicator._kit_all_to_all_single_steps,
+        distcomm.backend.BaseCommunicator._all_to_all_single_steps,
     )
 
     def counted(*args: Any) -> bool:
@@ -40,7 +40,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     monkeypatch.setattr(splits, "shortcut", counted)
     monkeypatch.setattr(
-        distcomm.backend.BaseCommunicator, "_kit_all_to_all_single_steps", counted_steps
+        distcomm.backend.BaseCommunicator, "_all_to_all_single_steps", counted_steps
     )
     return counts
 

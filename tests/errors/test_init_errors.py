@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kit_engines import Idle, over
 
 import distcomm
 from distcomm import (
@@ -139,17 +140,16 @@ def test_other_unavailable_backends(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- row 4: a tensor on the wrong device ---------------------------------------------------------
-class CudaOnly(BaseCommunicator):
+class CudaOnly(Idle):
     """An engine that moves CUDA memory only, as nccl does. CI has no GPU, so CUDA is mocked:
-    no tensor ever reaches an engine primitive (each would raise NotImplementedError)."""
+    no tensor ever reaches an engine method (each would raise NotImplementedError)."""
 
-    backend_name = "cudaonly"
     devices = frozenset({"cuda"})
 
 
-def cuda_only_world() -> CudaOnly:
+def cuda_only_world() -> BaseCommunicator:
     launch = LaunchInfo("env", 0, 2, 0, 2, 0, 1, "127.0.0.1", 29500)
-    comm = CudaOnly(rank=0, world_size=2, launch=launch)
+    comm = over(CudaOnly(), backend="cudaonly", launch=launch)
     comm.debug = "off"  # no peer: the mismatch check's all-reduce has no engine to run on
     return comm
 
@@ -170,7 +170,7 @@ def test_cpu_tensor_staged_for_nccl() -> None:
     """The validation nccl's communicator runs (its devices and dtypes), called directly."""
     pytest.importorskip("distcomm_torch")
     import torch
-    from distcomm_torch.communicator import NcclCommunicator
+    from distcomm_torch.communicator import NcclEngine
     from distcomm_torch.plugin import NCCL
 
     from distcomm.backend._pipeline.staging import stage
@@ -184,7 +184,7 @@ def test_cpu_tensor_staged_for_nccl() -> None:
         x,
         "float32",
         native_dtypes=NCCL.dtypes,
-        devices=NcclCommunicator.devices,
+        devices=NcclEngine.devices,
         backend="nccl",
         warn_staging=lambda device: None,
     )

@@ -1,9 +1,9 @@
 """The conformance suite on fakelink thread-ranks, at world sizes 1 to 4.
 
-Two variants of the backend run it: fakelink as it is ("native": every primitive, dtype and op is
-the engine's own), and fakelink reduced to the primitives every backend must implement, with few
-native dtypes, no native AVG and no any-source receive ("minimal"), so that BaseCommunicator's
-default primitives, dtype bridges and emulations pass the same suite.
+Two variants of the backend run it: fakelink as it is ("native": every operation, dtype and op is
+the engine's own), and fakelink's engine reduced to the methods every engine must define, with
+few native dtypes, no native AVG and no any-source receive ("minimal"), so that the kit's
+defaults of the optional operations, dtype bridges and emulations pass the same suite.
 """
 
 from __future__ import annotations
@@ -11,23 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kit_engines import Minimal
 
-from distcomm.backend.communicator import BaseCommunicator
 from distcomm.backend.specs import Capabilities
-from distcomm.fakelink import FakeLinkCommunicator
+from distcomm.fakelink import communicator as fakelink
 from distcomm.testing import run_threads
 from distcomm.testing.conformance import CHECKS, run_all, run_check
 
 WORLD_SIZES = (1, 2, 3, 4)
-#: The primitives BaseCommunicator has defaults for; "minimal" uses those defaults.
-DEFAULTED_PRIMITIVES = (
-    "_reduce",
-    "_reduce_scatter",
-    "_gather",
-    "_scatter",
-    "_all_to_all",
-    "_barrier",
-)
 MINIMAL_CAPABILITIES = Capabilities(
     dtypes=frozenset({"uint8", "int32", "int64", "float32", "float64"}),
     reduce_ops=frozenset({"SUM", "MIN", "MAX"}),  # PRODUCT and bitwise ops: by gathering
@@ -37,11 +28,12 @@ MINIMAL_CAPABILITIES = Capabilities(
 
 @pytest.fixture(params=["native", "minimal"])
 def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """fakelink as it is, or reduced to the required primitives and few capabilities."""
+    """fakelink as it is, or its engine reduced to the required methods (``Minimal``: the kit's
+    defaults of the optional operations run) with few capabilities. ``run_threads``' worlds
+    read fakelink's engine class and capabilities when they are made."""
     if request.param == "minimal":
-        for name in DEFAULTED_PRIMITIVES:
-            monkeypatch.setattr(FakeLinkCommunicator, name, getattr(BaseCommunicator, name))
-        monkeypatch.setattr(FakeLinkCommunicator, "capabilities", MINIMAL_CAPABILITIES)
+        monkeypatch.setattr(fakelink, "FakeLinkEngine", Minimal)
+        monkeypatch.setattr(fakelink, "CAPABILITIES", MINIMAL_CAPABILITIES)
     yield request.param
 
 

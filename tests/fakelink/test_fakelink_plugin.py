@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 import distcomm
+from distcomm.backend import Registry
+from distcomm.backend.communicator import world_over
 from distcomm.environment import LaunchInfo
 from distcomm.errors import BackendUnavailableError, InvalidArgumentError
-from distcomm.fakelink import FakeLinkCommunicator
-from distcomm.fakelink.plugin import create, is_available
+from distcomm.fakelink import FakeLinkEngine
+from distcomm.fakelink.plugin import create, distcomm_register_backends, is_available
 
 ALONE = LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
 PAIR = LaunchInfo("env", 1, 2, 1, 2, 0, 1)
@@ -22,8 +24,13 @@ def test_fakelink_rejects_unknown_options() -> None:
 
 
 def test_create_makes_a_world_of_one_with_the_timeout() -> None:
-    comm = create(ALONE, timeout=7.5, device="cuda")
-    assert isinstance(comm, FakeLinkCommunicator)
+    """The factory makes the engine; the kit makes the world over it (as ``init`` does)."""
+    registry = Registry()
+    distcomm_register_backends(registry)
+    engine = create(ALONE, timeout=7.5, device="cuda")
+    assert isinstance(engine, FakeLinkEngine)
+    comm = world_over(registry.backends["fakelink"], engine, ALONE, 7.5)
+    assert comm.engine is engine and comm.backend == "fakelink"
     assert (comm.rank, comm.world_size, comm.timeout) == (0, 1, 7.5)
     assert comm.launch is ALONE
     data = np.arange(3.0)

@@ -107,7 +107,11 @@ def test_plugin_that_fails_to_import_is_reported_not_fatal(site: Path) -> None:
 
 @pytest.mark.parametrize(
     ("declared", "said"),
-    [("kit_api=0", "was written for distcomm's kit API 0"), ("", "declares no kit API version")],
+    [
+        ("kit_api=1", "was written for distcomm's kit API 1"),
+        ("kit_api=0", "was written for distcomm's kit API 0"),
+        ("", "declares no kit API version"),
+    ],
 )
 def test_a_backend_of_another_kit_api_is_refused_naming_both_versions(
     site: Path, declared: str, said: str

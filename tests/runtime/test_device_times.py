@@ -17,20 +17,21 @@ from fake_gpu import FakeGpu
 
 import distcomm
 from distcomm._runtime import flight_recorder
+from distcomm.backend import BaseCommunicator
 from distcomm.backend._pipeline import recording
 from distcomm.environment.info import LaunchInfo
-from distcomm.fakelink import Fabric, FakeLinkCommunicator
+from distcomm.fakelink import Fabric, world
 
 
 @pytest.fixture
-def comm() -> Iterator[FakeLinkCommunicator]:
+def comm() -> Iterator[BaseCommunicator]:
     """A world of 1 on fakelink: the hooks see its calls (answered locally)."""
     launch = LaunchInfo("single_node", 0, 1, 0, 1, 0, 1)
-    yield FakeLinkCommunicator(Fabric(1), 0, rank=0, world_size=1, launch=launch)
+    yield world(Fabric(1), launch)
 
 
 def test_profile_counts_the_device_work_of_cuda_tensors(
-    monkeypatch: pytest.MonkeyPatch, comm: FakeLinkCommunicator
+    monkeypatch: pytest.MonkeyPatch, comm: BaseCommunicator
 ) -> None:
     """Three all-reduces on a GPU that needs 1 s for each: 3 s in total (the host returns at
     once; before the fix the profile said 0 s)."""
@@ -45,7 +46,7 @@ def test_profile_counts_the_device_work_of_cuda_tensors(
 
 
 def test_flight_recorder_stamps_a_cuda_call_after_the_device_finished(
-    monkeypatch: pytest.MonkeyPatch, comm: FakeLinkCommunicator, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, comm: BaseCommunicator, tmp_path: Path
 ) -> None:
     """The entry's issued stamp is read once the work queued before the call is done, its
     completed stamp once the call's own is (the wall clock is faked to log when it is read)."""
@@ -57,7 +58,7 @@ def test_flight_recorder_stamps_a_cuda_call_after_the_device_finished(
 
     monkeypatch.setattr(recording, "time", types.SimpleNamespace(time=wall))
     recorder = flight_recorder.FlightRecorder(10, str(tmp_path / "rank-0.json"), 0, 1)
-    comm._kit_record_into(recorder)
+    comm._record_into(recorder)
     try:
         comm.all_reduce(gpu.tensor())
     finally:

@@ -74,9 +74,10 @@ class BoundToGpu1:
     """What dist_init reads of rank 1's nccl communicator, bound to cuda:1 at init."""
 
     backend, rank, world_size = "nccl", 1, 2
+    bound_device = "cuda:1"
 
     def __init__(self, torch: Any) -> None:
-        self.device = torch.device("cuda", 1)
+        pass
 
 
 @pytest.mark.parametrize(("device_id", "warned"), [(None, False), (1, False), (0, True)])

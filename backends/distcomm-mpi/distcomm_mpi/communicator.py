@@ -1,4 +1,4 @@
-"""`MpiCommunicator`: distcomm's primitives over an mpi4py communicator, on the buffer path.
+"""`MpiEngine`: distcomm's engine over an mpi4py communicator, on the buffer path.
 
 numpy arrays and byte buffers go to MPI as they are; CPU torch tensors as ``tensor.numpy()``
 views of the same memory: no copies. MPI is initialised by mpi4py at import (thread level
@@ -8,24 +8,19 @@ frees the communicators distcomm created.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from distcomm import (
-    NON_MEMBER,
-    BackendUnavailableError,
-    InvalidArgumentError,
-    LaunchInfo,
-    ReduceOp,
-)
+from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo, ReduceOp
 from distcomm.backend import (
+    INTERNAL_TAG,
     BaseCommunicator,
-    BaseWork,
     CallKind,
-    Capabilities,
+    EngineWork,
     abort_job,
     abort_on_uncaught_exception,
     monitor,
@@ -33,15 +28,14 @@ from distcomm.backend import (
     set_abort_notice,
 )
 from distcomm.backend.aborts import on_timeout
-from distcomm.protocol import Communicator, NonMember, Work
+from distcomm.protocol import Work
 from distcomm_mpi import plans
 from distcomm_mpi.cuda import query_cuda_support
 from distcomm_mpi.leftovers import clean_abort, remove_at_abort, remove_leftovers
 from distcomm_mpi.native import native_call
-from distcomm_mpi.plugin import MPI_CAPABILITIES
 from distcomm_mpi.sidechannel import SideChannel, channel
 
-__all__ = ["MpiCommunicator", "MpiWork", "create"]
+__all__ = ["MpiEngine", "MpiRequest", "create"]
 
 _IN_PLACE = MPI.IN_PLACE
 
@@ -99,40 +93,39 @@ def in_place(send: Any, recv: Any, slot: int) -> Any:
     return send
 
 
-class MpiWork(BaseWork):
-    """An MPI request that owns its buffers; ``wait()`` blocks under the watchdog (which ends
-    the job past the timeout: MPI cannot cancel), ``wait(timeout)`` polls and raises."""
+class MpiRequest:
+    """An MPI request (the engine's side of an :class:`~distcomm.backend.EngineWork`):
+    ``block(None)`` waits under the watchdog (which ends the job past the timeout: MPI cannot
+    cancel), ``block(timeout)`` polls."""
 
-    def __init__(
-        self,
-        request: Any,
-        comm: MpiCommunicator,
-        *buffers: Any,
-        status: Any = None,
-        op: str | None = None,
-        seq: int | None = None,
-    ) -> None:
-        super().__init__(comm, *buffers, op=op, seq=seq)
+    def __init__(self, request: Any, status: Any = None, sender: str = "") -> None:
         self._request = request
         self._status = status
-        self._mpi = comm
+        self._sender = sender
 
     @property
     def source(self) -> int | None:
         """For an irecv: the sender's rank in the communicator, once complete."""
-        return None if self._status is None or not self.done else int(self._status.Get_source())
+        return None if self._status is None else int(self._status.Get_source())
 
-    def _test(self) -> bool:
+    def test(self) -> bool:
         return bool(self._request.Test(self._status))
 
-    def _block(self, timeout: float | None) -> bool:
-        if timeout is not None:
-            return super()._block(timeout)
-        self._request.Wait(self._status)  # under the watchdog (BaseWork set the mark)
+    def block(self, timeout: float | None) -> bool:
+        if timeout is None:
+            self._request.Wait(self._status)  # under the watchdog (the kit set the mark)
+            return True
+        deadline = time.monotonic() + timeout
+        pause = 0.0001
+        while not self._request.Test(self._status):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
         return True
 
-    def _waiting_for(self) -> str:
-        return "" if self.seq is not None else "the matching message did not arrive"
+    def waiting_for(self) -> str:
+        return self._sender
 
 
 def _answer_wait() -> float:
@@ -140,37 +133,26 @@ def _answer_wait() -> float:
     return 3 * monitor.interval() + 0.5
 
 
-class MpiCommunicator(BaseCommunicator):
-    """A distcomm communicator over an mpi4py ``Comm`` (``native``)."""
+class MpiEngine:
+    """distcomm's engine over an mpi4py ``Comm`` (``native``)."""
 
-    backend_name: ClassVar[str] = "mpi"
-    #: MPI's own shared-memory transport moves large object payloads on one node as fast as
-    #: node memory (a 16 MiB broadcast_object at 2 ranks: 2.5 ms against 3.9).
-    _node_memory: ClassVar[bool] = False
-    capabilities: ClassVar[Capabilities] = MPI_CAPABILITIES
-    engine_errors: ClassVar[tuple[type[BaseException], ...]] = (MPI.Exception,)
+    engine_errors = (MPI.Exception,)
     devices = frozenset({"cpu"})
 
     def __init__(
-        self,
-        comm: Any,
-        *,
-        owns: bool,
-        cuda_aware: tuple[bool, str],
-        side: SideChannel,
-        **kwargs: Any,
+        self, comm: Any, *, owns: bool, cuda_aware: tuple[bool, str], side: SideChannel
     ) -> None:
-        super().__init__(**kwargs)
         self._comm = comm
         self._owns = owns
+        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         #: (whether MPI moves CUDA memory itself, who said so); see :mod:`distcomm_mpi.cuda`.
         self.cuda_aware = cuda_aware
         if cuda_aware[0]:
             self.devices = frozenset({"cpu", "cuda"})
         else:
             self.cpu_only_reason = f"this MPI is not CUDA-aware: {cuda_aware[1]}"
+        #: MPI's largest tag: the kit's own two (from INTERNAL_TAG) are it and the one below.
         self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
-        self._vote_tag = self._tag_ub  # distcomm's own messages: refused to users below
         self._allreduce = comm.Allreduce
         self._bcast, self._reduce_call, self._allgather = comm.Bcast, comm.Reduce, comm.Allgather
         self._reduce_scatter_block, self._alltoall = comm.Reduce_scatter_block, comm.Alltoall
@@ -178,89 +160,96 @@ class MpiCommunicator(BaseCommunicator):
         self._gather_call, self._scatter_call = comm.Gather, comm.Scatter
         self._scratch = plans.Scratch(self.world_size)
         self._side = side
-        self._key = side.register(self)
-        self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
         self._blocked_since: tuple[int, float] | None = None
-        monitor.watch(self)
 
     @property
     def native(self) -> Any:
         """The mpi4py communicator."""
         return self._comm
 
+    def bind(self, comm: BaseCommunicator) -> None:
+        """Named on the side channel (peers ask where it is) and watched (its timeouts)."""
+        self.comm = comm
+        self._key = self._side.register(comm)
+        self.monitor_interval = max(0.02, min(0.5, comm.timeout / 4))
+        monitor.watch(self)
+
     # -- timeouts: the watchdog and the side channel ---------------------------------------------
     def monitor_tick(self, now: float) -> None:
         """The watchdog (the monitor thread calls it): a blocking call still pending under the
         same mark past the timeout ends the job, with a diagnostic naming the missing ranks."""
-        seq = self.blocked_seq
-        if not seq or self.unusable == "finalized":
+        comm = self.comm
+        seq = comm.blocked_seq
+        if not seq or comm.unusable == "finalized":
             self._blocked_since = None
             return
         since = self._blocked_since
         if since is None or since[0] != seq:
             self._blocked_since = (seq, now)
-        elif now - since[1] >= self.timeout:
+        elif now - since[1] >= comm.timeout:
             self._blocked_timeout(seq, now - since[1])
 
     def _blocked_timeout(self, seq: int, waited: float) -> None:
         """MPI cannot cancel a blocking call: the timeout's diagnostic (the kit's, as a raised
         DistTimeoutError would say it) is printed and the job ends, whatever
         ``DISTCOMM_ON_TIMEOUT`` says (``raise`` cannot be honoured here)."""
+        comm = self.comm
         policy = "" if on_timeout() == "abort" else ", although DISTCOMM_ON_TIMEOUT=raise"
-        _, message = self.timeout_error(
-            self.op,
+        _, message = comm.timeout_error(
+            comm.op,
             seq if seq > 0 else None,
-            self.timeout,
-            label=self.blocked_op,
+            comm.timeout,
+            label=comm.blocked_op,
             consequence=f"MPI cannot cancel it, so distcomm aborts the job (MPI_Abort{policy}).",
         )
         abort_job(f"distcomm: rank {self.rank}: {message}")
 
-    def _peer_progress(self) -> dict[int, int]:
-        peers = [g for r, g in enumerate(self.global_ranks) if r != self.rank]
+    def peer_progress(self) -> dict[int, int]:
+        ranks = self.comm.global_ranks
+        peers = [g for r, g in enumerate(ranks) if r != self.rank]
         answers = self._side.ask(self._key, peers, _answer_wait())
-        return {self.global_ranks.index(g): seq for g, seq in answers.items()}
+        return {ranks.index(g): seq for g, seq in answers.items()}
 
-    def _peer_stacks(self, ranks: list[int]) -> dict[int, str]:
-        peers = [self.global_ranks[r] for r in ranks]
-        answers = self._side.where(self._key, peers, _answer_wait())
-        return {self.global_ranks.index(g): text for g, text in answers.items()}
+    def peer_stacks(self, ranks: list[int]) -> dict[int, str]:
+        world = self.comm.global_ranks
+        answers = self._side.where(self._key, [world[r] for r in ranks], _answer_wait())
+        return {world.index(g): text for g, text in answers.items()}
 
-    def _check_tag(self, tag: Any) -> None:
-        super()._check_tag(tag)
-        if tag >= self._tag_ub:
+    def check_tag(self, tag: int) -> None:
+        if tag >= self._tag_ub - 1:
             raise InvalidArgumentError(
-                f"tag={tag!r} is too large for this MPI: valid tags are 0 to {self._tag_ub - 1} "
-                f"(MPI_TAG_UB={self._tag_ub} is distcomm's own). HINT: pass a smaller tag."
+                f"tag={tag!r} is too large for this MPI: valid tags are 0 to {self._tag_ub - 2} "
+                f"(MPI_TAG_UB={self._tag_ub}; the two largest are distcomm's own). HINT: pass a "
+                "smaller tag."
             )
 
     def _run(self, blocking: Any, starting: Any, async_op: bool, *args: Any) -> Work | None:
         """``blocking(*args)``, or (async) the request ``starting(*args)`` in a Work that owns
         the buffers among ``args``."""
         if async_op:
-            return MpiWork(starting(*args), self, *args)
+            return EngineWork(self.comm, MpiRequest(starting(*args)), *args)
         blocking(*args)
         return None
 
     # -- primitives ---------------------------------------------------------------------------
-    def _plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+    def plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
         """mpi4py's call for a kind of call on the caller's memory (:mod:`distcomm_mpi.plans`)."""
         return plans.plan(self, kind)
 
-    def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    def all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         c = self._comm
         return self._run(c.Allreduce, c.Iallreduce, async_op, _IN_PLACE, buf(tensor), _OPS[op])
 
-    def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         return self._run(self._comm.Bcast, self._comm.Ibcast, async_op, buf(tensor), src)
 
-    def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
+    def reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         send = MPI.IN_PLACE if self.rank == dst else buf(tensor)
         recv = buf(tensor) if self.rank == dst else None
         c = self._comm
         return self._run(c.Reduce, c.Ireduce, async_op, send, recv, _OPS[op], dst)
 
-    def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
+    def all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         recv = buf(output)
         send = in_place(buf(tensor), recv, self.rank)
         return self._run(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
@@ -272,12 +261,12 @@ class MpiCommunicator(BaseCommunicator):
         buffers), ``sizes`` in elements; ``Allgather`` when the sizes are equal (MPICH's is
         faster: 6.7 against 9.7 ms for 2 x 16 MiB here)."""
         if min(sizes) == max(sizes):
-            return self._all_gather_into(output, tensor, async_op)
+            return self.all_gather_into(output, tensor, async_op)
         recv = [buf(output), sizes]  # mpi4py makes the (packed) displacements
         c = self._comm
         return self._run(c.Allgatherv, c.Iallgatherv, async_op, buf(tensor), recv)
 
-    def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         c = self._comm
         return self._run(
             c.Reduce_scatter_block,
@@ -294,7 +283,7 @@ class MpiCommunicator(BaseCommunicator):
         """``Reduce_scatter`` with one count per rank (``sizes``, in elements);
         ``Reduce_scatter_block`` when they are equal."""
         if min(sizes) == max(sizes):
-            return self._reduce_scatter(output, input, op, async_op)
+            return self.reduce_scatter(output, input, op, async_op)
         c = self._comm
         return self._run(
             c.Reduce_scatter,
@@ -306,17 +295,17 @@ class MpiCommunicator(BaseCommunicator):
             _OPS[op],
         )
 
-    def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
+    def gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
         recv = buf(output) if output is not None else None
         send = buf(tensor) if recv is None else in_place(buf(tensor), recv, self.rank)
         return self._run(self._comm.Gather, self._comm.Igather, async_op, send, recv, dst)
 
-    def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
+    def scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
         send = buf(full) if full is not None else None
         c = self._comm
         return self._run(c.Scatter, c.Iscatter, async_op, send, buf(output), src)
 
-    def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
+    def all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         c = self._comm
         return self._run(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
 
@@ -332,47 +321,40 @@ class MpiCommunicator(BaseCommunicator):
         send, recv = [buf(input), input_splits], [buf(output), output_splits]
         return self._run(c.Alltoallv, c.Ialltoallv, async_op, send, recv)
 
-    def _native_call(self, op: str, args: tuple[Any, ...]) -> Any:
+    def native_call(self, op: str, args: tuple[Any, ...]) -> Any:
         return native_call(self._comm, op, args)
 
-    def _barrier(self, async_op: bool) -> Work | None:
+    def barrier(self, async_op: bool) -> Work | None:
         return self._run(self._comm.Barrier, self._comm.Ibarrier, async_op)
 
-    def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
+    def isend(self, tensor: Any, dst: int, tag: int) -> Work:
         b = buf(tensor)
-        request = self._comm.Isend(b, dst, tag)
-        return MpiWork(request, self, tensor, b, op=f"send to rank {dst} (tag {tag})", seq=None)
+        label = f"send to rank {dst} (tag {tag})"
+        if tag >= INTERNAL_TAG:  # the kit's own: MPI's largest tags, refused to users
+            tag = self._tag_ub - (tag - INTERNAL_TAG)
+        request = MpiRequest(self._comm.Isend(b, dst, tag))
+        return EngineWork(self.comm, request, tensor, b, op=label, seq=None)
 
-    def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
+    def irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
         peer = MPI.ANY_SOURCE if src is None else src
-        status = MPI.Status()
         b = buf(tensor)
         sender = "any rank" if src is None else f"rank {src}"
-        return MpiWork(
-            self._comm.Irecv(b, peer, tag),
-            self,
-            tensor,
-            b,
-            status=status,
-            op=f"recv from {sender} (tag {tag})",
-            seq=None,
-        )
+        label = f"recv from {sender} (tag {tag})"
+        if tag >= INTERNAL_TAG:
+            tag = self._tag_ub - (tag - INTERNAL_TAG)
+        status = MPI.Status()
+        request = MpiRequest(self._comm.Irecv(b, peer, tag), status)
+        return EngineWork(self.comm, request, tensor, b, op=label, seq=None)
 
-    def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
+    def split(self, groups: list[tuple[int, ...]], index: int | None) -> MpiEngine | None:
         color = MPI.UNDEFINED if index is None else index
         key = 0 if index is None else groups[index].index(self.rank)
         new = self._comm.Split(color, key)
         if index is None:
-            return NON_MEMBER
-        return MpiCommunicator(
-            new,
-            owns=True,
-            cuda_aware=self.cuda_aware,
-            side=self._side,
-            **self._group_arguments(groups[index]),
-        )
+            return None
+        return MpiEngine(new, owns=True, cuda_aware=self.cuda_aware, side=self._side)
 
-    def _finalize(self) -> None:
+    def finalize(self) -> None:
         monitor.unwatch(self)
         self._scratch = plans.Scratch(self.world_size)  # its memory freed
         if self._owns and self._comm != MPI.COMM_NULL:
@@ -386,8 +368,9 @@ def create(
     device: str | None = None,
     cuda_aware: bool | None = None,
     **options: Any,
-) -> MpiCommunicator:
-    """Factory of ``mpi``: a duplicate of COMM_WORLD (so distcomm's traffic is its own).
+) -> MpiEngine:
+    """Factory of ``mpi``: the engine of a duplicate of COMM_WORLD (so distcomm's traffic is
+    its own).
 
     Args:
         cuda_aware: whether the MPI library moves CUDA memory itself; None (the default) asks
@@ -432,13 +415,4 @@ def create(
     if world.Get_size() > 1:  # a dying rank would leave the others waiting: it ends the job
         abort_on_uncaught_exception(world.Get_rank(), lambda: clean_abort(world), "MPI_Abort")
         set_abort_notice(lambda: side.job_ends(_answer_wait()))
-    return MpiCommunicator(
-        world.Dup(),
-        owns=True,
-        cuda_aware=aware,
-        side=side,
-        rank=world.Get_rank(),
-        world_size=world.Get_size(),
-        launch=launch,
-        timeout=timeout,
-    )
+    return MpiEngine(world.Dup(), owns=True, cuda_aware=aware, side=side)

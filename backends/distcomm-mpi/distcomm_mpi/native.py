@@ -1,5 +1,5 @@
 """mpi4py's own calls for the distcomm operations, for ``distcomm bench --compare raw``
-(:meth:`MpiCommunicator._native_call`): the same buffers, mpi4py's API, no distcomm layer.
+(:meth:`MpiEngine.native_call`): the same buffers, mpi4py's API, no distcomm layer.
 Object collectives use mpi4py's pickle-based lower-case methods."""
 
 from __future__ import annotations

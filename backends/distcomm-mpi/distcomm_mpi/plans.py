@@ -1,4 +1,4 @@
-"""The mpi backend's plans (:meth:`MpiCommunicator._plan`): for a kind of blocking call the kit
+"""The mpi backend's plans (:meth:`MpiEngine.plan`): for a kind of blocking call the kit
 took once, mpi4py's own call on the caller's memory: a numpy array as it is, a CPU torch tensor
 as a buffer at its address with its MPI type (not ``.numpy()``), bound once per kind.
 
@@ -22,7 +22,7 @@ from distcomm.backend import CallKind, NotPlanned
 from distcomm_mpi.plugin import MPI_CAPABILITIES
 
 if TYPE_CHECKING:
-    from distcomm_mpi.communicator import MpiCommunicator
+    from distcomm_mpi.communicator import MpiEngine
 
 __all__ = ["Scratch", "plan"]
 
@@ -186,10 +186,10 @@ def _overlap(a: Any, b: Any) -> bool:
     return bool(other < end and start < other + b.nbytes)
 
 
-def plan(comm: MpiCommunicator, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+def plan(comm: MpiEngine, kind: CallKind) -> Callable[[Any, Any], Any] | None:
     """The plan of ``kind`` on ``comm`` (``run(x, y)``, see
-    :meth:`distcomm.backend.primitives.Primitives._plan`); None: a class or dtype MPI does not
-    take as it is, or a tag beyond MPI's."""
+    :meth:`distcomm.backend.engine.Engine.plan`); None: a class or dtype MPI does not
+    take as it is, or a tag MPI refuses to users."""
     if kind.op == "barrier":
         barrier = comm._comm.Barrier
         return lambda x, y: barrier()
@@ -205,7 +205,7 @@ def plan(comm: MpiCommunicator, kind: CallKind) -> Callable[[Any, Any], Any] | N
         buffer = _tensor_buffer(mpi_type)
     else:
         return None
-    if kind.tag >= comm._tag_ub:
+    if kind.tag >= comm._tag_ub - 1:  # the two largest are the kit's (MpiEngine.check_tag)
         return None
     if kind.op in _OUTPUTS:
         out = _OUTPUTS[kind.op](x.nbytes, comm.world_size)
@@ -239,7 +239,7 @@ def _tensor_buffer(mpi_type: Any) -> Callable[[int], Callable[[Any], Any]]:
     return buffer
 
 
-def _all_reduce(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+def _all_reduce(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     allreduce = comm._allreduce
 
     def run(x: Any, y: Any) -> None:
@@ -251,7 +251,7 @@ def _all_reduce(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any])
     return run
 
 
-def _broadcast(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+def _broadcast(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     bcast, root = comm._bcast, kind.root
 
     def run(x: Any, y: Any) -> None:
@@ -263,7 +263,7 @@ def _broadcast(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) 
     return run
 
 
-def _reduce(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+def _reduce(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     reduce, root = comm._reduce_call, kind.root
     mine = comm.rank == root
 
@@ -299,7 +299,7 @@ def _pair(
 def _rooted(gather: bool) -> Any:
     """gather's or scatter's plan: off the root, the tensor alone; on it, :class:`_Root`."""
 
-    def make(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    def make(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
         root = kind.root
         call = comm._gather_call if gather else comm._scatter_call
         if comm.rank != root:
@@ -332,7 +332,7 @@ class _Root:
 
     __slots__ = ("call", "comm", "gather", "memo", "root")
 
-    def __init__(self, comm: MpiCommunicator, gather: bool, root: int) -> None:
+    def __init__(self, comm: MpiEngine, gather: bool, root: int) -> None:
         self.comm, self.gather, self.root = comm, gather, root
         self.call = comm._gather_call if gather else comm._scatter_call
         self.memo: tuple[Any, int, tuple[Any, ...], tuple[Any, ...]] | None = None
@@ -388,7 +388,7 @@ class _Root:
             self.call(scratch.buf, own, self.root)
 
 
-def _send(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+def _send(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     send, dst, tag = comm._send, kind.root, kind.tag
 
     def run(x: Any, y: Any) -> None:
@@ -400,7 +400,7 @@ def _send(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> An
     return run
 
 
-def _recv(comm: MpiCommunicator, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+def _recv(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     recv, src, tag = comm._recv, kind.root, kind.tag
     if src is not None:
 
@@ -435,7 +435,7 @@ _OUTPUTS_CALLS = {
     "all_to_all_single": "_alltoall",
 }
 _PLANS: dict[
-    str, Callable[[MpiCommunicator, CallKind, Callable[[Any], Any]], Callable[[Any, Any], Any]]
+    str, Callable[[MpiEngine, CallKind, Callable[[Any], Any]], Callable[[Any, Any], Any]]
 ] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,

@@ -73,7 +73,7 @@ class SideChannel:
         atexit.register(self.close)  # after mpi4py's own: runs before MPI_Finalize
 
     def register(self, comm: Any) -> int:
-        """Name ``comm`` (an MpiCommunicator) so that peers can ask about it; return its key."""
+        """Name ``comm`` (an mpi communicator) so that peers can ask about it; return its key."""
         ranks = tuple(comm.global_ranks)
         with self._lock:
             index = self._made.get(ranks, 0)

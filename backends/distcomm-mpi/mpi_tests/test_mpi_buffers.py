@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from distcomm_mpi.communicator import create
 from distcomm_mpi.cuda import query_cuda_support
+from distcomm_mpi.plugin import MPI_CAPABILITIES
 
 import distcomm
-from distcomm.backend import CallKind, arrays
+from distcomm.backend import BaseCommunicator, CallKind, arrays
 from distcomm.protocol import Communicator
 
 pytestmark = pytest.mark.mpi
@@ -74,12 +75,12 @@ def test_all_reduce_past_the_first_checks_takes_the_plan(
 ) -> None:
     """The calls above run inside the first 64 checked collectives of the world, where no plan
     is tried: here a group goes past them first, then 10 sums of rank-dependent values (a MAX
-    in place of the SUM would show) must take the plan ``MpiCommunicator._plan`` gave for
+    in place of the SUM would show) must take the plan ``MpiEngine.plan`` gave for
     their kind (asked once), one operation each."""
     outcomes: list[bool] = []
     asked: list[str] = []
-    cls: Any = type(world)
-    engine = cls._plan
+    cls: Any = type(world.engine)  # type: ignore[attr-defined]
+    engine = cls.plan
 
     def counting(self: Any, kind: CallKind) -> Any:
         run = engine(self, kind)
@@ -94,7 +95,7 @@ def test_all_reduce_past_the_first_checks_takes_the_plan(
 
         return counted
 
-    monkeypatch.setattr(cls, "_plan", counting)  # read when the group below is made
+    monkeypatch.setattr(cls, "plan", counting)  # bound when the group below is made
     group: Any = distcomm.new_group(range(world.world_size))
     group.debug = "off"
     for _ in range(64):
@@ -187,7 +188,7 @@ def device_arrays(monkeypatch: pytest.MonkeyPatch) -> DeviceAdapter:
 
 def test_this_mpich_says_it_is_not_cuda_aware(world: Communicator) -> None:
     assert query_cuda_support() == (False, "MPIX_Query_cuda_support() returned 0")
-    assert world.cuda_aware == query_cuda_support()  # type: ignore[attr-defined]
+    assert world.engine.cuda_aware == query_cuda_support()  # type: ignore[attr-defined]
     assert world.devices == frozenset({"cpu"})
 
 
@@ -223,9 +224,16 @@ def test_cuda_tensors_are_staged_with_one_warning(
 def test_cuda_aware_mpi_takes_device_memory_as_it_is(
     world: Communicator, device_arrays: DeviceAdapter
 ) -> None:
-    comm = create(world.launch, cuda_aware=True)
+    comm = BaseCommunicator(
+        create(world.launch, cuda_aware=True),
+        backend="mpi",
+        capabilities=MPI_CAPABILITIES,
+        rank=world.rank,
+        world_size=world.world_size,
+        launch=world.launch,
+    )
     try:
-        assert comm.cuda_aware == (True, "init(cuda_aware=...)")
+        assert comm.engine.cuda_aware == (True, "init(cuda_aware=...)")
         assert comm.devices == frozenset({"cpu", "cuda"})
         x = (np.arange(6.0) * (world.rank + 1)).view(DeviceArray)
         with warnings.catch_warnings():

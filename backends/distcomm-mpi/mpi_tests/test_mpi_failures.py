@@ -85,7 +85,7 @@ def test_an_mpi_error_is_a_distcomm_error_and_leaves_no_watchdog_mark(
     data = np.zeros(4)
     bad_root = world.world_size + 5  # past the checks: straight to the primitive, as a bug would
     with pytest.raises(EngineError) as info:
-        group._kit_call(group._broadcast, False, data, bad_root)  # type: ignore[attr-defined]
+        group._call(group._broadcast, False, data, bad_root)  # type: ignore[attr-defined]
     assert type(info.value.__cause__).__name__ == "Exception"  # mpi4py's MPI.Exception
     assert "the engine failed" in str(info.value)
     assert group.blocked_seq == 0, "a failed MPI call left the watchdog's blocked mark set"  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from distcomm.backend._pipeline.object_collectives import ObjectCollectives
 from distcomm.errors import CollectiveMismatchError
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
-_GATE = ObjectCollectives._kit_object_shortcut
+_GATE = ObjectCollectives._object_shortcut
 
 
 def _program(group: Any, rounds: int) -> tuple[bool, tuple[Any, ...]]:
@@ -40,7 +40,7 @@ def _program(group: Any, rounds: int) -> tuple[bool, tuple[Any, ...]]:
             big = np.full(5000, rank, dtype=np.int64) if rank == world - 1 else rank
             got = group.all_gather_object(big)
             right &= bool((got[-1] == world - 1).all()) and got[:-1] == list(range(world - 1))
-    h = group._kit_history  # None in a world of 1: nothing to check
+    h = group._history  # None in a world of 1: nothing to check
     state = None if h is None else (h.value(group.seq), h.run_fp, h.run_start, list(h.runs))
     return right, (group.seq, state)
 
@@ -55,9 +55,9 @@ def test_objects_interleaved_with_all_reduces_take_the_shortcut_and_keep_the_his
         taken[0] += went is not None
         return went
 
-    monkeypatch.setattr(ObjectCollectives, "_kit_object_shortcut", lambda *a: None)
+    monkeypatch.setattr(ObjectCollectives, "_object_shortcut", lambda *a: None)
     without = _program(distcomm.new_group(range(world.world_size)), 200)
-    monkeypatch.setattr(ObjectCollectives, "_kit_object_shortcut", counting)
+    monkeypatch.setattr(ObjectCollectives, "_object_shortcut", counting)
     shortcut = _program(distcomm.new_group(range(world.world_size)), 200)
     assert without[0] and shortcut[0], "a wrong result"
     if world.world_size > 1:

@@ -3,9 +3,9 @@
 
 Past the mismatch check's check points (the default policy checks collectives 1..64, then every
 1024th), a blocking call of a kind the pipeline took goes to the plan the engine gave for that
-kind (``MpiCommunicator._plan``, :mod:`distcomm_mpi.plans`: broadcast, reduce,
+kind (``MpiEngine.plan``, :mod:`distcomm_mpi.plans`: broadcast, reduce,
 all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, all_reduce, gather, scatter;
-counted here by wrapping the plans where the kit keeps the engine's ``_plan``). As a careless
+counted here by wrapping the plans where the kit keeps the engine's ``plan``). As a careless
 user would call them:
 
 - every op's plan taken, counted, with the right results (numpy and torch, five dtypes,
@@ -94,10 +94,10 @@ def if_planned(group: Any, count: int) -> int:
 
 def wrap_plans(comm: Any, wrap: Callable[[CallKind, Run], Run]) -> None:
     """Wrap the plans ``comm``'s engine gives from now on: each ``run`` it returns for a kind
-    becomes ``wrap(kind, run)``. The kit read ``MpiCommunicator._plan`` when it made ``comm``
-    (into its table of kinds, ``_kit_plans``): the table is given the wrapper of it, and forgets
+    becomes ``wrap(kind, run)``. The kit read ``MpiEngine.plan`` when it made ``comm``
+    (into its table of kinds, ``_plans``): the table is given the wrapper of it, and forgets
     the kinds learned before (so that the engine is asked again)."""
-    table = comm._kit_plans
+    table = comm._plans
     engine = table._engine_plan
 
     def plan(kind: CallKind) -> Run | None:
@@ -394,8 +394,8 @@ def test_the_result_check_catches_plans_that_reduce_by_max(
     ``Reduce_scatter_block`` with its default op, SUM, which is made MAX here), exactly the
     calls that took them are wrong."""
     monkeypatch.setattr(mpi_plans, "_MPI_SUM", MPI.MAX)
-    block = group._reduce_scatter_block
-    monkeypatch.setattr(group, "_reduce_scatter_block", lambda s, r: block(s, r, MPI.MAX))
+    block = group.engine._reduce_scatter_block
+    monkeypatch.setattr(group.engine, "_reduce_scatter_block", lambda s, r: block(s, r, MPI.MAX))
     wrong = _program(group, "runs", dtypes=("float32", "int64"))
     reductions = ("reduce", "reduce_scatter_tensor", "all_reduce")
     assert wrong == _planned_steps(reductions, group)
@@ -831,8 +831,9 @@ def peers(world: Communicator) -> Iterator[Any]:
 
 
 def tags(group: Any) -> tuple[int, ...]:
-    """Three tags: 0, a small one, the largest this MPI takes from users (below MPI_TAG_UB)."""
-    return (0, 5, min(2**30, group._tag_ub) - 1)
+    """Three tags: 0, a small one, the largest this MPI takes from users (MPI_TAG_UB and the
+    one below it are distcomm's own)."""
+    return (0, 5, min(2**30, group.engine._tag_ub - 1) - 1)
 
 
 def ring(
@@ -958,11 +959,11 @@ def test_strided_messages_go_through_the_pipeline_and_are_right(peers: Any, lib:
 
 
 def _bad_messages(group: Any, lib: str) -> dict[str, Callable[[], Any]]:
-    """Messages the pipeline refuses (``True`` is rank 1's equal; MPI_TAG_UB is the backend's
-    own), their data unlike any good message's."""
+    """Messages the pipeline refuses (``True`` is rank 1's equal; MPI_TAG_UB - 1 and MPI_TAG_UB
+    are the backend's own), their data unlike any good message's."""
     n, peer = group.world_size, (group.rank + 1) % group.world_size
     x = make(lib, np.full(K, -7, np.float32))
-    big = group._tag_ub
+    big = group.engine._tag_ub - 1
     return {
         "send: dst=world_size": lambda: group.send(x, n),
         "send: dst=-1": lambda: group.send(x, -1),
@@ -970,12 +971,12 @@ def _bad_messages(group: Any, lib: str) -> dict[str, Callable[[], Any]]:
         "send: tag=-1": lambda: group.send(x, peer, -1),
         "send: tag=True": lambda: group.send(x, peer, True),
         "send: tag=2**30": lambda: group.send(x, peer, 2**30),
-        "send: tag=MPI_TAG_UB": lambda: group.send(x, peer, big),
+        "send: tag=MPI_TAG_UB-1": lambda: group.send(x, peer, big),
         "recv: src=world_size": lambda: group.recv(x, n),
         "recv: src=True": lambda: group.recv(x, True),
         "recv: tag=-1": lambda: group.recv(x, None, -1),
         "recv: tag=2**30": lambda: group.recv(x, peer, 2**30),
-        "recv: tag=MPI_TAG_UB": lambda: group.recv(x, None, big),
+        "recv: tag=MPI_TAG_UB-1": lambda: group.recv(x, None, big),
     }
 
 
@@ -1062,7 +1063,7 @@ def test_the_roots_list_of_views_is_found_once_and_found_again_when_it_changes(
         if got != want:
             wrong.append((step, got, want))
     assert not wrong, f"rank {rank}: {op} moved wrong data (step, got, want): {wrong}"
-    plan = group._kit_plans.kinds.get((op, np.ndarray, np.dtype("float32"), 4 * K, root))
+    plan = group._plans.kinds.get((op, np.ndarray, np.dtype("float32"), 4 * K, root))
     if rank == root and plans_taken(group):
         assert plan is not None and isinstance(plan[0], mpi_plans._Root), plan
         assert plan[0].memo is not None, "the root's plan remembered no list of views"

@@ -1,4 +1,10 @@
-"""`TorchCommunicator`: distcomm's primitives over a torch.distributed ProcessGroup.
+"""`TorchEngine`: distcomm's engine over a torch.distributed ProcessGroup (``gloo``, ``nccl``).
+
+The factory (:mod:`distcomm_torch.factory`) returns the world's engine and the kit makes the
+communicator around it (:class:`distcomm.backend.BaseCommunicator`), which the engine keeps
+(``bind``): its ranks, timeout, sequence number and errors are the communicator's. Operations
+return the kit's :class:`~distcomm.backend.EngineWork` around torch's Work (a
+:class:`TorchRequest`); ``split`` and ``adopt`` make engines of new torch groups.
 
 numpy arrays and byte buffers reach torch through ``torch.from_numpy`` / ``torch.frombuffer``,
 which share memory: no copies. Ranks given to torch are world ranks (``global_ranks``), so one
@@ -16,27 +22,27 @@ import gc
 import inspect
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from distcomm import NON_MEMBER, InvalidArgumentError, ReduceOp
-from distcomm.backend import BaseCommunicator, BaseWork, CallKind, Capabilities, as_torch, monitor
+from distcomm import NON_MEMBER, InvalidArgumentError, LaunchInfo, ReduceOp
+from distcomm.backend import BaseCommunicator, CallKind, EngineWork, as_torch, monitor
 from distcomm.protocol import Communicator, NonMember, Work
 from distcomm_torch import plans
 from distcomm_torch.mailbox import StoreMailbox
 from distcomm_torch.native import all_gather_single as _all_gather_single
 from distcomm_torch.native import native_call
 from distcomm_torch.native import reduce_scatter_single as _reduce_scatter_single
-from distcomm_torch.plugin import GLOO, NCCL
+from distcomm_torch.plugin import GLOO
 from distcomm_torch.progress import StoreProgress
 
 __all__ = [
-    "GlooCommunicator",
-    "NcclCommunicator",
-    "TorchCommunicator",
-    "TorchWork",
+    "GlooEngine",
+    "NcclEngine",
+    "TorchEngine",
+    "TorchRequest",
 ]
 
 _OPS = {
@@ -131,36 +137,27 @@ def flat(x: Any) -> torch.Tensor:
     return view
 
 
-class TorchWork(BaseWork):
-    """A torch Work that owns its tensors; sources are ranks of the communicator."""
+class TorchRequest:
+    """torch's Work of one operation of a :class:`TorchEngine`, as the kit's
+    :class:`~distcomm.backend.EngineWork` takes it: ``test``, ``block`` and a receive's
+    ``source`` (a rank of the engine's communicator)."""
 
-    def __init__(
-        self,
-        work: Any,
-        comm: TorchCommunicator,
-        *buffers: Any,
-        op: str | None = None,
-        seq: int | None = None,
-    ) -> None:
-        super().__init__(comm, *buffers, op=op, seq=seq)
+    def __init__(self, work: Any, engine: TorchEngine) -> None:
         self._work = work
-        self._torch_comm = comm
+        self._engine = engine
 
     @property
     def source(self) -> int | None:
-        """For an irecv: the sender's rank in the communicator, once complete."""
-        if not self.done:
-            return None
+        """For an irecv: the sender's rank in the communicator (read once complete)."""
         try:
             group_rank = int(self._work._source_rank())  # a rank of torch's group
         except RuntimeError:
             return None
-        comm = self._torch_comm
-        group = comm._group
+        group = self._engine._group
         world_rank = group_rank if group is None else dist.get_global_rank(group, group_rank)
-        return comm.global_ranks.index(world_rank)
+        return self._engine.comm.global_ranks.index(world_rank)
 
-    def _test(self) -> bool:
+    def test(self) -> bool:
         """Whether the operation completed; torch says "completed" of a failed one too (NCCL's
         timed out by its watchdog), so a completed one is waited for (at once): a failure then
         raises, a timeout as the communicator's DistTimeoutError."""
@@ -169,9 +166,10 @@ class TorchWork(BaseWork):
         self._work.wait()
         return True
 
-    def _block(self, timeout: float | None) -> bool:
-        # torch's own timeout is the communicator's: it raises a timeout error then, which
-        # TorchCommunicator._timeout_of tells from its other errors
+    def block(self, timeout: float | None) -> bool:
+        """Wait with torch's own timeout: the group's (``timeout`` None, the communicator's),
+        else ``timeout`` as :func:`torch_timeout` says it. torch raises a timeout error then,
+        which :meth:`TorchEngine.timeout_of` tells from its other errors."""
         if timeout is None:
             self._work.wait()
         else:
@@ -179,60 +177,107 @@ class TorchWork(BaseWork):
         return True
 
 
-class TorchCommunicator(BaseCommunicator):
-    """A distcomm communicator over a torch ProcessGroup (``native``)."""
+class TorchEngine:
+    """distcomm's engine over a torch ProcessGroup (``native``; ``group`` None: torch's default
+    group), for the communicator the kit makes around it (``bind``).
 
-    backend_name: ClassVar[str] = "torch"
+    Args:
+        group: the torch group, or None for torch's default group.
+        side_group: a Gloo group of the same members for objects (NCCL's), or None.
+        owns_group: whether ``finalize`` destroys ``group`` (made by distcomm).
+        progress: this process's progress in torch's store (:mod:`distcomm_torch.progress`),
+            or None where torch hides the store and for the group made beside another backend:
+            then no progress is published and the kit's votes have no way here
+            (``control_isend`` None).
+        device: the CUDA device of this rank's work on nccl (every engine made from it has the
+            same); None on gloo.
+        launch: the world's launch as the factory settled it (the rendezvous address it
+            derived under MPI); None for groups.
+    """
+
+    #: The devices whose memory the engine moves; an NCCL engine's lists its GPU by index.
+    devices: frozenset[str] = frozenset({"cpu"})
+    #: The communicator that holds this engine (``bind``).
+    comm: BaseCommunicator
+    #: The kit's votes, through the store (:mod:`distcomm_torch.mailbox`): Gloo's own messages
+    #: complete only in a blocking wait. None where there is no store (``progress`` None).
+    control_isend: Callable[[bytearray, int], Work] | None
+    control_irecv: Callable[[bytearray, int], Work] | None
 
     def __init__(
         self,
         group: Any,
         *,
-        side: TorchCommunicator | None = None,
+        side_group: Any = None,
         owns_group: bool = False,
         progress: StoreProgress | None = None,
         device: torch.device | None = None,
-        **kwargs: Any,
+        launch: LaunchInfo | None = None,
     ) -> None:
-        super().__init__(**kwargs)
         self._group = group
-        self._side = side
+        if launch is not None:
+            #: The launch the factory settled on (the world's communicator takes it).
+            self.launch = launch
+        self._side_group = side_group
+        #: The communicator over ``side_group`` (made at ``bind``), None without one.
+        self._side: Communicator | None = None
         self._owns_group = owns_group
-        #: The CUDA device of this rank's work on nccl (every sub-communicator has its
-        #: parent's); None on gloo. Tensors on another GPU are refused (``bound_device``).
+        #: The CUDA device of this rank's work on nccl; tensors on another GPU are refused.
         self.device = device
-        self.bound_device = None if device is None else str(device)
+        if device is not None:
+            self.devices = frozenset({str(device)})
         self._adopted: dict[int, tuple[Any, Communicator]] = {}
-        self.torch_group = self.native
-        self.monitor_interval = max(0.02, min(0.5, self.timeout / 4))
         self._progress = progress
         self._progress_key = "" if progress is None else progress.key(self.native)
-        self._mailbox = (
-            None
-            if progress is None
-            else StoreMailbox(progress, f"distcomm/mail/{self.native.group_name}", self.rank)
-        )
+        self._mailbox: StoreMailbox | None = None
         self._published = 0
-        if progress is not None and self.world_size > 1:
-            monitor.watch(self)
-            progress.answer_for(self)
+        self.monitor_interval = 0.5
+        mail = progress is not None
+        self.control_isend = self._mail_send if mail else None
+        self.control_irecv = self._mail_recv if mail else None
 
     @property
     def native(self) -> Any:
         """The torch ProcessGroup (for DDP's ``process_group=``, FSDP, ...)."""
         return dist.group.WORLD if self._group is None else self._group
 
-    def _native_call(self, op: str, args: tuple[Any, ...]) -> Callable[[], object] | None:
-        return native_call(self.native, self.world_size, op, args)  # type: ignore[no-any-return]
+    def bind(self, comm: BaseCommunicator) -> None:
+        """Keep ``comm``; make torch's group its ``torch_group``; open the mailbox of the kit's
+        votes, publish this rank's progress and answer "where are you?" (a world of 2 or more
+        with a store); make the side channel (``side_group``'s communicator)."""
+        self.comm = comm
+        comm.torch_group = self.native
+        self.monitor_interval = max(0.02, min(0.5, comm.timeout / 4))
+        progress = self._progress
+        if progress is not None:
+            prefix = f"distcomm/mail/{self.native.group_name}"
+            self._mailbox = StoreMailbox(progress, prefix, comm.rank)
+            if comm.world_size > 1:
+                monitor.watch(self)
+                progress.answer_for(comm)
+        if self._side_group is not None:
+            self._side = comm.group_over(
+                GlooEngine(self._side_group, owns_group=True, progress=progress),
+                range(comm.world_size),
+                name=f"objects of {comm.name}",
+                backend="gloo",
+                capabilities=GLOO,
+            )
 
-    def _adopt(self, native: Any) -> Communicator | NonMember:
+    def native_call(self, op: str, args: tuple[Any, ...]) -> Callable[[], object] | None:
+        """torch.distributed's own call for ``op`` (:mod:`distcomm_torch.native`)."""
+        call = native_call(self.native, self.comm.world_size, op, args)
+        return call  # type: ignore[no-any-return]
+
+    def adopt(self, native: Any) -> Communicator | NonMember:
         """A communicator over ``native``, a torch ProcessGroup made with torch.distributed.
 
         Made once per group and kept; the group stays its creator's. Every member calls it
         the first time for a group (a GPU backend makes a Gloo group for objects then).
         """
+        comm = self.comm
         if native is None or native is dist.group.WORLD or native is self._group:
-            return self
+            return comm
         if not isinstance(native, dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"group={native!r} is not a torch ProcessGroup or a distcomm communicator. "
@@ -245,77 +290,70 @@ class TorchCommunicator(BaseCommunicator):
         me = dist.get_rank()
         if me not in ranks:
             return NON_MEMBER
-        members: dict[str, Any] = {
-            "rank": ranks.index(me),
-            "world_size": len(ranks),
-            "launch": self.launch,
-            "global_ranks": ranks,
-            "timeout": self.timeout,
-            "progress": self._progress,
-        }
-        side = None
-        if self._side is not None:
-            with unbound_default_group():
-                side_pg = dist.new_group(
-                    list(ranks),
-                    timeout=torch_timeout(self.timeout),
-                    backend="gloo",
-                    use_local_synchronization=True,
-                    **_ORDER,  # the adopted group's order, not sorted
-                )
-            side = GlooCommunicator(
-                side_pg, owns_group=True, name=f"objects of torch group {list(ranks)}", **members
-            )
-        comm = type(self)(
-            native, side=side, name=f"torch group {list(ranks)}", device=self.device, **members
+        engine = type(self)(
+            native,
+            side_group=self._objects_group(ranks, local=True),
+            progress=self._progress,
+            device=self.device,
         )
-        self._adopted[id(native)] = (native, comm)
-        return comm
+        # its members are world ranks, not necessarily all of this communicator's
+        adopted = BaseCommunicator(
+            engine,
+            backend=comm.backend,
+            capabilities=comm.capabilities,
+            rank=ranks.index(me),
+            world_size=len(ranks),
+            launch=comm.launch,
+            global_ranks=ranks,
+            timeout=comm.timeout,
+            name=f"torch group {list(ranks)}",
+        )
+        self._adopted[id(native)] = (native, adopted)
+        return adopted
 
     def monitor_tick(self, now: float) -> None:
-        """Publish this rank's progress when it changed (the monitor thread calls it)."""
-        seq = self.seq  # published after a failure too: the other ranks read it then
-        if self._progress is not None and self.unusable not in (None, "finalized"):
-            self._progress.troubled(now)  # its peers will ask where it is: answer at once
-        if seq != self._published and self._progress is not None:
-            self._progress.active(now)
-            self._progress.publish(self._progress_key, self.rank, seq)
+        """Publish this rank's progress (its communicator's ``seq``) when it changed (the
+        monitor thread calls it)."""
+        progress, comm = self._progress, self.comm
+        if progress is None:
+            return
+        seq = comm.seq  # published after a failure too: the other ranks read it then
+        if comm.unusable not in (None, "finalized"):
+            progress.troubled(now)  # its peers will ask where it is: answer at once
+        if seq != self._published:
+            progress.active(now)
+            progress.publish(self._progress_key, comm.rank, seq)
             self._published = seq
 
-    def _timeout_of(self, exc: BaseException) -> str | None:
+    def timeout_of(self, exc: BaseException) -> str | None:
         """Gloo's and NCCL's timeouts are RuntimeErrors (DistBackendError) told by their text."""
         return "" if isinstance(exc, RuntimeError) and is_timeout(str(exc)) else None
 
-    def _peer_progress(self) -> dict[int, int] | None:
+    def peer_progress(self) -> dict[int, int] | None:
         if self._progress is None:
             return None
-        return self._progress.read(self._progress_key, self.world_size)
+        return self._progress.read(self._progress_key, self.comm.world_size)
 
-    def _peer_stacks(self, ranks: list[int]) -> dict[int, str] | None:
+    def peer_stacks(self, ranks: list[int]) -> dict[int, str] | None:
         if self._progress is None:
             return None
-        return self._progress.where({rank: self.global_ranks[rank] for rank in ranks})
+        global_ranks = self.comm.global_ranks
+        return self._progress.where({rank: global_ranks[rank] for rank in ranks})
 
-    def _control_ready(self) -> bool:
-        """Only through the store (:mod:`distcomm_torch.mailbox`): Gloo's own messages complete
-        only in a blocking wait. None where torch hides the store, and on the group made beside
-        another backend, which distcomm's operations never use."""
-        return self._mailbox is not None
+    def _mail_send(self, payload: bytearray, dst: int) -> Work:
+        assert self._mailbox is not None, "bind() opens the mailbox"
+        return self._mailbox.send(self.comm, payload, dst)
 
-    def _control_isend(self, payload: bytearray, dst: int) -> Work:
-        assert self._mailbox is not None, "no control messages here (_control_ready)"
-        return self._mailbox.send(self, payload, dst)
-
-    def _control_irecv(self, payload: bytearray, src: int) -> Work:
-        assert self._mailbox is not None, "no control messages here (_control_ready)"
-        return self._mailbox.recv(self, payload, src)
+    def _mail_recv(self, payload: bytearray, src: int) -> Work:
+        assert self._mailbox is not None, "bind() opens the mailbox"
+        return self._mailbox.recv(self.comm, payload, src)
 
     def _issue(
         self, start: Callable[..., Any], args: tuple[Any, ...], *buffers: Any
     ) -> Work | None:
         """Start a collective with ``start(*args)`` (torch's, with async_op=True) and hand its
-        Work back; the pipeline waits for it when the call is blocking."""
-        return self._started(start, args, self.op, self.seq, buffers)
+        Work back; the kit waits for it when the call is blocking."""
+        return self._started(start, args, self.comm.op, self.comm.seq, buffers)
 
     def _started(
         self,
@@ -324,60 +362,60 @@ class TorchCommunicator(BaseCommunicator):
         op: str,
         seq: int | None,
         buffers: tuple[Any, ...],
-    ) -> TorchWork:
+    ) -> EngineWork:
         try:
             work = start(*args)
         except RuntimeError as exc:  # e.g. a peer already gone: torch says so at once
-            raise self.engine_failed(op, seq, exc) from exc
-        return TorchWork(work, self, *buffers, args, op=op, seq=seq)
+            raise self.comm.engine_failed(op, seq, exc) from exc
+        return EngineWork(self.comm, TorchRequest(work, self), *buffers, args, op=op, seq=seq)
 
-    # -- primitives ---------------------------------------------------------------------------
-    def _plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
+    # -- operations ---------------------------------------------------------------------------
+    def plan(self, kind: CallKind) -> Callable[[Any, Any], Any] | None:
         """The group's own call for a kind of blocking call (:mod:`distcomm_torch.plans`)."""
         return plans.plan(self, kind)
 
     # torch is always called with async_op=True: a blocking call would wait with torch's own
-    # timeout and raise torch's RuntimeError; the pipeline waits for the Work instead.
-    def _all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    # timeout and raise torch's RuntimeError; the kit waits for the Work instead.
+    def all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Work | None:
         t = as_torch(tensor)
         args = (t, _OPS[op], self._group, True)
         return self._issue(dist.all_reduce, args, tensor, t)
 
-    def _broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         t = as_torch(tensor)
-        args = (t, self.global_ranks[src], self._group, True)
+        args = (t, self.comm.global_ranks[src], self._group, True)
         return self._issue(dist.broadcast, args, tensor, t)
 
-    def _reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
+    def reduce(self, tensor: Any, dst: int, op: ReduceOp, async_op: bool) -> Work | None:
         t = as_torch(tensor)
-        args = (t, self.global_ranks[dst], _OPS[op], self._group, True)
+        args = (t, self.comm.global_ranks[dst], _OPS[op], self._group, True)
         return self._issue(dist.reduce, args, tensor, t)
 
-    def _all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
+    def all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> Work | None:
         out, inp = flat(output), flat(tensor)
         args = (out, inp, self._group, True)
         return self._issue(_all_gather_single, args, output, tensor)
 
-    def _reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceOp, async_op: bool) -> Work | None:
         out, inp = flat(output), flat(input)
         args = (out, inp, _OPS[op], self._group, True)
         return self._issue(_reduce_scatter_single, args, output, input)
 
-    def _gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
-        parts = None if output is None else list(flat(output).chunk(self.world_size))
-        args = (flat(tensor), parts, self.global_ranks[dst], self._group, True)
+    def gather(self, output: Any | None, tensor: Any, dst: int, async_op: bool) -> Work | None:
+        parts = None if output is None else list(flat(output).chunk(self.comm.world_size))
+        args = (flat(tensor), parts, self.comm.global_ranks[dst], self._group, True)
         return self._issue(dist.gather, args, output, tensor)
 
-    def _scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
-        parts = None if full is None else list(flat(full).chunk(self.world_size))
-        args = (flat(output), parts, self.global_ranks[src], self._group, True)
+    def scatter(self, output: Any, full: Any | None, src: int, async_op: bool) -> Work | None:
+        parts = None if full is None else list(flat(full).chunk(self.comm.world_size))
+        args = (flat(output), parts, self.comm.global_ranks[src], self._group, True)
         return self._issue(dist.scatter, args, output, full)
 
-    def _all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
+    def all_to_all(self, output: Any, input: Any, async_op: bool) -> Work | None:
         args = (flat(output), flat(input), None, None, self._group, True)
         return self._issue(dist.all_to_all_single, args, output, input)
 
-    def _all_to_all_v(
+    def all_to_all_v(
         self,
         output: Any,
         output_splits: list[int],
@@ -388,73 +426,64 @@ class TorchCommunicator(BaseCommunicator):
         args = (flat(output), flat(input), output_splits, input_splits, self._group, True)
         return self._issue(dist.all_to_all_single, args, output, input)
 
-    def _barrier(self, async_op: bool) -> Work | None:
+    def barrier(self, async_op: bool) -> Work | None:
         return self._issue(dist.barrier, (self._group, True))
 
-    def _isend(self, tensor: Any, dst: int, tag: int) -> Work:
+    def isend(self, tensor: Any, dst: int, tag: int) -> Work:
         t = as_torch(tensor)
-        args = (t, self.global_ranks[dst], self._group, tag)
+        args = (t, self.comm.global_ranks[dst], self._group, tag)
         return self._started(dist.isend, args, f"send to rank {dst} (tag {tag})", None, (tensor,))
 
-    def _irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
-        peer = None if src is None else self.global_ranks[src]
+    def irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
+        peer = None if src is None else self.comm.global_ranks[src]
         t = as_torch(tensor)
         sender = "any rank" if src is None else f"rank {src}"
         op = f"recv from {sender} (tag {tag})"
         return self._started(dist.irecv, (t, peer, self._group, tag), op, None, (tensor,))
 
-    def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Communicator | NonMember:
-        world = [tuple(self.global_ranks[r] for r in group) for group in groups]
+    def split(self, groups: list[tuple[int, ...]], index: int | None) -> TorchEngine | None:
+        """This rank's engine over a new torch group of ``groups[index]`` (None where
+        ``index`` is None); torch makes every group of ``groups`` where it wants every process
+        of the default group to make each."""
+        global_ranks = self.comm.global_ranks
+        world = [tuple(global_ranks[r] for r in group) for group in groups]
         if not _KEEPS_ORDER and any(list(ranks) != sorted(ranks) for ranks in world):
             raise InvalidArgumentError(
                 f"torch {torch.__version__} orders group members by rank, so split(key=...) "
                 "cannot reorder them. HINT: upgrade torch, or split without a reordering key."
             )
-        if self._group is None or self.global_ranks == tuple(range(dist.get_world_size())):
+        if self._group is None or global_ranks == tuple(range(dist.get_world_size())):
             # torch wants every process of the default group to create every group, in order.
             made = [self._new_groups(ranks, local=False) for ranks in world]
             mine = None if index is None else made[index]
         else:  # a group of a sub-group: only its members may take part
             mine = None if index is None else self._new_groups(world[index], local=True)
-        if index is None or mine is None:
-            return NON_MEMBER
+        if mine is None:
+            return None
         pg, side_pg = mine
-        members: dict[str, Any] = {
-            "rank": groups[index].index(self.rank),
-            "world_size": len(groups[index]),
-            "launch": self.launch,
-            "global_ranks": world[index],
-            "timeout": self.timeout,
-            "progress": self._progress,
-        }
-        side = None
-        if side_pg is not None:
-            side = GlooCommunicator(
-                side_pg, owns_group=True, name=f"objects of group {list(world[index])}", **members
-            )
         return type(self)(
-            pg,
-            side=side,
-            owns_group=True,
-            name=f"group {list(world[index])}",
-            device=self.device,
-            **members,
+            pg, side_group=side_pg, owns_group=True, progress=self._progress, device=self.device
         )
 
     def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
         """torch groups for ``ranks``: the engine's, and a Gloo one for objects where needed."""
         pg = dist.new_group(
             list(ranks),
-            timeout=torch_timeout(self.timeout),
+            timeout=torch_timeout(self.comm.timeout),
             use_local_synchronization=local,
             **_ORDER,
         )
-        return pg, None
+        return pg, self._objects_group(ranks, local)
 
-    def _finalize(self) -> None:
+    def _objects_group(self, ranks: tuple[int, ...], local: bool) -> Any:
+        """The Gloo group of ``ranks`` that objects travel on, where not the engine's own
+        group (None: gloo's own)."""
+        return None
+
+    def finalize(self) -> None:
         monitor.unwatch(self)
         if self._progress is not None:
-            self._progress.release(self)
+            self._progress.release(self.comm)
         self._progress = None
         for _, adopted in self._adopted.values():
             adopted.finalize()
@@ -468,30 +497,28 @@ class TorchCommunicator(BaseCommunicator):
             dist.destroy_process_group(self._group)  # None: the default group and every group
 
 
-class GlooCommunicator(TorchCommunicator):
-    """``gloo``: CPU tensors (CUDA tensors are staged through host memory)."""
+class GlooEngine(TorchEngine):
+    """``gloo``: CPU tensors (the kit stages CUDA tensors through host memory)."""
 
-    backend_name = "gloo"
-    capabilities: ClassVar[Capabilities] = GLOO
     devices = frozenset({"cpu"})
 
 
-class NcclCommunicator(TorchCommunicator):
-    """``nccl``: CUDA tensors; object collectives travel on a Gloo side group, never the GPU."""
+class NcclEngine(TorchEngine):
+    """``nccl``: CUDA tensors of this rank's GPU (``devices``: ``{"cuda:N"}``); object
+    collectives travel on a Gloo side channel of the same members, never the GPU."""
 
-    backend_name = "nccl"
-    capabilities: ClassVar[Capabilities] = NCCL
     devices = frozenset({"cuda"})
 
-    def _object_channel(self) -> BaseCommunicator:
-        assert self._side is not None
+    def object_channel(self) -> Communicator:
+        """The side channel: a Gloo communicator of the same members."""
+        assert self._side is not None, "an NCCL engine is made with its side_group"
         return self._side
 
-    def _barrier(self, async_op: bool) -> Work | None:
+    def barrier(self, async_op: bool) -> Work | None:
         """On this rank's device: torch would otherwise pick one (the current device, or the
         global rank modulo the visible devices, depending on its version)."""
         if self.device is None:
-            return super()._barrier(async_op)
+            return super().barrier(async_op)
         start = functools.partial(dist.barrier, device_ids=[self.device.index])
         return self._issue(start, (self._group, True))
 
@@ -502,16 +529,20 @@ class NcclCommunicator(TorchCommunicator):
         with unbound_default_group() if local else contextlib.nullcontext():
             pg = dist.new_group(
                 list(ranks),
-                timeout=watchdog_timeout(self.timeout),
+                timeout=watchdog_timeout(self.comm.timeout),
                 use_local_synchronization=local,
                 **_ORDER,
             )
+        return pg, self._objects_group(ranks, local)
+
+    def _objects_group(self, ranks: tuple[int, ...], local: bool) -> Any:
+        """A Gloo group of ``ranks`` (in this order), made without the default group's device
+        binding (:func:`unbound_default_group`)."""
         with unbound_default_group():
-            side_pg = dist.new_group(
+            return dist.new_group(
                 list(ranks),
-                timeout=torch_timeout(self.timeout),
+                timeout=torch_timeout(self.comm.timeout),
                 backend="gloo",
                 use_local_synchronization=local,
                 **_ORDER,
             )
-        return pg, side_pg

@@ -1,4 +1,4 @@
-"""Creating (or adopting) torch's default process group from a LaunchInfo, and its communicator.
+"""Creating (or adopting) torch's default process group from a LaunchInfo, and its engine.
 
 Rendezvous: a world of 1 needs no network (a HashStore); otherwise rank 0 serves a TCPStore at
 the launch's master address and port. Under an MPI launcher, which gives no master address,
@@ -23,9 +23,9 @@ from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
 from distcomm.backend import abort_on_uncaught_exception, free_port, select_cuda_device
 from distcomm_torch import gpus, rendezvous
 from distcomm_torch.communicator import (
-    GlooCommunicator,
-    NcclCommunicator,
-    TorchCommunicator,
+    GlooEngine,
+    NcclEngine,
+    TorchEngine,
     torch_timeout,
     unbound_default_group,
     watchdog_timeout,
@@ -46,8 +46,11 @@ def create(
     device: str | None = None,
     companion: bool = False,
     **options: Any,
-) -> TorchCommunicator:
-    """Factory of ``gloo`` and ``nccl``: the default communicator for ``launch``.
+) -> TorchEngine:
+    """Factory of ``gloo`` and ``nccl``: the engine of torch's default group for ``launch``,
+    which the kit makes the world communicator around (``timeout`` is the communicator's too).
+    nccl's holds a Gloo group of the world, its side channel for objects (made when the
+    communicator is).
 
     ``companion=True`` is distcomm's own, for torch's default group made beside another
     backend (``init(torch_group=...)``): distcomm's operations never run on it, so it publishes
@@ -55,7 +58,7 @@ def create(
 
     Raises:
         BackendUnavailableError: the rendezvous is impossible (no master address or port), or a
-            torch default process group exists with another backend.
+            torch default process group exists with another backend, rank or world size.
         InvalidArgumentError: unknown options, or a device the backend cannot use.
     """
     if options:
@@ -73,20 +76,19 @@ def create(
     cuda_device = _cuda_device(name, launch, device)
     if not adopting:
         launch = _init_default_group(name, launch, timeout, cuda_device)
-    kwargs: dict[str, Any] = dict(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        launch=launch,
-        timeout=timeout,
-        name="world",
-        progress=None if companion else _progress(),
-    )
+    progress = None if companion else _progress()
     if name == "gloo":
-        return GlooCommunicator(None, owns_group=not adopting, **kwargs)
+        return GlooEngine(None, owns_group=not adopting, progress=progress, launch=launch)
     with unbound_default_group():
         side_pg = dist.new_group(backend="gloo", timeout=torch_timeout(timeout))
-    side = GlooCommunicator(side_pg, owns_group=True, **{**kwargs, "name": "objects of world"})
-    return NcclCommunicator(None, side=side, owns_group=not adopting, device=cuda_device, **kwargs)
+    return NcclEngine(
+        None,
+        side_group=side_pg,
+        owns_group=not adopting,
+        progress=progress,
+        device=cuda_device,
+        launch=launch,
+    )
 
 
 def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
@@ -102,6 +104,12 @@ def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
 
 
 def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
+    """Check that torch's existing default group can be adopted: of backend ``name``; return
+    ``launch`` with the group's rank and world size (distcomm's world is the group's).
+
+    Raises:
+        BackendUnavailableError: the group's backend is another.
+    """
     current = str(dist.get_backend()).lower()
     if name not in current:
         raise BackendUnavailableError(
@@ -115,15 +123,7 @@ def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
     rank, world = dist.get_rank(), dist.get_world_size()
     if (rank, world) == (launch.rank, launch.world_size):
         return launch
-    return launch.replace(
-        "the existing torch default process group",
-        rank=rank,
-        world_size=world,
-        local_rank=rank if world != launch.world_size else launch.local_rank,
-        local_world_size=world if world != launch.world_size else launch.local_world_size,
-        node_rank=0 if world != launch.world_size else launch.node_rank,
-        num_nodes=1 if world != launch.world_size else launch.num_nodes,
-    )
+    return launch.replace("torch's default process group", rank=rank, world_size=world)
 
 
 def _init_default_group(

@@ -1,5 +1,6 @@
 """torch.distributed's own calls for the distcomm operations, for ``distcomm bench --compare raw``
-(:meth:`TorchCommunicator._native_call`): the same buffers, torch's API, no distcomm layer."""
+(the engine's ``native_call``, :meth:`distcomm_torch.communicator.TorchEngine.native_call`): the
+same buffers, torch's API, no distcomm layer."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""The torch backends' plans (:meth:`TorchCommunicator._plan
-<distcomm_torch.communicator.TorchCommunicator._plan>`): for a kind of blocking call the kit took
-once, the group's own method on the caller's memory, its Work waited for as the pipeline waits
-for a :class:`~distcomm_torch.communicator.TorchWork` (the group's timeout, distcomm's errors),
-without a TorchWork or torch's wrapper.
+"""The torch backends' plans (:meth:`TorchEngine.plan
+<distcomm_torch.communicator.TorchEngine.plan>`): for a kind of blocking call the kit took once,
+the group's own method on the caller's memory, its Work waited for as the pipeline waits for the
+engine's (a :class:`~distcomm_torch.communicator.TorchRequest`: the group's timeout, distcomm's
+errors), without the kit's EngineWork or torch's wrapper. A plan is made from the engine and
+reads its communicator (``engine.comm``: ranks, capabilities, devices, ``op`` and ``seq``).
 
 What is bound once per kind: the group's method (an older torch names the one-tensor gather,
 reduce-scatter and all-to-all ``_allgather_base``, ``_reduce_scatter_base`` and
@@ -39,11 +40,11 @@ from torch.distributed import (
 )
 from torch.distributed.distributed_c10d import AllgatherOptions  # type: ignore[attr-defined]
 
-from distcomm.backend import CallKind, NotPlanned
+from distcomm.backend import BaseCommunicator, CallKind, NotPlanned
 from distcomm.backend.work import retained
 
 if TYPE_CHECKING:
-    from distcomm_torch.communicator import TorchCommunicator
+    from distcomm_torch.communicator import TorchEngine
 
 __all__ = ["plan"]
 
@@ -98,26 +99,28 @@ def _disjoint(tensors: list[torch.Tensor], nbytes: int) -> bool:
     return all(b - a >= nbytes for a, b in pairwise(starts))
 
 
-def plan(comm: TorchCommunicator, kind: CallKind) -> Run | None:
-    """The plan of ``kind`` on ``comm`` (``run(x, y)``, see
-    :meth:`distcomm.backend.primitives.Primitives._plan`); None: a class or dtype torch does
-    not take as it is, a message on a group that does not move CPU memory, or a receive from
-    any rank where the engine has none, an op it has no plan of (the barrier: the kit's)."""
+def plan(engine: TorchEngine, kind: CallKind) -> Run | None:
+    """The plan of ``kind`` on ``engine`` (``run(x, y)``, see
+    :meth:`distcomm.backend.engine.Engine.plan`); None: a class or dtype torch does not take as
+    it is, a message on a group that does not move CPU memory, or a receive from any rank where
+    the engine has none, an op it has no plan of (the barrier: the kit's)."""
     if kind.op not in _PLANS:
         return None
-    names = comm._kit_native_dtypes  # (the kit asks for reductions of dtypes summed as is)
-    of = _converter(comm, kind.array, _torch_dtypes(names))
+    # the dtypes the engine moves natively (the kit asks for reductions of dtypes summed as is)
+    names = engine.comm.capabilities.dtypes
+    of = _converter(engine, kind.array, _torch_dtypes(names))
     if of is None:
         return None
-    return _PLANS[kind.op](comm, kind, of)
+    return _PLANS[kind.op](engine, kind, of)
 
 
-def _converter(comm: TorchCommunicator, x: Any, dtypes: frozenset[torch.dtype]) -> Of | None:
+def _converter(engine: TorchEngine, x: Any, dtypes: frozenset[torch.dtype]) -> Of | None:
     """How an array like ``x`` (its class and dtype) reaches torch as it is: a torch tensor
     (that class exactly) contiguous on the device the group moves (the pipeline's
     ``adapter.is_plain``), or a numpy array, C-contiguous, as a view of its memory, where the
     group moves CPU memory; None where no array like ``x`` does (another class, a dtype not of
     ``dtypes`` or that torch lacks, a byte order not native)."""
+    comm = engine.comm
     cpu = "cpu" in comm.devices
     cls = x.__class__
     if cls is _Tensor:
@@ -165,13 +168,14 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 1 else t.view(-1)
 
 
-def _waited(comm: TorchCommunicator, start: Callable[..., Any], *args: Any) -> None:
+def _waited(comm: BaseCommunicator, start: Callable[..., Any], *args: Any) -> None:
     """``start(*args)``, a collective of the group, waited for as the pipeline waits for its
-    Work (:meth:`TorchWork._block <distcomm_torch.communicator.TorchWork._block>`, the group's
-    timeout): torch's errors become distcomm's (a timeout, ``_timeout_of``, the communicator's
-    DistTimeoutError naming the ranks that had not arrived; another failure EngineError), and the
-    tensors of a call that did not complete are kept (:func:`~distcomm.backend.work.retained`):
-    torch may still write into them. The kit has set the call's ``op`` and ``seq``."""
+    Work (:meth:`TorchRequest.block <distcomm_torch.communicator.TorchRequest.block>`, the
+    group's timeout): torch's errors become distcomm's (a timeout, the engine's ``timeout_of``,
+    ``comm``'s DistTimeoutError naming the ranks that had not arrived; another failure
+    EngineError), and the tensors of a call that did not complete are kept
+    (:func:`~distcomm.backend.work.retained`): torch may still write into them. The kit has set
+    the call's ``op`` and ``seq`` on ``comm``."""
     try:
         start(*args).wait()
     except BaseException as exc:  # a Ctrl-C too, as BaseWork.wait
@@ -182,7 +186,7 @@ def _waited(comm: TorchCommunicator, start: Callable[..., Any], *args: Any) -> N
 
 
 def _message(
-    comm: TorchCommunicator, start: Callable[..., Any], args: tuple[Any, ...], label: str
+    comm: BaseCommunicator, start: Callable[..., Any], args: tuple[Any, ...], label: str
 ) -> Any:
     """``start(*args)``, a message of the group, waited for as :func:`_waited` waits for a
     collective; its Work. torch's errors become distcomm's naming the message as the pipeline's
@@ -200,17 +204,19 @@ def _message(
     return work
 
 
-def _group_rank(comm: TorchCommunicator, rank: int) -> int:
-    """Torch's group rank of ``comm``'s rank ``rank``, as the pipeline's calls map it."""
-    world_rank = comm.global_ranks[rank]
-    if comm._group is None:
+def _group_rank(engine: TorchEngine, rank: int) -> int:
+    """Torch's group rank of rank ``rank`` of ``engine``'s communicator, as the engine's calls
+    map it."""
+    world_rank = engine.comm.global_ranks[rank]
+    if engine._group is None:
         return world_rank
-    return int(dist.get_group_rank(comm.native, world_rank))
+    return int(dist.get_group_rank(engine.native, world_rank))
 
 
 # -- collectives ------------------------------------------------------------------------------
-def _all_reduce(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
-    allreduce, opts = comm.native.allreduce, _options(AllreduceOptions, reduceOp=_SUM)
+def _all_reduce(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
+    comm = engine.comm
+    allreduce, opts = engine.native.allreduce, _options(AllreduceOptions, reduceOp=_SUM)
 
     def run(x: Any, y: Any) -> None:
         _waited(comm, allreduce, [of(x)], opts)
@@ -218,10 +224,11 @@ def _all_reduce(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
     return run
 
 
-def _broadcast(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
+def _broadcast(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
     assert kind.root is not None
-    root = _group_rank(comm, kind.root)
-    broadcast, opts = comm.native.broadcast, _options(BroadcastOptions, rootRank=root, rootTensor=0)
+    comm, root = engine.comm, _group_rank(engine, kind.root)
+    broadcast = engine.native.broadcast
+    opts = _options(BroadcastOptions, rootRank=root, rootTensor=0)
 
     def run(x: Any, y: Any) -> None:
         _waited(comm, broadcast, [of(x)], opts)
@@ -229,10 +236,10 @@ def _broadcast(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
     return run
 
 
-def _reduce(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
+def _reduce(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
     assert kind.root is not None
-    root = _group_rank(comm, kind.root)
-    reduce = comm.native.reduce
+    comm, root = engine.comm, _group_rank(engine, kind.root)
+    reduce = engine.native.reduce
     opts = _options(ReduceOptions, rootRank=root, rootTensor=0, reduceOp=_SUM)
 
     def run(x: Any, y: Any) -> None:
@@ -241,9 +248,10 @@ def _reduce(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
     return run
 
 
-def _paired(comm: TorchCommunicator, of: Of, start: Callable[..., Any], *extra: Any) -> Run:
+def _paired(engine: TorchEngine, of: Of, start: Callable[..., Any], *extra: Any) -> Run:
     """The plan of ``start(output, input, *extra)``, a collective with an output: both flat,
     and not overlapping (the pipeline handles a call in place)."""
+    comm = engine.comm
 
     def run(x: Any, y: Any) -> None:
         out, inp = of(y), of(x)
@@ -254,22 +262,22 @@ def _paired(comm: TorchCommunicator, of: Of, start: Callable[..., Any], *extra: 
     return run
 
 
-def _all_gather_into(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
-    pg = comm.native
+def _all_gather_into(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
+    pg = engine.native
     start = getattr(pg, "all_gather_single", None) or pg._allgather_base
-    return _paired(comm, of, start, _options(AllgatherOptions))
+    return _paired(engine, of, start, _options(AllgatherOptions))
 
 
-def _reduce_scatter(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
-    pg = comm.native
+def _reduce_scatter(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
+    pg = engine.native
     start = getattr(pg, "reduce_scatter_single", None) or pg._reduce_scatter_base
-    return _paired(comm, of, start, _options(ReduceScatterOptions, reduceOp=_SUM))
+    return _paired(engine, of, start, _options(ReduceScatterOptions, reduceOp=_SUM))
 
 
-def _all_to_all(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
-    pg = comm.native
+def _all_to_all(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
+    pg = engine.native
     start = getattr(pg, "all_to_all_single", None) or pg.alltoall_base
-    return _paired(comm, of, start, _EVEN, _EVEN, _options(AllToAllOptions))
+    return _paired(engine, of, start, _EVEN, _EVEN, _options(AllToAllOptions))
 
 
 def _parts(of: Of, t: torch.Tensor, parts: Any, written: bool) -> tuple[Any, list[Any]]:
@@ -289,10 +297,10 @@ def _parts(of: Of, t: torch.Tensor, parts: Any, written: bool) -> tuple[Any, lis
     return t.view(-1), [q.view(-1) for q in taken]
 
 
-def _gather(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
+def _gather(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
     assert kind.root is not None
-    pg = comm.native
-    gather, opts = pg.gather, _options(GatherOptions, rootRank=_group_rank(comm, kind.root))
+    comm, pg = engine.comm, engine.native
+    gather, opts = pg.gather, _options(GatherOptions, rootRank=_group_rank(engine, kind.root))
     if comm.rank != kind.root:
         #: the outputs off the root: none, or one empty list where torch's calls go to
         #: torchcomms (its gather wants one entry on every rank), as ``dist.gather`` passes.
@@ -311,10 +319,10 @@ def _gather(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
     return root
 
 
-def _scatter(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
+def _scatter(engine: TorchEngine, kind: CallKind, of: Of) -> Run:
     assert kind.root is not None
-    pg = comm.native
-    scatter, opts = pg.scatter, _options(ScatterOptions, rootRank=_group_rank(comm, kind.root))
+    comm, pg = engine.comm, engine.native
+    scatter, opts = pg.scatter, _options(ScatterOptions, rootRank=_group_rank(engine, kind.root))
     if comm.rank != kind.root:
 
         def off_root(x: Any, y: Any) -> None:
@@ -331,12 +339,13 @@ def _scatter(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run:
 
 # -- messages ---------------------------------------------------------------------------------
 # The kit has checked the rank and the tag. The group's own send, recv or recv_anysource runs,
-# and torch's Work is waited for as the pipeline's TorchWork is (:func:`_message`).
-def _send(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run | None:
+# and torch's Work is waited for as the pipeline waits for the engine's (:func:`_message`).
+def _send(engine: TorchEngine, kind: CallKind, of: Of) -> Run | None:
+    comm = engine.comm
     if "cpu" not in comm.devices or kind.root is None:
         return None
-    send, tag, label = comm.native.send, kind.tag, f"send to rank {kind.root} (tag {kind.tag})"
-    peer = _group_rank(comm, kind.root)
+    send, tag, label = engine.native.send, kind.tag, f"send to rank {kind.root} (tag {kind.tag})"
+    peer = _group_rank(engine, kind.root)
 
     def run(x: Any, y: Any) -> None:
         _message(comm, send, ([of(x)], peer, tag), label)
@@ -344,12 +353,13 @@ def _send(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run | None:
     return run
 
 
-def _recv(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run | None:
+def _recv(engine: TorchEngine, kind: CallKind, of: Of) -> Run | None:
+    comm = engine.comm
     if "cpu" not in comm.devices:
         return None
-    pg, src, tag = comm.native, kind.root, kind.tag
+    pg, src, tag = engine.native, kind.root, kind.tag
     if src is not None:
-        recv, peer, label = pg.recv, _group_rank(comm, src), f"recv from rank {src} (tag {tag})"
+        recv, peer, label = pg.recv, _group_rank(engine, src), f"recv from rank {src} (tag {tag})"
 
         def run(x: Any, y: Any) -> int:
             _message(comm, recv, ([of(x)], peer, tag), label)
@@ -360,7 +370,7 @@ def _recv(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run | None:
         return None
     recv_any, label = pg.recv_anysource, f"recv from any rank (tag {tag})"
     #: torch's group rank of each rank of the communicator -> that rank
-    senders = {_group_rank(comm, r): r for r in range(comm.world_size)}
+    senders = {_group_rank(engine, r): r for r in range(comm.world_size)}
 
     def run_any(x: Any, y: Any) -> int:
         work = _message(comm, recv_any, ([of(x)], tag), label)
@@ -369,7 +379,7 @@ def _recv(comm: TorchCommunicator, kind: CallKind, of: Of) -> Run | None:
     return run_any
 
 
-_PLANS: dict[str, Callable[[TorchCommunicator, CallKind, Of], Run | None]] = {
+_PLANS: dict[str, Callable[[TorchEngine, CallKind, Of], Run | None]] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "reduce": _reduce,

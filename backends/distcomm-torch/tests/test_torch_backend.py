@@ -56,6 +56,18 @@ def test_existing_group_of_another_backend_is_refused() -> None:
     assert dist.get_backend() == "gloo", "the existing group is left alone"
 
 
+def test_an_adopted_group_gives_the_world_its_rank_and_size() -> None:
+    """distcomm's world over torch's existing default group is that group: its rank and size,
+    whatever the launch said."""
+    from distcomm_torch.factory import create
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    launch = distcomm.LaunchInfo("env", 1, 2, 1, 2, 0, 1)
+    engine = create("gloo", launch)
+    assert (engine.launch.rank, engine.launch.world_size) == (0, 1), engine.launch
+    assert engine.launch.sources["rank"] == "torch's default process group"
+
+
 def test_reinit_after_finalize() -> None:
     for _ in range(2):
         comm = distcomm.init(backend="gloo")
@@ -110,7 +122,7 @@ def test_nccl_world_of_one_passes_every_check() -> None:
     from distcomm.testing.conformance import CHECKS, run_all
 
     comm = distcomm.init(backend="nccl")
-    assert comm.backend == "nccl" and str(comm.device).startswith("cuda")
+    assert comm.backend == "nccl" and str(comm.engine.device).startswith("cuda")
     assert run_all() == list(CHECKS)
 
 

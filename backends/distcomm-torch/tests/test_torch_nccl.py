@@ -3,8 +3,8 @@
 What cannot run here is mocked, each test says what and why: torch's Work objects (their texts
 are torch's own, copied from its sources: c10d's Work.cpp and ProcessGroupNCCL.cpp, Gloo's
 unbound_buffer.cc), ``torch.cuda``'s device count, and ``init_process_group`` / ``barrier``,
-recorded and then run on Gloo. Everything else (distcomm's Works, communicators, torch's default
-group and its sub-groups) is real, in a world of 1.
+recorded and then run on Gloo. Everything else (distcomm's Works, the kit's communicators around
+the torch engines, torch's default group and its sub-groups) is real, in a world of 1.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from distcomm_torch.communicator import TorchCommunicator, TorchWork, watchdog_timeout
+from distcomm_torch.communicator import TorchEngine, TorchRequest, watchdog_timeout
 from distcomm_torch.factory import create
 from distcomm_torch.plugin import GLOO, NCCL
 
 import distcomm
+from distcomm.backend import BaseCommunicator, EngineWork
 from distcomm.backend.work import retained
 from distcomm.errors import DistcommWarning, DistTimeoutError, EngineError, InvalidArgumentError
 
@@ -98,10 +99,31 @@ def no_torch_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def world(name: str, timeout: float, **options: Any) -> BaseCommunicator:
+    """The world communicator of backend ``name``, a world of 1, as ``init`` makes it: the
+    kit's communicator around the factory's engine."""
+    capabilities = {"gloo": GLOO, "nccl": NCCL}[name]
+    engine = create(name, WORLD_OF_ONE, timeout=timeout, **options)
+    return BaseCommunicator(
+        engine,
+        backend=name,
+        capabilities=capabilities,
+        rank=0,
+        world_size=1,
+        launch=WORLD_OF_ONE,
+        timeout=timeout,
+    )
+
+
+def torch_work(fake: FakeTorchWork, comm: BaseCommunicator, op: str, seq: int) -> EngineWork:
+    """The Work the torch engine of ``comm`` hands out for torch's Work ``fake``."""
+    return EngineWork(comm, TorchRequest(fake, comm.engine), op=op, seq=seq)
+
+
 @pytest.fixture
-def gloo() -> TorchCommunicator:
+def gloo() -> BaseCommunicator:
     """A real gloo communicator, a world of 1 (it owns torch's default group)."""
-    return create("gloo", WORLD_OF_ONE, timeout=30.0)
+    return world("gloo", timeout=30.0)
 
 
 # -- 5: torch's timeout texts ----------------------------------------------------------------------
@@ -113,13 +135,13 @@ def gloo() -> TorchCommunicator:
 )
 @pytest.mark.parametrize("timeout", [None, 5.0], ids=["wait()", "wait(5)"])
 def test_torch_timeouts_raise_dist_timeout_error_and_retire_the_communicator(
-    gloo: TorchCommunicator, text: str, expected: type[Exception], timeout: float | None
+    gloo: BaseCommunicator, text: str, expected: type[Exception], timeout: float | None
 ) -> None:
     """Every timeout text of torch's Gloo and NCCL ends a wait with DistTimeoutError, and the
     communicator is retired (NCCL's watchdog has aborted it, Gloo has closed its pairs); other
     failures stay EngineError. The torch Work is mocked (FakeTorchWork: no GPU, one process)."""
     fake = FakeTorchWork(engine_error(text), nccl="NCCL" in text, failed=True)
-    work = TorchWork(fake, gloo, op="all_reduce", seq=3)
+    work = torch_work(fake, gloo, op="all_reduce", seq=3)
     with pytest.raises(expected) as caught:
         work.wait(timeout)
     assert gloo.unusable is not None
@@ -130,11 +152,11 @@ def test_torch_timeouts_raise_dist_timeout_error_and_retire_the_communicator(
             gloo.all_reduce(torch.ones(1))
 
 
-def test_a_timed_out_nccl_work_is_not_taken_for_completed(gloo: TorchCommunicator) -> None:
+def test_a_timed_out_nccl_work_is_not_taken_for_completed(gloo: BaseCommunicator) -> None:
     """NCCL says "completed" of a Work its watchdog timed out: is_completed() must raise that
     timeout, not report success (the result was never written). torch's Work is mocked."""
     fake = FakeTorchWork(engine_error(TIMEOUTS["nccl-watchdog"]), nccl=True, failed=True)
-    work = TorchWork(fake, gloo, op="all_reduce", seq=4)
+    work = torch_work(fake, gloo, op="all_reduce", seq=4)
     with pytest.raises(DistTimeoutError, match=r"all_reduce \(operation #4\)"):
         work.is_completed()
     assert gloo.unusable is not None and work in retained()
@@ -143,28 +165,28 @@ def test_a_timed_out_nccl_work_is_not_taken_for_completed(gloo: TorchCommunicato
 # -- 6: no timeout reaches torch as zero -----------------------------------------------------------
 @pytest.mark.parametrize("timeout", [0.0, 0.0004, 1e-9])
 def test_a_tiny_wait_timeout_reaches_torch_as_one_millisecond(
-    gloo: TorchCommunicator, timeout: float
+    gloo: BaseCommunicator, timeout: float
 ) -> None:
     """Work.wait(0) or a fraction of a millisecond gives torch 1 ms, never its 0 ms "no
     timeout" (on which Gloo waits forever). torch's pending Work is mocked: one process has no
     peer to leave a real one pending."""
     fake = FakeTorchWork(engine_error(TIMEOUTS["work-wait"]))
-    work = TorchWork(fake, gloo, op="barrier", seq=1)
+    work = torch_work(fake, gloo, op="barrier", seq=1)
     with pytest.raises(DistTimeoutError):
         work.wait(timeout)
     assert fake.waits == [MS]
 
 
 def test_finalize_keeps_a_group_whose_nccl_work_has_not_completed(
-    gloo: TorchCommunicator,
+    gloo: BaseCommunicator,
 ) -> None:
     """finalize() of a retired communicator gives its pending Works no time (0 s): on NCCL that
     must not become torch's "no timeout", whose wait returns at once, taken for completion, and
     the group destroyed under running kernels. Kept instead, with a warning. torch's Work is
     mocked (an NCCL one, pending: FakeTorchWork(nccl=True)); the communicator is gloo's."""
     fake = FakeTorchWork(engine_error(TIMEOUTS["nccl-watchdog"]), nccl=True)
-    work = TorchWork(fake, gloo, op="all_reduce", seq=1)
-    gloo._kit_pending.add(work)
+    work = torch_work(fake, gloo, op="all_reduce", seq=1)
+    gloo._pending.add(work)
     gloo.unusable = "all_reduce (operation #1) failed: a peer went away"
     with pytest.warns(DistcommWarning, match="1 operation"):
         gloo.finalize()
@@ -194,7 +216,7 @@ class DoneWork:
 
 
 @pytest.fixture
-def nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TorchCommunicator, Calls]]:
+def nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[BaseCommunicator, Calls]]:
     """distcomm's nccl communicator on cuda:1, a world of 1, and what torch was asked.
 
     Mocked, as CI has no GPU and this torch no NCCL: 2 CUDA devices (``torch.cuda``), and
@@ -218,43 +240,44 @@ def nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TorchCommunicator, C
 
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
     monkeypatch.setattr(dist, "new_group", new_group)
-    comm = create("nccl", WORLD_OF_ONE, timeout=0.0004, device="cuda:1")
+    comm = world("nccl", timeout=0.0004, device="cuda:1")
     yield comm, calls
     if dist.is_initialized():
         dist.group.WORLD.bound_device_id = None  # type: ignore[union-attr]
 
 
 def test_nccl_binds_torch_default_group_to_its_device(
-    nccl: tuple[TorchCommunicator, Calls],
+    nccl: tuple[BaseCommunicator, Calls],
 ) -> None:
     """init_process_group gets device_id=cuda:N, distcomm's device (torch's own checks and eager
     NCCL start then apply). Mocked: CUDA, and init_process_group (recorded, then Gloo)."""
     comm, calls = nccl
     [init] = calls.init
     assert init["backend"] == "nccl" and init["device_id"] == torch.device("cuda", 1)
-    assert comm.device == torch.device("cuda", 1)
+    assert comm.engine.device == torch.device("cuda", 1)
 
 
 def test_every_nccl_sub_communicator_has_its_parents_device(
-    nccl: tuple[TorchCommunicator, Calls],
+    nccl: tuple[BaseCommunicator, Calls],
 ) -> None:
     """new_group, split (of a group too) and adopt: all on the parent's device. Mocked: CUDA,
     and init_process_group (recorded, then Gloo); the groups are real."""
     comm, _ = nccl
     group = comm.new_group([0])
-    assert isinstance(group, TorchCommunicator)
+    assert isinstance(group, BaseCommunicator) and isinstance(group.engine, TorchEngine)
     split = group.split(0)
-    assert isinstance(split, TorchCommunicator)
+    assert isinstance(split, BaseCommunicator) and isinstance(split.engine, TorchEngine)
     adopted = comm.adopt(dist.new_group([0]))
-    assert isinstance(adopted, TorchCommunicator)
+    assert isinstance(adopted, BaseCommunicator) and isinstance(adopted.engine, TorchEngine)
     cuda1 = torch.device("cuda", 1)
-    assert (group.device, split.device, adopted.device) == (cuda1, cuda1, cuda1)
+    devices = (group.engine.device, split.engine.device, adopted.engine.device)
+    assert devices == (cuda1, cuda1, cuda1)
     bound = {c.bound_device for c in (comm, group, split, adopted)}
     assert bound == {"cuda:1"}, "tensors on another GPU are refused on every one"
 
 
 def test_only_nccl_groups_every_rank_makes_are_split_from_the_bound_group(
-    nccl: tuple[TorchCommunicator, Calls],
+    nccl: tuple[BaseCommunicator, Calls],
 ) -> None:
     """With the default group bound to a GPU, torch splits every new group from it
     (ncclCommSplit, which every rank must call). Groups that only some ranks make (a group of a
@@ -266,7 +289,7 @@ def test_only_nccl_groups_every_rank_makes_are_split_from_the_bound_group(
     assert calls.new_group == [({"backend": "gloo", "timeout": MS}, None)], "the world's side"
     calls.new_group.clear()
     comm.new_group([0])  # every rank of the world makes it
-    comm._new_groups((0,), local=True)  # only its members make it
+    comm.engine._new_groups((0,), local=True)  # only its members make it
     seen = [
         (kwargs.get("backend"), kwargs["use_local_synchronization"], bound)
         for kwargs, bound in calls.new_group
@@ -281,7 +304,7 @@ def test_only_nccl_groups_every_rank_makes_are_split_from_the_bound_group(
 
 
 def test_every_timeout_torch_gets_from_nccl_is_at_least_a_millisecond(
-    nccl: tuple[TorchCommunicator, Calls],
+    nccl: tuple[BaseCommunicator, Calls],
 ) -> None:
     """A communicator timeout of 0.4 ms reaches the Gloo side groups as 1 ms, not 0 ms ("no
     timeout"), and the NCCL groups 30 s later (finding 8: torch's watchdog, which ends the
@@ -301,7 +324,7 @@ def test_torch_nccl_watchdog_waits_longer_than_distcomm() -> None:
 
 
 def test_nccl_barrier_runs_on_the_communicators_device(
-    nccl: tuple[TorchCommunicator, Calls], monkeypatch: pytest.MonkeyPatch
+    nccl: tuple[BaseCommunicator, Calls], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """barrier passes device_ids=[N] (else torch picks the current device, or rank modulo the
     device count), on the world and on a group. Mocked: CUDA, init_process_group, and
@@ -313,10 +336,10 @@ def test_nccl_barrier_runs_on_the_communicators_device(
         return DoneWork()
 
     group = comm.new_group([0])
-    assert isinstance(group, TorchCommunicator)
+    assert isinstance(group, BaseCommunicator) and isinstance(group.engine, TorchEngine)
     monkeypatch.setattr(dist, "barrier", barrier)
     for each in (comm, group):
-        work = each._barrier(async_op=False)
+        work = each.engine.barrier(async_op=False)
         assert work is not None and work.wait() is True
     assert calls.barrier == [
         ((None, True), {"device_ids": [1]}),
@@ -325,7 +348,7 @@ def test_nccl_barrier_runs_on_the_communicators_device(
 
 
 # -- 9: tags ---------------------------------------------------------------------------------------
-def test_nccl_refuses_a_tag_gloo_matches_it(nccl: tuple[TorchCommunicator, Calls]) -> None:
+def test_nccl_refuses_a_tag_gloo_matches_it(nccl: tuple[BaseCommunicator, Calls]) -> None:
     """ProcessGroupNCCL ignores tags: nccl's capabilities say so and a non-zero tag is refused
     before anything is sent. Mocked: CUDA, and init_process_group (then Gloo)."""
     comm, _ = nccl

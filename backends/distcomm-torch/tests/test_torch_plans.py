@@ -1,17 +1,17 @@
-"""gloo's plans of blocking calls (``TorchCommunicator._plan``, :mod:`distcomm_torch.plans`),
+"""gloo's plans of blocking calls (``TorchEngine.plan``, :mod:`distcomm_torch.plans`),
 in one program of 2 ranks run once for the module.
 
 Past the first 64 collectives (all checked: the pipeline only), a blocking call of a kind the
 pipeline took before runs the engine's plan for that kind (``distcomm.backend._pipeline.plans``).
-The program counts what the plans did, by wrapping the engine's ``_plan`` that the world's
-``_kit_plans`` asks (each plan it returns counted), and checks every result: runs of one op and
+The program counts what the plans did, by wrapping the engine's ``plan`` that the world's
+``_plans`` asks (each plan it returns counted), and checks every result: runs of one op and
 interleaved ops, numpy arrays and torch tensors of float32, int64 and float64; gather and scatter
 to and from either rank, the root's list views of one buffer and arrays of their own. Arrays the
 engine does not take as they are (not contiguous, overlapping, a root's list holding its tensor
 or transposed entries) make the plan raise NotPlanned and go through the pipeline; a dtype gloo
 lacks (int16) is never planned, a SUM of bools (an OR) has no plan; a wrong-size output, a bool
 root and bad lists never reach a plan: the pipeline refuses them. The barrier holds a plan too,
-the kit's own (``Steps._kit_barrier_plan``): gloo's ``plan`` has none for it.
+the kit's own (``Steps._barrier_plan``): gloo's ``plan`` has none for it.
 Blocking messages alike (planned from the first message of a kind): ping-pongs of numpy arrays
 and torch tensors of five dtypes on three tags, rank 0 receiving from any rank; strided views
 (NotPlanned) and int16 (never planned) through the pipeline; bad ranks and tags refused by the
@@ -76,14 +76,14 @@ class Ledger:
     (another exception), or a recv's sender (what its run returned). And in :attr:`asked`,
     each kind the kit asked a plan for: (op, class, dtype, byte size, root, tag, whether the
     engine planned it); the barrier's array, which has no dtype, has None for it.
-    The kit asks the engine's ``_plan`` that its kinds (``comm._kit_plans``, kept for the
+    The kit asks the engine's ``plan`` that its kinds (``comm._plans``, kept for the
     communicator's life) were given when the communicator was made: the ledger puts the
     counted one there and forgets the kinds known so far."""
 
     def __init__(self, comm: Any) -> None:
         self.said: list[tuple[str, Any]] = []
         self.asked: list[tuple[Any, ...]] = []
-        kinds = comm._kit_plans
+        kinds = comm._plans
         kinds._engine_plan = self._planner(kinds._engine_plan)
         kinds.forget()
 
@@ -493,7 +493,7 @@ def program(workdir: str) -> dict[str, Any]:
         "last seq": p.comm.seq,
         "messages": message_program(p.comm, p.ledger),
         "asked": list(p.ledger.asked),
-        "planned ops": sorted({k[0] for k, v in p.comm._kit_plans.kinds.items() if v[0]}),
+        "planned ops": sorted({k[0] for k, v in p.comm._plans.kinds.items() if v[0]}),
         "skipped": p.skipped(Path(workdir) / "rank-0-timed-out"),
     }
 
@@ -584,7 +584,7 @@ def test_the_checked_collectives_never_run_a_plan(ranks: list[dict[str, Any]]) -
 
 def test_every_op_is_planned_once_per_kind(ranks: list[dict[str, Any]]) -> None:
     """The world holds a plan for each of the ten ops and for the barrier, whose plan is the
-    kit's (``Steps._kit_barrier_plan``: torch has none of its own). The kit asked the engine
+    kit's (``Steps._barrier_plan``: torch has none of its own). The kit asked the engine
     once per kind (op, class, dtype, size, root, tag), the barrier's too, and gloo planned
     every kind of a dtype it sums or moves: the barrier alone has no plan of torch's (its
     ``plan`` returns None: the kit's plan is kept); bool's SUM (an OR: the pipeline's) and

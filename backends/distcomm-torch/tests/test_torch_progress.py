@@ -23,7 +23,7 @@ class World:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._kit_thread = threading.get_ident()  # the thread that uses it (the kit's name)
+        self._thread = threading.get_ident()  # the thread that uses it (the kit's name)
 
 
 def sleep_in_the_data_loader(release: threading.Event) -> None:

@@ -6,11 +6,11 @@ others waiting inside a half-started collective.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from distcomm.backend.arrays import Adapter, adapter_for
-from distcomm.backend.primitives import INTERNAL_TAG
+from distcomm.backend.engine import INTERNAL_TAG
 from distcomm.errors import InvalidArgumentError
 
 __all__ = ["ArgumentChecks"]
@@ -23,17 +23,19 @@ def _is_int(value: Any) -> bool:
 class ArgumentChecks:
     """Mixin of BaseCommunicator: validation of ranks, tags, lists and tensor pairs."""
 
-    _kit_rank: int
-    _kit_world_size: int
+    _rank: int
+    _world_size: int
+    #: The engine's ``check_tag`` (None: it carries every tag the kit lets through).
+    _engine_tag: Callable[[int], None] | None
 
     def describe(self) -> str:
         raise NotImplementedError
 
-    def _kit_check_rank(self, value: Any, name: str) -> None:
-        if not _is_int(value) or not 0 <= value < self._kit_world_size:
+    def _check_rank(self, value: Any, name: str) -> None:
+        if not _is_int(value) or not 0 <= value < self._world_size:
             raise InvalidArgumentError(
                 f"{name}={value!r} is not a rank of {self.describe()}: valid ranks are 0.."
-                f"{self._kit_world_size - 1}. HINT: ranks are ranks of the communicator in use; "
+                f"{self._world_size - 1}. HINT: ranks are ranks of the communicator in use; "
                 "map a world rank with comm.global_ranks.index(world_rank)."
             )
 
@@ -43,23 +45,25 @@ class ArgumentChecks:
                 f"tag={tag!r} must be an int in [0, {INTERNAL_TAG}) (larger tags are distcomm's). "
                 "HINT: pass a small non-negative int, the same on the sender and the receiver."
             )
+        if self._engine_tag is not None:
+            self._engine_tag(tag)
 
-    def _kit_check_members(self, ranks: Sequence[int]) -> tuple[int, ...]:
+    def _check_members(self, ranks: Sequence[int]) -> tuple[int, ...]:
         try:
             members = tuple(sorted(ranks))
         except TypeError:
             raise InvalidArgumentError(
                 f"new_group: ranks {ranks!r} must be a sequence of ints. HINT: pass e.g. [0, 1]."
             ) from None
-        valid = all(_is_int(r) and 0 <= r < self._kit_world_size for r in members)
+        valid = all(_is_int(r) and 0 <= r < self._world_size for r in members)
         if not members or len(set(members)) != len(members) or not valid:
             raise InvalidArgumentError(
                 f"new_group: ranks {list(ranks)!r} must be distinct ranks of {self.describe()} "
-                f"(0..{self._kit_world_size - 1}), at least one. HINT: pass e.g. [0, 1]."
+                f"(0..{self._world_size - 1}), at least one. HINT: pass e.g. [0, 1]."
             )
         return members
 
-    def _kit_check_pair(
+    def _check_pair(
         self, x: Any, what: str, adapter: Adapter, dtype: str, numel: int | None
     ) -> None:
         if adapter_for(x, what).kind != adapter.kind:
@@ -73,22 +77,22 @@ class ArgumentChecks:
                 f"{what} has dtype {other!r} but the input has {dtype!r}. HINT: use one dtype."
             )
         if numel is not None and adapter.numel(x) != numel:
-            raise self._kit_size_error(what, adapter.numel(x), "", numel)
+            raise self._size_error(what, adapter.numel(x), "", numel)
 
-    def _kit_check_list(
+    def _check_list(
         self, parts: Any, what: str, adapter: Adapter, dtype: str, numel: int | None
     ) -> None:
-        if not isinstance(parts, (list, tuple)) or len(parts) != self._kit_world_size:
+        if not isinstance(parts, (list, tuple)) or len(parts) != self._world_size:
             got = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
             raise InvalidArgumentError(
-                f"{what} must be a list of {self._kit_world_size} tensors (one per rank of "
+                f"{what} must be a list of {self._world_size} tensors (one per rank of "
                 f"{self.describe()}), got {got!r}. "
                 "HINT: [torch.empty_like(t) for _ in range(world_size)]."
             )
         for i, part in enumerate(parts):
-            self._kit_check_pair(part, f"{what}[{i}]", adapter, dtype, numel)
+            self._check_pair(part, f"{what}[{i}]", adapter, dtype, numel)
 
-    def _kit_check_root_list(
+    def _check_root_list(
         self,
         parts: Any,
         what: str,
@@ -98,23 +102,21 @@ class ArgumentChecks:
         dtype: str,
         numel: int,
     ) -> None:
-        if self._kit_rank == root:
+        if self._rank == root:
             if parts is None:
                 raise InvalidArgumentError(
                     f"{what} is required on {root_name}={root} (this rank). HINT: pass a list of "
-                    f"{self._kit_world_size} tensors like the input on the rank where rank == "
+                    f"{self._world_size} tensors like the input on the rank where rank == "
                     f"{root_name}, None elsewhere."
                 )
-            self._kit_check_list(parts, what, adapter, dtype, numel)
+            self._check_list(parts, what, adapter, dtype, numel)
         elif parts is not None:
             raise InvalidArgumentError(
-                f"{what} must be None on rank {self._kit_rank}: only {root_name}={root} passes it, "
+                f"{what} must be None on rank {self._rank}: only {root_name}={root} passes it, "
                 f"as in torch.distributed. HINT: pass it only where rank == {root_name}."
             )
 
-    def _kit_size_error(
-        self, what: str, got: int, rule: str, expected: int
-    ) -> InvalidArgumentError:
+    def _size_error(self, what: str, got: int, rule: str, expected: int) -> InvalidArgumentError:
         rule = f" ({rule})" if rule else ""
         return InvalidArgumentError(
             f"{what} has {got} elements; expected {expected}{rule} on {self.describe()}. "

@@ -47,9 +47,9 @@ class Sameness(Steps):
             NotSameError: the ranks differ; ``ranks`` lists those that differ from the
                 majority, ``keys`` the keys (or item paths) whose values differ.
         """
-        self._kit_check_usable()
+        self._check_usable()
         leaves = digests(x)
-        channel = self._kit_objects("assert_same")
+        channel = self._objects("assert_same")
         if channel is None:
             return
         whole = hashlib.blake2b(digest_size=8)

@@ -37,10 +37,10 @@ class Coalesced(Steps):
     """all_reduce_coalesced (module docstring)."""
 
     #: The flattening buffers, by (library, dtype, device); made at the first use.
-    _kit_scratches: dict[Any, Any] | None = None
+    _scratches: dict[Any, Any] | None = None
     #: The last bucket's views of its scratch buffer, by (library, dtype, device), while its
     #: shapes repeat (:class:`_Pieces`).
-    _kit_pieces: dict[Any, _Pieces] | None = None
+    _pieces: dict[Any, _Pieces] | None = None
 
     def all_reduce_coalesced(
         self,
@@ -60,7 +60,7 @@ class Coalesced(Steps):
             InvalidArgumentError: ``tensors`` is not a list or tuple of tensors, or
                 ``bucket_bytes`` is not a positive int.
         """
-        self._kit_check_usable()
+        self._check_usable()
         if not isinstance(tensors, (list, tuple)):
             raise InvalidArgumentError(
                 "all_reduce_coalesced: tensors must be a list or tuple of tensors, got "
@@ -81,40 +81,40 @@ class Coalesced(Steps):
                 if span is not None:  # views of one buffer: reduced where they are
                     self.all_reduce(span, op)  # type: ignore[attr-defined]
                     continue
-                flat = self._kit_scratch(key, bucket[0], sum(numels))
-                pieces = self._kit_cut(key, flat, bucket, numels)
+                flat = self._scratch(key, bucket[0], sum(numels))
+                pieces = self._cut(key, flat, bucket, numels)
                 _flatten(bucket, flat, pieces)
                 self.all_reduce(flat, op)  # type: ignore[attr-defined]
                 _unflatten(flat, bucket, numels, pieces)
 
-    def _kit_scratch(self, key: Any, like: Any, numel: int) -> Any:
+    def _scratch(self, key: Any, like: Any, numel: int) -> Any:
         """A 1-D buffer of ``numel`` elements like ``like``'s, kept per (library, dtype,
         device) between calls: fresh memory costs page faults on every call (about 0.6 ms per
         MiB here)."""
-        if self._kit_scratches is None:
-            self._kit_scratches = {}
-        kept = self._kit_scratches.get(key)
+        if self._scratches is None:
+            self._scratches = {}
+        kept = self._scratches.get(key)
         if kept is None or len(kept) < numel:
-            kept = self._kit_scratches[key] = _empty_like(like, numel)
+            kept = self._scratches[key] = _empty_like(like, numel)
         return kept[:numel]
 
-    def _kit_cut(self, key: Any, flat: Any, bucket: list[Any], numels: list[int]) -> _Pieces | None:
+    def _cut(self, key: Any, flat: Any, bucket: list[Any], numels: list[int]) -> _Pieces | None:
         """torch: ``flat``'s views shaped as the bucket's tensors, kept per key while the same
         scratch memory and shapes come back (cutting 1000 views costs about 1 ms here, as much as
         the copies); None for numpy."""
         if not _is_torch(flat):
             return None
-        if self._kit_pieces is None:
-            self._kit_pieces = {}
+        if self._pieces is None:
+            self._pieces = {}
         shapes = [t.shape for t in bucket]
-        kept = self._kit_pieces.get(key)
+        kept = self._pieces.get(key)
         if kept is not None and kept.ptr == flat.data_ptr() and kept.shapes == shapes:
             return kept
         views = flat.split_with_sizes(numels)  # 1-D views, cut in C++
         flat_only = all(len(s) == 1 for s in shapes)
         if not flat_only:
             views = [v if len(s) == 1 else v.view(s) for v, s in zip(views, shapes, strict=True)]
-        kept = self._kit_pieces[key] = _Pieces(flat.data_ptr(), shapes, views, flat_only)
+        kept = self._pieces[key] = _Pieces(flat.data_ptr(), shapes, views, flat_only)
         return kept
 
 

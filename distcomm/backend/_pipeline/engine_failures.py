@@ -51,14 +51,14 @@ def _label(op: str, seq: int | None) -> str:
 class Failures:
     """Mixin of BaseCommunicator: timeouts and engine failures (see the module docstring)."""
 
-    _kit_rank: int
-    _kit_world_size: int
+    _rank: int
+    _world_size: int
     unusable: str | None
     timeout: float
-    _kit_history: CallHistory | None
+    _history: CallHistory | None
     #: The communicator whose collective this one (its object channel: NCCL's Gloo side
     #: group) checks now: a failure here is that collective's, told and diagnosed there.
-    _kit_checking_for: Any = None
+    _checking_for: Any = None
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -82,7 +82,7 @@ class Failures:
             stalled: why the operation can never complete, when the engine knows it before
                 the timeout (an in-process world where every rank waits).
         """
-        behalf = self._kit_checking_for
+        behalf = self._checking_for
         if behalf is not None:
             self.unusable = f"the check of {behalf.op} #{behalf.seq} on {behalf.describe()} failed"
             told: DistTimeoutError | CollectiveMismatchError = behalf.timed_out(
@@ -91,9 +91,7 @@ class Failures:
             return told
         error, message = self.timeout_error(op, seq, limit, waiting_for, stalled)
         if aborts.on_timeout() == "abort":
-            self._abort_job(
-                f"distcomm: rank {self._kit_rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)"
-            )
+            self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
         return error
 
     def timeout_error(
@@ -168,7 +166,7 @@ class Failures:
         if stalled is not None:
             waited = self.timeout if limit is None else limit
             return self.timed_out(op, seq, waited, waiting_for, stalled)
-        behalf = self._kit_checking_for
+        behalf = self._checking_for
         if behalf is not None:
             self.unusable = f"the check of {behalf.op} #{behalf.seq} on {behalf.describe()} failed"
             failed: EngineError | CollectiveMismatchError | DistTimeoutError = behalf.engine_failed(
@@ -204,10 +202,10 @@ class Failures:
         ranks that had not arrived, where they are (unless ``show_stacks`` is False), and the
         collective mismatch their calls show, if any. For a backend's own diagnostic (MPI's
         watchdog)."""
-        missing, detail = self._kit_arrivals(seq) if seq else (None, waiting_for)
-        members = [r for r in range(self._kit_world_size) if r != self._kit_rank]
-        answers, failed = self._kit_ask_where(members if seq else [])
-        mismatch = self._kit_mismatch(answers)
+        missing, detail = self._arrivals(seq) if seq else (None, waiting_for)
+        members = [r for r in range(self._world_size) if r != self._rank]
+        answers, failed = self._ask_where(members if seq else [])
+        mismatch = self._mismatch(answers)
         if mismatch is not None:
             self.unusable = f"collective mismatch at operation #{mismatch.seq}"
             return Diagnosis(missing, detail, {}, " ", mismatch)
@@ -256,7 +254,7 @@ class Failures:
         aborts.abort_job(message)
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _kit_ask_where(self, ranks: list[int]) -> tuple[Mapping[int, str] | None, str]:
+    def _ask_where(self, ranks: list[int]) -> tuple[Mapping[int, str] | None, str]:
         """``_peer_stacks(ranks)``, and why it failed ("" if it did not)."""
         if not ranks:
             return {}, ""
@@ -265,12 +263,12 @@ class Failures:
         except Exception as exc:  # the side channel failed too: say so, never guess
             return None, str(exc)
 
-    def _kit_mismatch(self, answers: Mapping[int, str] | None) -> CollectiveMismatchError | None:
+    def _mismatch(self, answers: Mapping[int, str] | None) -> CollectiveMismatchError | None:
         """The collective mismatch the histories in peers' ``answers`` show against this
         rank's, if any."""
         return compare(self, current_dump(self), answers)[0] if answers else None
 
-    def _kit_arrivals(self, seq: int) -> tuple[list[int] | None, str]:
+    def _arrivals(self, seq: int) -> tuple[list[int] | None, str]:
         """The ranks that had not reached operation ``seq``, and a sentence saying so."""
         try:
             progress = self._peer_progress()
@@ -278,7 +276,7 @@ class Failures:
             return None, f"the ranks that had not arrived are unknown ({exc})"
         if progress is None:
             return None, "the ranks that had not arrived are unknown (this backend cannot tell)"
-        missing = missing_ranks({**progress, self._kit_rank: seq}, self._kit_world_size, seq)
+        missing = missing_ranks({**progress, self._rank: seq}, self._world_size, seq)
         if not missing:
             ahead = sorted(r for r, s in progress.items() if s > seq)
             if ahead:
@@ -328,7 +326,7 @@ def compare(
             theirs[rank] = found
     if not theirs:
         return None, theirs
-    dumps = {comm._kit_rank: mine, **theirs}
+    dumps = {comm._rank: mine, **theirs}
     found_at = divergence.find(dumps)
     if found_at is None:
         return None, theirs
@@ -337,7 +335,7 @@ def compare(
 
 def current_dump(comm: Any) -> dict[str, Any]:
     """This rank's dump of ``comm``'s history; without one (policy off), its current call."""
-    history = comm._kit_history
+    history = comm._history
     if history is not None:
         return dict(history.dump(site=call_site()))
     return minimal_dump(comm)

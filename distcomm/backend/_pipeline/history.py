@@ -176,7 +176,7 @@ class CallHistory:
         return {
             "ranks": [] if comm is None else list(comm.global_ranks),
             "name": "" if comm is None else comm.name,
-            "lineage": "" if comm is None else getattr(comm, "_kit_lineage", ""),
+            "lineage": "" if comm is None else getattr(comm, "_lineage", ""),
             "seq": seq,
             "op": op,
             "agreed": self.agreed_seq,
@@ -203,7 +203,7 @@ def minimal_dump(comm: Any) -> dict[str, Any]:
     return {
         "ranks": list(comm.global_ranks),
         "name": comm.name,
-        "lineage": getattr(comm, "_kit_lineage", ""),
+        "lineage": getattr(comm, "_lineage", ""),
         "seq": seq,
         "op": op,
         "agreed": max(0, seq - 1),

@@ -92,7 +92,7 @@ def settle(comm: Steps, last: int, where: str) -> None:
         CollectiveMismatchError: the balances do not cancel: the first call whose tables
             disagree, with every rank's lists; the communicator is retired.
     """
-    h = comm._kit_history
+    h = comm._history
     if h is None or h.ledger is None or not h.ledger.calls:
         return
     channel = comm._object_channel()
@@ -102,7 +102,7 @@ def settle(comm: Steps, last: int, where: str) -> None:
         return
     every = objects.all_gather_object(channel, kept)
     error = _mismatch(comm, every, last, where)
-    comm._kit_after_mismatch(error)
+    comm._after_mismatch(error)
     raise error
 
 

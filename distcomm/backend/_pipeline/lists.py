@@ -19,9 +19,9 @@ from typing import Any
 
 from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline import splits
+from distcomm.backend._pipeline.defaults import offsets
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
-from distcomm.backend.primitives import offsets
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp, Work
 
@@ -37,12 +37,12 @@ class ListForms(Steps):
         """``input_list[r]`` goes to rank r; ``output_list[s]`` receives rank s's tensor for
         this rank. Sizes may differ between entries: what rank r sends s must fit s's entry."""
         for what, given in (("input_list", input_list), ("output_list", output_list)):
-            if not isinstance(given, (list, tuple)) or len(given) != self._kit_world_size:
-                self._kit_check_list(given, what, None, "", None)  # type: ignore[arg-type]
+            if not isinstance(given, (list, tuple)) or len(given) != self._world_size:
+                self._check_list(given, what, None, "", None)  # type: ignore[arg-type]
         first = input_list[0]
-        adapter, dtype = self._kit_begin(first, "input_list[0]")
-        self._kit_check_list(input_list, "input_list", adapter, dtype, None)
-        self._kit_check_list(output_list, "output_list", adapter, dtype, None)
+        adapter, dtype = self._begin(first, "input_list[0]")
+        self._check_list(input_list, "input_list", adapter, dtype, None)
+        self._check_list(output_list, "output_list", adapter, dtype, None)
         sent = [adapter.numel(t) for t in input_list]
         expected = [adapter.numel(t) for t in output_list]
         joined_in = adapter.empty(first, sum(sent))
@@ -74,10 +74,10 @@ class ListForms(Steps):
         """Reduce ``input_list[r]`` across ranks into rank r's ``output``. The entries may
         differ in size (torchcomms' ``reduce_scatter_v``): every rank passes the same sizes,
         and ``output`` has this rank's entry's."""
-        adapter, dtype = self._kit_begin(output, "output")
-        self._kit_check_list(input_list, "input_list", adapter, dtype, None)
+        adapter, dtype = self._begin(output, "output")
+        self._check_list(input_list, "input_list", adapter, dtype, None)
         sizes = [adapter.numel(t) for t in input_list]
-        rank, numel = self._kit_rank, adapter.numel(output)
+        rank, numel = self._rank, adapter.numel(output)
         if sizes[rank] != numel:
             raise InvalidArgumentError(
                 f"reduce_scatter: output has {numel} elements but input_list[{rank}] (this "
@@ -92,7 +92,7 @@ class ListForms(Steps):
         if min(sizes) == max(sizes):
             work: Work | None = comm.reduce_scatter_tensor(output, joined, op, async_op)
         else:
-            work = comm._kit_reduce_scatter_v(output, joined, sizes, op, async_op)
+            work = comm._uneven_reduce_scatter(output, joined, sizes, op, async_op)
         return work
 
     @observed
@@ -102,22 +102,22 @@ class ListForms(Steps):
         (None: found with one exchange of shapes). One variable-size all-gather, whose
         element counts the mismatch check compares (ranks passing different ``sizes`` raise
         CollectiveMismatchError)."""
-        adapter, dtype = self._kit_begin(tensor, "tensor")
+        adapter, dtype = self._begin(tensor, "tensor")
         shape = tuple(tensor.shape)
         rows, row = splits.rows_of(shape, "tensor")
         if sizes is None:  # one operation: the exchange of shapes is part of it
-            self._kit_count("all_gather_v", tensor, adapter, varies=True)
-            rows_of = [rows] if self._kit_solo else _rows_found(self, shape)
+            self._count("all_gather_v", tensor, adapter, varies=True)
+            rows_of = [rows] if self._solo else _rows_found(self, shape)
             counts = [n * row for n in rows_of]
         else:
             rows_of = _rows_given(self, shape, rows, sizes)
             counts = [n * row for n in rows_of]
-            self._kit_count("all_gather_v", tensor, adapter, layout=tuple(counts))
-        if self._kit_solo:
+            self._count("all_gather_v", tensor, adapter, layout=tuple(counts))
+        if self._solo:
             return [adapter.clone(tensor)]
-        staged = self._kit_stage(adapter, tensor, dtype)
+        staged = self._stage(adapter, tensor, dtype)
         out = adapter.empty(staged.engine, sum(counts))
-        self._kit_call(self._all_gather_v, False, out, counts, staged.engine)
+        self._call(self._all_gather_v, False, out, counts, staged.engine)
         if staged.dtype != dtype or adapter.device(out) != adapter.device(tensor):
             staged_out, out = out, adapter.empty(tensor, sum(counts))
             adapter.copy_(out, staged_out)  # back to the caller's dtype and device
@@ -143,7 +143,7 @@ def _rows_found(comm: Steps, shape: tuple[int, ...]) -> list[int]:
 def _rows_given(comm: Steps, shape: tuple[int, ...], rows: int, sizes: list[int]) -> list[int]:
     """all_gather_v's ``sizes`` checked against this rank's tensor (of ``shape``, ``rows``
     rows)."""
-    world, rank = comm._kit_world_size, comm._kit_rank
+    world, rank = comm._world_size, comm._rank
     if not (_ints(sizes) and len(sizes) == world and min(sizes) >= 0):
         raise InvalidArgumentError(
             f"all_gather_v: sizes={sizes!r} must be {world} non-negative ints, the rows "

@@ -111,14 +111,14 @@ def check(comm: Steps, x: Any = None) -> None:
     Raises:
         CollectiveMismatchError: the ranks' calls differ (every rank raises it).
     """
-    h = comm._kit_history
+    h = comm._history
     if h is None:
         return
     seq = comm.seq
     channel = comm._object_channel()
     h.voting = seq
     if channel is not comm:  # its failure is this collective's (its timeout, its diagnosis)
-        channel._kit_checking_for = comm
+        channel._checking_for = comm
     try:
         if agree(channel, h.value(seq)):
             h.agree(seq)
@@ -129,12 +129,12 @@ def check(comm: Steps, x: Any = None) -> None:
     finally:
         h.voting = 0
         if channel is not comm:
-            channel._kit_checking_for = None
+            channel._checking_for = None
     found = divergence.find(dumps)
     if found is None:  # older than every history kept
         found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
     error = divergence.mismatch_error(comm.describe(), found, dumps)
-    comm._kit_after_mismatch(error)
+    comm._after_mismatch(error)
     raise error
 
 
@@ -171,7 +171,7 @@ def record(
     if novel:
         shape = None if x is None else shape_of(x)
         h.describe(fp, signature, call_site(), shape)
-        if seq < comm._kit_next_check and comm._kit_can_confirm():
+        if seq < comm._next_check and comm._can_confirm():
             p2p_vote.vote(comm, p2p_vote.CALL, shape)
     return fp
 
@@ -180,14 +180,14 @@ def agree(channel: BaseCommunicator, fingerprint: int) -> bool:
     """Whether every rank has ``fingerprint``: one 16-byte int64 MIN all-reduce of [f, -f]
     where the engine has it, else an object all-gather. The 16 bytes are the channel's own,
     made once (``_vote``) and written through a memoryview, so that a check allocates nothing."""
-    vote = channel._kit_vote
+    vote = channel._vote
     if vote is None:
-        vote = channel._kit_vote = _vote_buffer(channel)
+        vote = channel._vote = _vote_buffer(channel)
     if vote is False:
         return len(set(objects.all_gather_object(channel, fingerprint))) == 1
     buffer, pair = vote
     pair[0], pair[1] = fingerprint, -fingerprint
-    channel._kit_call(channel._all_reduce, False, buffer, ReduceOp.MIN)
+    channel._call(channel._all_reduce, False, buffer, ReduceOp.MIN)
     return bool(pair[0] == -pair[1])
 
 
@@ -195,7 +195,7 @@ def _vote_buffer(channel: BaseCommunicator) -> tuple[Any, Any] | bool:
     """A CPU int64 array of 2 of the array library the program uses, and a view to set and
     read it as Python ints; False where the engine has no int64 MIN or no array library is
     loaded."""
-    if "int64" not in channel._kit_native_dtypes or ReduceOp.MIN not in channel._kit_native_ops:
+    if "int64" not in channel._native_dtypes or ReduceOp.MIN not in channel._native_ops:
         return False
     numpy = sys.modules.get("numpy")
     if numpy is not None:

@@ -21,68 +21,68 @@ class Movement(Steps):
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``src``'s ``tensor`` into ``tensor`` on every rank."""
-        if not async_op and self._kit_planned("broadcast", tensor, src):
+        if not async_op and self._planned("broadcast", tensor, src):
             return None
-        return self._kit_broadcast_steps(tensor, src, async_op)
+        return self._broadcast_steps(tensor, src, async_op)
 
     @observed
-    def _kit_broadcast_steps(self, tensor: Any, src: int, async_op: bool) -> Work | None:
+    def _broadcast_steps(self, tensor: Any, src: int, async_op: bool) -> Work | None:
         """broadcast past its plan (every call is numbered; the hooks see it)."""
-        adapter, dtype = self._kit_begin(tensor, "tensor")
-        self._kit_check_rank(src, "src")
-        self._kit_count("broadcast", tensor, adapter, src)
-        if self._kit_solo:
+        adapter, dtype = self._begin(tensor, "tensor")
+        self._check_rank(src, "src")
+        self._count("broadcast", tensor, adapter, src)
+        if self._solo:
             return DONE if async_op else None
         plain = adapter.is_plain(tensor, self.devices, self.bound_device)
-        if dtype in self._kit_native_dtypes and plain:
-            work = self._kit_call(self._broadcast, async_op, tensor, src)
-            return self._kit_complete(work, async_op, tensor)
-        staged = self._kit_stage(adapter, tensor, dtype)
-        work = self._kit_call(self._broadcast, async_op, staged.engine, src)
-        return self._kit_finish(work, async_op, staged)
+        if dtype in self._native_dtypes and plain:
+            work = self._call(self._broadcast, async_op, tensor, src)
+            return self._complete(work, async_op, tensor)
+        staged = self._stage(adapter, tensor, dtype)
+        work = self._call(self._broadcast, async_op, staged.engine, src)
+        return self._finish(work, async_op, staged)
 
     @observed
     def all_gather(
         self, tensor_list: list[Any], tensor: Any, async_op: bool = False
     ) -> Work | None:
         """Gather every rank's ``tensor`` into ``tensor_list`` (one per rank) on every rank."""
-        adapter, dtype = self._kit_begin(tensor, "tensor")
-        self._kit_check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
-        self._kit_count("all_gather", tensor, adapter)
-        if self._kit_solo:
+        adapter, dtype = self._begin(tensor, "tensor")
+        self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
+        self._count("all_gather", tensor, adapter)
+        if self._solo:
             adapter.copy_(tensor_list[0], tensor)
             return DONE if async_op else None
-        staged = self._kit_stage(adapter, tensor, dtype)
-        out = adapter.empty(staged.engine, adapter.numel(tensor) * self._kit_world_size)
-        work = self._kit_call(self._all_gather_into, async_op, out, staged.engine)
-        return self._kit_finish_split(work, async_op, staged, out, tensor_list)
+        staged = self._stage(adapter, tensor, dtype)
+        out = adapter.empty(staged.engine, adapter.numel(tensor) * self._world_size)
+        work = self._call(self._all_gather_into, async_op, out, staged.engine)
+        return self._finish_split(work, async_op, staged, out, tensor_list)
 
     def all_gather_into_tensor(
         self, output_tensor: Any, input_tensor: Any, async_op: bool = False
     ) -> Work | None:
         """Gather every rank's ``input_tensor`` into ``output_tensor`` (world_size times larger)."""
-        if not async_op and self._kit_planned(
+        if not async_op and self._planned(
             "all_gather_into_tensor", input_tensor, None, output_tensor
         ):
             return None
-        return self._kit_all_gather_into_tensor_steps(output_tensor, input_tensor, async_op)
+        return self._all_gather_into_tensor_steps(output_tensor, input_tensor, async_op)
 
     @observed
-    def _kit_all_gather_into_tensor_steps(
+    def _all_gather_into_tensor_steps(
         self, output_tensor: Any, input_tensor: Any, async_op: bool
     ) -> Work | None:
         """all_gather_into_tensor past its plan (every call is numbered; the hooks see it)."""
-        adapter, dtype = self._kit_begin(input_tensor, "input_tensor")
-        expected = adapter.numel(input_tensor) * self._kit_world_size
-        self._kit_check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
-        self._kit_count("all_gather_into_tensor", input_tensor, adapter)
-        if self._kit_solo:
+        adapter, dtype = self._begin(input_tensor, "input_tensor")
+        expected = adapter.numel(input_tensor) * self._world_size
+        self._check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
+        self._count("all_gather_into_tensor", input_tensor, adapter)
+        if self._solo:
             adapter.copy_(output_tensor, input_tensor)
             return DONE if async_op else None
-        staged_in = self._kit_stage(adapter, input_tensor, dtype, "input_tensor")
-        staged_out = self._kit_stage(adapter, output_tensor, dtype, "output_tensor")
-        work = self._kit_call(self._all_gather_into, async_op, staged_out.engine, staged_in.engine)
-        return self._kit_finish(work, async_op, staged_out, None, staged_in)
+        staged_in = self._stage(adapter, input_tensor, dtype, "input_tensor")
+        staged_out = self._stage(adapter, output_tensor, dtype, "output_tensor")
+        work = self._call(self._all_gather_into, async_op, staged_out.engine, staged_in.engine)
+        return self._finish(work, async_op, staged_out, None, staged_in)
 
     def all_to_all_single(
         self,
@@ -100,7 +100,7 @@ class Movement(Steps):
         skips the record-keeping (uneven: :func:`~distcomm.backend._pipeline.splits.shortcut`).
         """
         if input_split_sizes is None and output_split_sizes is None:
-            if not async_op and self._kit_planned("all_to_all_single", input, None, output):
+            if not async_op and self._planned("all_to_all_single", input, None, output):
                 return None
         elif (
             input_split_sizes is not None
@@ -108,12 +108,12 @@ class Movement(Steps):
             and splits.shortcut(self, output, input, output_split_sizes, input_split_sizes)
         ):
             return None
-        return self._kit_all_to_all_single_steps(
+        return self._all_to_all_single_steps(
             output, input, output_split_sizes, input_split_sizes, async_op
         )
 
     @observed
-    def _kit_all_to_all_single_steps(
+    def _all_to_all_single_steps(
         self,
         output: Any,
         input: Any,
@@ -124,26 +124,24 @@ class Movement(Steps):
         """all_to_all_single past its plan and the uneven shortcut (what hooks wrap: every call
         is numbered)."""
         if output_split_sizes is not None or input_split_sizes is not None:
-            return self._kit_all_to_all_v(
+            return self._uneven_all_to_all(
                 output, input, output_split_sizes, input_split_sizes, async_op
             )
-        adapter, dtype = self._kit_begin(input, "input")
+        adapter, dtype = self._begin(input, "input")
         numel = adapter.numel(input)
-        if numel % self._kit_world_size:
-            raise self._kit_size_error(
-                "input", numel, "a multiple of world_size", self._kit_world_size
-            )
-        self._kit_check_pair(output, "output", adapter, dtype, numel)
-        self._kit_count("all_to_all_single", input, adapter)
-        if self._kit_solo:
+        if numel % self._world_size:
+            raise self._size_error("input", numel, "a multiple of world_size", self._world_size)
+        self._check_pair(output, "output", adapter, dtype, numel)
+        self._count("all_to_all_single", input, adapter)
+        if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in = self._kit_stage(adapter, input, dtype, "input")
-        staged_out = self._kit_stage(adapter, output, dtype, "output")
-        work = self._kit_call(self._all_to_all, async_op, staged_out.engine, staged_in.engine)
-        return self._kit_finish(work, async_op, staged_out, None, staged_in)
+        staged_in = self._stage(adapter, input, dtype, "input")
+        staged_out = self._stage(adapter, output, dtype, "output")
+        work = self._call(self._all_to_all, async_op, staged_out.engine, staged_in.engine)
+        return self._finish(work, async_op, staged_out, None, staged_in)
 
-    def _kit_all_to_all_v(
+    def _uneven_all_to_all(
         self,
         output: Any,
         input: Any,
@@ -152,9 +150,9 @@ class Movement(Steps):
         async_op: bool,
     ) -> Work | None:
         """The uneven all-to-all (:mod:`~distcomm.backend._pipeline.splits`)."""
-        adapter, dtype = self._kit_begin(input, "input")
-        self._kit_check_pair(output, "output", adapter, dtype, None)
-        world = self._kit_world_size
+        adapter, dtype = self._begin(input, "input")
+        self._check_pair(output, "output", adapter, dtype, None)
+        world = self._world_size
         rows_in, row = splits.rows_of(tuple(input.shape), "input")
         rows_out, row_out = splits.rows_of(tuple(output.shape), "output")
         if row_out != row:
@@ -165,25 +163,25 @@ class Movement(Steps):
             )
         sent = splits.sizes(input_split_sizes, "input_split_sizes", rows_in, world)
         expected = splits.sizes(output_split_sizes, "output_split_sizes", rows_out, world)
-        checked = self.seq + 1 >= self._kit_next_check and self._kit_history is not None
-        self._kit_count("all_to_all_single", input, adapter, varies=True)
+        checked = self.seq + 1 >= self._next_check and self._history is not None
+        self._count("all_to_all_single", input, adapter, varies=True)
         if checked and world > 1:
             splits.agree(self, sent, expected)
-        elif world > 1 and self._kit_history is not None:
-            splits.keep(self, self._kit_history, sent, expected)
+        elif world > 1 and self._history is not None:
+            splits.keep(self, self._history, sent, expected)
         elif world == 1 and sent != expected:
             raise InvalidArgumentError(
                 f"all_to_all_single: in a world of 1 the only rank sends itself {sent[0]} rows "
                 f"but expects {expected[0]}. HINT: input_split_sizes == output_split_sizes."
             )
-        if self._kit_solo:
+        if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in = self._kit_stage(adapter, input, dtype, "input")
-        staged_out = self._kit_stage(adapter, output, dtype, "output")
+        staged_in = self._stage(adapter, input, dtype, "input")
+        staged_out = self._stage(adapter, output, dtype, "output")
         args = ([n * row for n in expected], staged_in.engine, [n * row for n in sent])
-        work = self._kit_call(self._all_to_all_v, async_op, staged_out.engine, *args)
-        return self._kit_finish(work, async_op, staged_out, None, staged_in)
+        work = self._call(self._all_to_all_v, async_op, staged_out.engine, *args)
+        return self._finish(work, async_op, staged_out, None, staged_in)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Wait until every rank has reached the barrier.
@@ -195,24 +193,24 @@ class Movement(Steps):
         (:mod:`~distcomm.backend._pipeline.p2p_vote`) that confirms the ranks made the same
         calls, then compares the tables (:mod:`~distcomm.backend._pipeline.ledger`).
         """
-        if not async_op and self._kit_planned("barrier", NO_ARRAY):
+        if not async_op and self._planned("barrier", NO_ARRAY):
             return None
-        return self._kit_barrier_steps(async_op)
+        return self._barrier_steps(async_op)
 
     @observed
-    def _kit_barrier_steps(self, async_op: bool) -> Work | None:
+    def _barrier_steps(self, async_op: bool) -> Work | None:
         """barrier past its plan (every call is numbered; the hooks see it)."""
-        self._kit_check_usable()
-        self._kit_count("barrier", NO_ARRAY)
-        if self._kit_solo:
+        self._check_usable()
+        self._count("barrier", NO_ARRAY)
+        if self._solo:
             return DONE if async_op else None
-        h = self._kit_history
+        h = self._history
         if h is not None and h.ledger:
-            if async_op or not self._kit_can_confirm():
-                self._kit_plans.drop_barrier()  # the tables still wait: no plan until settled
+            if async_op or not self._can_confirm():
+                self._plans.drop_barrier()  # the tables still wait: no plan until settled
             else:
                 p2p_vote.vote(self, p2p_vote.BARRIER)
                 ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
                 if self._object_channel() is self:
                     return None
-        return self._kit_complete(self._kit_call(self._barrier, async_op), async_op)
+        return self._complete(self._call(self._barrier, async_op), async_op)

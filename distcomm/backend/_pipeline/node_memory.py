@@ -200,7 +200,7 @@ def learn(comm: BaseCommunicator) -> bool:
     world = comm.world_size
     every = bytearray(_RECORD.size * world)
     mine = bytearray(_RECORD.pack(*node_key(), os.getpid()))
-    comm._kit_call(comm._all_gather_into, False, every, mine)
+    comm._call(comm._all_gather_into, False, every, mine)
     records = [_RECORD.unpack_from(every, r * _RECORD.size) for r in range(world)]
     keys, pids = {record[:3] for record in records}, {record[3] for record in records}
     _node(comm).local = len(keys) == 1 and _NO_KEY not in keys and len(pids) == world
@@ -305,7 +305,7 @@ def agree(comm: BaseCommunicator, ok: bool) -> bool:
     closed (its readers hold mappings of their own). If a rank could not read, node memory is
     off for ``comm`` from now on, and False tells the caller to use the engine."""
     votes = bytearray(comm.world_size)
-    comm._kit_call(comm._all_gather_into, False, votes, bytearray([ok]))
+    comm._call(comm._all_gather_into, False, votes, bytearray([ok]))
     node = _node(comm)
     if all(votes):
         if node.outbox is not None and node.outbox.once:  # readers hold their own mappings

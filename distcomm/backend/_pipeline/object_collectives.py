@@ -7,7 +7,7 @@ whatever it sends inside.
 
 A call like one the pipeline took before (the same op and root) skips the kit's steps outside
 the mismatch check's points, on a communicator that is its own object channel
-(:meth:`ObjectCollectives._kit_object_shortcut`): nothing is left to check or record but its
+(:meth:`ObjectCollectives._object_shortcut`): nothing is left to check or record but its
 fingerprint, as for the tensors' plans (:mod:`~distcomm.backend._pipeline.plans`), and the
 hooks see it as they see the pipeline's (its event made where it is numbered). Its bytes move
 as the pipeline's would, so that ranks may take either way.
@@ -41,12 +41,12 @@ class ObjectCollectives(Steps):
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return ``src``'s ``obj`` on every rank (pickle protocol 5, out-of-band buffers)."""
         try:
-            fast = self._kit_object_shortcut("broadcast_object", src)
+            fast = self._object_shortcut("broadcast_object", src)
             if fast is not None:
                 return objects.broadcast_object(fast, obj, src)
-            self._kit_check_usable()
-            self._kit_check_rank(src, "src")
-            channel = self._kit_objects("broadcast_object", src)
+            self._check_usable()
+            self._check_rank(src, "src")
+            channel = self._objects("broadcast_object", src)
             return obj if channel is None else objects.broadcast_object(channel, obj, src)
         except Refused as refused:
             raise refusal(self, refused, "broadcast_object", self.seq) from None
@@ -55,11 +55,11 @@ class ObjectCollectives(Steps):
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Return every rank's ``obj``, in rank order, on every rank."""
         try:
-            fast = self._kit_object_shortcut("all_gather_object")
+            fast = self._object_shortcut("all_gather_object")
             if fast is not None:
                 return objects.all_gather_object(fast, obj)
-            self._kit_check_usable()
-            channel = self._kit_objects("all_gather_object")
+            self._check_usable()
+            channel = self._objects("all_gather_object")
             return [obj] if channel is None else objects.all_gather_object(channel, obj)
         except Refused as refused:
             raise refusal(self, refused, "all_gather_object", self.seq) from None
@@ -68,12 +68,12 @@ class ObjectCollectives(Steps):
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Return every rank's ``obj`` on ``dst``; None elsewhere."""
         try:
-            fast = self._kit_object_shortcut("gather_object", dst)
+            fast = self._object_shortcut("gather_object", dst)
             if fast is not None:
                 return objects.gather_object(fast, obj, dst)
-            self._kit_check_usable()
-            self._kit_check_rank(dst, "dst")
-            channel = self._kit_objects("gather_object", dst)
+            self._check_usable()
+            self._check_rank(dst, "dst")
+            channel = self._objects("gather_object", dst)
             return [obj] if channel is None else objects.gather_object(channel, obj, dst)
         except Refused as refused:
             raise refusal(self, refused, "gather_object", self.seq) from None
@@ -81,17 +81,17 @@ class ObjectCollectives(Steps):
     @observed
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Return ``objs[rank]`` from ``src`` (``objs`` is read on ``src`` only)."""
-        if self._kit_rank == src and self.unusable is None:
-            objects.check_scatter_list(objs, self._kit_world_size)
+        if self._rank == src and self.unusable is None:
+            objects.check_scatter_list(objs, self._world_size)
         try:
-            fast = self._kit_object_shortcut("scatter_object", src)
+            fast = self._object_shortcut("scatter_object", src)
             if fast is not None:
                 return objects.scatter_object(fast, objs, src)
-            self._kit_check_usable()
-            self._kit_check_rank(src, "src")
-            if self._kit_rank == src:
-                objects.check_scatter_list(objs, self._kit_world_size)
-            channel = self._kit_objects("scatter_object", src)
+            self._check_usable()
+            self._check_rank(src, "src")
+            if self._rank == src:
+                objects.check_scatter_list(objs, self._world_size)
+            channel = self._objects("scatter_object", src)
             if channel is None:
                 assert objs is not None
                 return objs[0]
@@ -99,24 +99,24 @@ class ObjectCollectives(Steps):
         except Refused as refused:
             raise refusal(self, refused, "scatter_object", self.seq) from None
 
-    def _kit_object_shortcut(self, op: str, root: int | None = None) -> BaseCommunicator | None:
+    def _object_shortcut(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` if it may skip the kit's steps (module docstring):
-        a kind (op, root) the pipeline took before (:meth:`_kit_objects` remembers it) and the
+        a kind (op, root) the pipeline took before (:meth:`_objects` remembers it) and the
         ranks agreed on, outside the check points, not inside another public call. Registered
         hooks see it: its event is made where it is numbered, as the pipeline's. Returns the
         communicator to run it on (this one) if it did; None: nothing happened, and the
         pipeline takes it."""
         seq = self.seq + 1
-        event = self._kit_event
+        event = self._event
         if (
-            seq >= self._kit_next_check
+            seq >= self._next_check
             or (event is not None and event is not observing.PENDING)  # inside another call
             or self.unusable is not None
             or (root is not None and (root.__class__ is not int or root < 0))
         ):
             return None
-        entry = self._kit_plans.kinds.get((op, None, None, None, root))
-        h = self._kit_history
+        entry = self._plans.kinds.get((op, None, None, None, root))
+        h = self._history
         channel = self._object_channel()
         if entry is None or channel is not self:
             return None
@@ -129,8 +129,8 @@ class ObjectCollectives(Steps):
             observing.before(self, op, None, None, root, None)  # one that raises: seq given back
         if h is not None and fp != h.run_fp:
             h.start_run(seq, fp)
-        if self._kit_recorder is not None:
-            self._kit_open_entry(op, seq, root=root)
+        if self._recorder is not None:
+            self._open_entry(op, seq, root=root)
         return channel
 
 

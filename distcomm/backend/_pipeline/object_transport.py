@@ -82,19 +82,19 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
     vote), or through the engine: the payload if it did not fit, each direct buffer."""
     if comm.rank != src:
         slot = bytearray(SLOT)
-        comm._kit_call(comm._broadcast, False, slot, src)
+        comm._call(comm._broadcast, False, slot, src)
         size, mode, count, n = SMALL_HEAD.unpack_from(slot)
         if mode == _PLAIN and size <= SLOT and count == 1:  # the stream alone: a small object
             return loads(memoryview(slot)[STREAM : STREAM + n], (), src)
         return _broadcast_to(comm, src, slot)
     small = small_slot(obj, SLOT)
     if small is not None:
-        comm._kit_call(comm._broadcast, False, small[0], src)
+        comm._call(comm._broadcast, False, small[0], src)
         return obj
     pickled = Pickled(obj)
     while True:  # a question (then learning), or node memory that a rank could not read
         offer = _offer(comm, pickled, SLOT, DIRECT_BYTES)
-        comm._kit_call(comm._broadcast, False, offer.slot, src)
+        comm._call(comm._broadcast, False, offer.slot, src)
         if offer.mode == _PLAIN:
             break
         if offer.mode == _ASK:
@@ -106,10 +106,10 @@ def broadcast_object(comm: BaseCommunicator, obj: Any, src: int) -> Any:
     # the sizes checked where the other ranks check them (they refuse them too): nobody waits
     check_size(offer.size, src)
     if offer.size > SLOT:
-        comm._kit_call(comm._broadcast, False, offer.payload, src)
+        comm._call(comm._broadcast, False, offer.payload, src)
     check_size(offer.size + sum(d.nbytes for d in offer.directs), src)
     for buffer in offer.directs:
-        comm._kit_call(comm._broadcast, False, buffer, src)
+        comm._call(comm._broadcast, False, buffer, src)
     return obj
 
 
@@ -127,19 +127,19 @@ def _broadcast_to(comm: BaseCommunicator, src: int, slot: bytearray) -> Any:
             got = node.fetch(comm, {src: _place(slot)}, empty)
             if got is not None:
                 return unpack(memoryview(got[src])[HEAD:size], sender=src)
-        comm._kit_call(comm._broadcast, False, slot, src)
+        comm._call(comm._broadcast, False, slot, src)
     check_size(size, src)
     if size <= SLOT:
         payload = slot
     else:
         payload = empty(size)
-        comm._kit_call(comm._broadcast, False, payload, src)
+        comm._call(comm._broadcast, False, payload, src)
     view = memoryview(payload)[HEAD:size]
     lengths = direct_lengths(view)
     check_size(size + sum(lengths), src)
     received = [empty(n) for n in lengths]
     for buffer in received:
-        comm._kit_call(comm._broadcast, False, buffer, src)
+        comm._call(comm._broadcast, False, buffer, src)
     return unpack(view, received, src)
 
 
@@ -153,7 +153,7 @@ def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
     if small is not None:  # the common case: every rank's object small, one all-gather
         slot, stream = small
         slots = bytearray(width * comm.world_size)
-        comm._kit_call(comm._all_gather_into, False, slots, slot)
+        comm._call(comm._all_gather_into, False, slots, slot)
         streams = _small_streams(slots, width)
         if streams is not None:
             return _small_objects(slots, width, streams, comm.rank, stream)
@@ -163,7 +163,7 @@ def all_gather_object(comm: BaseCommunicator, obj: Any) -> list[Any]:
         return _objects(sizes, got, memoryview(slots), starts, comm.rank, offer.payload)
     out = empty(sum(rest))
     mine = memoryview(offer.payload if rest[comm.rank] else bytearray())[: rest[comm.rank]]
-    comm._kit_call(comm._all_gather_v, False, out, rest, mine)
+    comm._call(comm._all_gather_v, False, out, rest, mine)
     starts = itertools.accumulate(rest, initial=0)
     return _objects(sizes, got, memoryview(out), starts, comm.rank, offer.payload)
 
@@ -179,7 +179,7 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
     if small is not None:  # every rank's object small: one all-gather (as all_gather_object)
         slot, stream = small
         slots = bytearray(width * comm.world_size)
-        comm._kit_call(comm._all_gather_into, False, slots, slot)
+        comm._call(comm._all_gather_into, False, slots, slot)
         streams = _small_streams(slots, width)
         if streams is not None:
             return _small_objects(slots, width, streams, dst, stream) if here else None
@@ -191,7 +191,7 @@ def gather_object(comm: BaseCommunicator, obj: Any, dst: int) -> list[Any] | Non
         if rest[comm.rank]:
             memoryview(padded)[: offer.size] = memoryview(offer.payload)[: offer.size]
         out = empty(width * comm.world_size) if here else None
-        comm._kit_call(comm._gather, False, out, padded, dst)
+        comm._call(comm._gather, False, out, padded, dst)
     if not here:
         return None
     return _objects(sizes, got, memoryview(out), range(0, len(out), width), dst, offer.payload)
@@ -207,14 +207,14 @@ def scatter_object(comm: BaseCommunicator, objs: Sequence[Any] | None, src: int)
     if comm.rank == src:
         assert objs is not None
         slots, full, own = _scatter_slots(objs, width, src)
-    comm._kit_call(comm._scatter, False, mine, slots, src)
+    comm._call(comm._scatter, False, mine, slots, src)
     size = SIZE.unpack_from(mine)[0]
     widest = SIZE.unpack_from(mine, _WIDEST)[0]
     check_size(max(size, widest), src)  # widest: the same on every rank, src too: nobody waits
     payload: Any = mine
     if widest:  # the payloads that did not fit their slots, this rank's among them or not
         wide = empty(widest)
-        comm._kit_call(comm._scatter, False, wide, full, src)
+        comm._call(comm._scatter, False, wide, full, src)
         payload = wide if size > width else mine
     if own is not None:  # src: its own payload, from what it sent (never a peer's bytes)
         return unpack(own, sender=src, own=True) if size > width else loads_own(own, (), src)
@@ -257,9 +257,9 @@ def send_object(comm: BaseCommunicator, obj: Any, dst: int, tag: int) -> None:
     try:
         check_size(n, comm.rank)
     except _unpickling.Refused:  # the receiver refuses it on reading the size: so do we
-        comm._kit_start(comm._isend, "send_object", size, dst, tag).wait()
+        comm._start(comm._isend, "send_object", size, dst, tag).wait()
         raise
-    works = [comm._kit_start(comm._isend, "send_object", b, dst, tag) for b in (size, payload)]
+    works = [comm._start(comm._isend, "send_object", b, dst, tag) for b in (size, payload)]
     for work in works:
         work.wait()
 
@@ -268,13 +268,13 @@ def recv_object(comm: BaseCommunicator, src: int | None, tag: int) -> Any:
     """The object :func:`send_object` sent from ``src`` (None: whichever sender comes first;
     its payload is then taken from that same sender)."""
     size = bytearray(SIZE.size)
-    first = comm._kit_start(comm._irecv, "recv_object", size, src, tag)
+    first = comm._start(comm._irecv, "recv_object", size, src, tag)
     first.wait()
     sender = src if src is not None else getattr(first, "source", None)
     n = SIZE.unpack(size)[0]
     check_size(n, sender)
     payload = empty(n)
-    comm._kit_start(comm._irecv, "recv_object", payload, sender, tag).wait()
+    comm._start(comm._irecv, "recv_object", payload, sender, tag).wait()
     return unpack(memoryview(payload), sender=sender)
 
 
@@ -343,7 +343,7 @@ def _offer(
     if (
         size > room
         and size >= node.NODE_BYTES
-        and comm._node_memory
+        and comm.capabilities.node_memory
         and (shared := node.local(comm)) is not False
     ):
         where = None
@@ -382,7 +382,7 @@ def _gather_slots(
     while True:
         if slots is None:
             slots = bytearray(width * comm.world_size)
-            comm._kit_call(comm._all_gather_into, False, slots, offer.slot)
+            comm._call(comm._all_gather_into, False, slots, offer.slot)
         pairs = [PAIR.unpack_from(slots, at) for at in range(0, len(slots), width)]
         sizes = [n for n, _ in pairs]
         biggest = max(sizes)  # every rank has every slot: all refuse alike

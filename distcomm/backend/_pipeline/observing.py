@@ -10,8 +10,8 @@ exchange, new_group and split, a reduction emulated by gathering, the check) is 
 
 Registering a hook changes no method of any class. Each public collective's pipeline is
 :func:`observed` once and for all: with no hook registered (:data:`registered` is empty) it
-costs one test; with hooks, the event is made where ``_kit_count`` numbers the call. A call
-that the engine's plan runs (:meth:`~distcomm.backend._pipeline.steps.Steps._kit_planned`,
+costs one test; with hooks, the event is made where ``_count`` numbers the call. A call
+that the engine's plan runs (:meth:`~distcomm.backend._pipeline.steps.Steps._planned`,
 before the pipeline) makes its event there (:func:`opened`, :func:`closed`): the hooks and the
 profile keep the plans. Should the plan decline the call after the ``before`` hooks saw it
 (``NotPlanned``), the event is handed to the pipeline (:func:`carry`), which calls no
@@ -52,10 +52,10 @@ __all__ = ["OBSERVED", "PENDING", "UNSEEN", "before", "carry", "closed", "observ
 OBSERVED = named(observed=True)
 #: The hooks registered (the list :mod:`distcomm.backend.events` keeps): empty when none.
 registered = events.registered
-#: What an observed call holds in ``_kit_event`` until it is numbered.
+#: What an observed call holds in ``_event`` until it is numbered.
 PENDING: Any = object()
-#: What ``_kit_event`` holds while the hooks must not see a communicator's calls
-#: (``Steps._kit_setting_up``): as inside another public call.
+#: What ``_event`` holds while the hooks must not see a communicator's calls
+#: (``Steps._setting_up``): as inside another public call.
 UNSEEN: Any = object()
 #: The reductions a plan runs (SUM only), for their event's ``reduce_op``.
 _REDUCED = frozenset({"all_reduce", "reduce", "reduce_scatter_tensor"})
@@ -82,7 +82,7 @@ def observed(steps: F) -> F:
 
     @functools.wraps(steps)
     def method(self: Steps, *args: Any, **kwargs: Any) -> Any:
-        made = self._kit_event
+        made = self._event
         if made is None:
             if not registered:
                 return steps(self, *args, **kwargs)
@@ -93,15 +93,15 @@ def observed(steps: F) -> F:
         else:
             blocking = not (args[async_at] if len(args) > async_at else kwargs.get("async_op"))
         _calling.blocking = blocking
-        self._kit_event = PENDING if made is None else made.event
+        self._event = PENDING if made is None else made.event
         try:
             result = steps(self, *args, **kwargs)
         except BaseException as exc:
-            event, self._kit_event = self._kit_event, None
+            event, self._event = self._event, None
             if event is not PENDING:
                 _after(event, None, exc, False)
             raise
-        event, self._kit_event = self._kit_event, None
+        event, self._event = self._event, None
         if event is not PENDING:
             _after(event, result, None, blocking)
         return result
@@ -124,24 +124,24 @@ def opened(comm: Steps, op: str, x: Any, root: int | None) -> CollectiveEvent:
     try:
         before(comm, op, x if adapter is not None else None, adapter, root, reduce_op)
     except BaseException as exc:
-        made, comm._kit_event = comm._kit_event, None
+        made, comm._event = comm._event, None
         if made is not None:
             _after(made, None, exc, False)
         raise
-    event: CollectiveEvent = comm._kit_event
+    event: CollectiveEvent = comm._event
     return event
 
 
 def closed(comm: Steps, event: CollectiveEvent, error: BaseException | None) -> None:
     """The plan's call of ``event`` returned (``error`` None) or raised: the ``after`` hooks."""
-    comm._kit_event = None
+    comm._event = None
     _after(event, None, error, error is None)
 
 
 def carry(comm: Steps, event: CollectiveEvent) -> None:
     """The plan declined the call of ``event`` (nothing moved): the pipeline takes it with this
     event, calling no ``before`` hook again (its number is the same)."""
-    comm._kit_event = _Carried(event)
+    comm._event = _Carried(event)
 
 
 def before(
@@ -153,7 +153,7 @@ def before(
     reduce_op: ReduceOp | None,
 ) -> None:
     """Make the event of the call being numbered on ``comm`` and call the ``before`` hooks."""
-    event = CollectiveEvent(op, comm.seq, comm, comm._kit_rank, comm._kit_world_size)  # type: ignore[arg-type]
+    event = CollectiveEvent(op, comm.seq, comm, comm._rank, comm._world_size)  # type: ignore[arg-type]
     if x is not None and adapter is not None:
         event.shape = mismatch_check.shape_of(x)
         event.numel, event.dtype, event.device = (
@@ -163,7 +163,7 @@ def before(
         )
     event.root = root
     event.reduce_op = None if reduce_op is None else reduce_op.name
-    comm._kit_event = event
+    comm._event = event
     blocking = getattr(_calling, "blocking", True)
     event.started = device_clock.now(event.device if blocking else None)
     try:

@@ -21,7 +21,7 @@ from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.object_collectives import refusal
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.arrays import cached_adapter
-from distcomm.backend.primitives import INTERNAL_TAG, NotPlanned
+from distcomm.backend.engine import INTERNAL_TAG, NotPlanned
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.protocol import P2POp, Work
 
@@ -33,10 +33,10 @@ class PointToPoint(Steps):
 
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst`` (a rank of this communicator)."""
-        plan = self._kit_message_plan("send", tensor, dst, tag)
+        plan = self._message_plan("send", tensor, dst, tag)
         if plan is not None:
             try:
-                self._kit_message(plan, f"send to rank {dst} (tag {tag})", tensor)
+                self._message(plan, f"send to rank {dst} (tag {tag})", tensor)
                 return
             except NotPlanned:
                 pass  # nothing was sent: the pipeline takes it
@@ -44,11 +44,11 @@ class PointToPoint(Steps):
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's rank."""
-        plan = self._kit_message_plan("recv", tensor, src, tag)
+        plan = self._message_plan("recv", tensor, src, tag)
         if plan is not None:
             sender = "any rank" if src is None else f"rank {src}"
             try:
-                source = self._kit_message(plan, f"recv from {sender} (tag {tag})", tensor)
+                source = self._message(plan, f"recv from {sender} (tag {tag})", tensor)
                 rank = src if source is None else source  # any rank: the plan says
                 assert rank is not None, "a plan of a receive from any rank names the sender"
                 return int(rank)
@@ -61,32 +61,32 @@ class PointToPoint(Steps):
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to ``dst``; don't modify it before the Work completes."""
-        adapter, dtype = self._kit_begin(tensor, "tensor")
-        self._kit_check_rank(dst, "dst")
+        adapter, dtype = self._begin(tensor, "tensor")
+        self._check_rank(dst, "dst")
         self._check_tag(tag)
-        self._kit_check_p2p("isend")
-        self._kit_check_tag_matched("isend", tag)
-        staged = self._kit_stage(adapter, tensor, dtype)
-        work = self._kit_start(self._isend, "isend", staged.engine, dst, tag)
-        return self._kit_handed(work, (tensor, staged.engine), None)
+        self._check_p2p("isend")
+        self._check_tag_matched("isend", tag)
+        staged = self._stage(adapter, tensor, dtype)
+        work = self._start(self._isend, "isend", staged.engine, dst, tag)
+        return self._handed(work, (tensor, staged.engine), None)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's ``source`` is the sender once complete."""
-        adapter, dtype = self._kit_begin(tensor, "tensor")
+        adapter, dtype = self._begin(tensor, "tensor")
         if src is not None:
-            self._kit_check_rank(src, "src")
+            self._check_rank(src, "src")
         elif not self.capabilities.any_source:
             raise InvalidArgumentError(
                 f"backend {self.backend_name!r} cannot receive from any source (src=None). "
                 "HINT: pass the sender's rank as src."
             )
         self._check_tag(tag)
-        self._kit_check_p2p("irecv")
-        self._kit_check_tag_matched("irecv", tag)
-        staged = self._kit_stage(adapter, tensor, dtype)
-        work = self._kit_start(self._irecv, "irecv", staged.engine, src, tag)
+        self._check_p2p("irecv")
+        self._check_tag_matched("irecv", tag)
+        staged = self._stage(adapter, tensor, dtype)
+        work = self._start(self._irecv, "irecv", staged.engine, src, tag)
         after = staged.write_back if staged.copied else None
-        return self._kit_handed(work, (tensor, staged.engine), after)
+        return self._handed(work, (tensor, staged.engine), after)
 
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Work]:
         """Start every message of ``ops`` at once, receives first; their Works, in order.
@@ -99,9 +99,9 @@ class PointToPoint(Steps):
                 f"batch_isend_irecv takes a list of P2POp, got {type(ops).__name__}. HINT: "
                 "batch_isend_irecv([P2POp(distcomm.isend, x, peer), ...])."
             )
-        kinds = [self._kit_check_message(op, i) for i, op in enumerate(ops)]
+        kinds = [self._check_message(op, i) for i, op in enumerate(ops)]
         if kinds:  # every op's arguments first, then what the backend can do
-            self._kit_check_p2p("batch_isend_irecv")
+            self._check_p2p("batch_isend_irecv")
         works: list[Work | None] = [None] * len(ops)
         for wanted in ("irecv", "isend"):
             for i, (op, kind) in enumerate(zip(ops, kinds, strict=True)):
@@ -112,9 +112,9 @@ class PointToPoint(Steps):
 
     def send_object(self, obj: Any, dst: int, tag: int = 0) -> None:
         """Send a picklable ``obj`` to ``dst``; it returns once the bytes are handed over."""
-        self._kit_check_usable()
-        self._kit_check_rank(dst, "dst")
-        self._kit_check_message_tag("send_object", tag)
+        self._check_usable()
+        self._check_rank(dst, "dst")
+        self._check_message_tag("send_object", tag)
         try:
             objects.send_object(self._object_channel(), obj, dst, tag)
         except Refused as refused:  # too large: the receiver refuses it too
@@ -122,21 +122,21 @@ class PointToPoint(Steps):
 
     def recv_object(self, src: int | None = None, tag: int = 0) -> Any:
         """Receive the object that ``src`` (None: any rank) sent with :meth:`send_object`."""
-        self._kit_check_usable()
+        self._check_usable()
         if src is not None:
-            self._kit_check_rank(src, "src")
+            self._check_rank(src, "src")
         elif not self.capabilities.any_source:
             raise InvalidArgumentError(
                 f"backend {self.backend_name!r} cannot receive from any source (src=None). "
                 "HINT: pass the sender's rank as src."
             )
-        self._kit_check_message_tag("recv_object", tag)
+        self._check_message_tag("recv_object", tag)
         try:
             return objects.recv_object(self._object_channel(), src, tag)
         except Refused as refused:
             raise refusal(self, refused, "recv_object", None) from None
 
-    def _kit_check_message(self, op: Any, index: int) -> str:
+    def _check_message(self, op: Any, index: int) -> str:
         """Check the ``index``-th op of a batch; its kind."""
         if not isinstance(op, P2POp):
             raise InvalidArgumentError(
@@ -149,41 +149,41 @@ class PointToPoint(Steps):
                 f"batch_isend_irecv: op {index} is on {op.group!r}, not on {self.describe()}: "
                 "one batch is on one communicator. HINT: one batch_isend_irecv per group."
             )
-        self._kit_begin(op.tensor, f"op {index}'s tensor")
-        self._kit_check_rank(op.peer, f"op {index}'s peer")
+        self._begin(op.tensor, f"op {index}'s tensor")
+        self._check_rank(op.peer, f"op {index}'s peer")
         self._check_tag(op.tag)
-        self._kit_check_tag_matched(f"op {index} ({kind})", op.tag)
+        self._check_tag_matched(f"op {index} ({kind})", op.tag)
         return kind
 
-    def _kit_check_message_tag(self, op: str, tag: int) -> None:
+    def _check_message_tag(self, op: str, tag: int) -> None:
         self._check_tag(tag)
-        self._kit_check_p2p(op)
-        self._kit_check_tag_matched(op, tag)
+        self._check_p2p(op)
+        self._check_tag_matched(op, tag)
 
-    def _kit_message_plan(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
+    def _message_plan(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
         """The engine's plan for blocking message ``op`` of ``x`` to or from ``peer`` (a rank;
         None: any, for a receive) with ``tag``, when the pipeline would take the arguments as
         they are (it explains anything else) on a usable communicator; else None."""
-        if not self._kit_message_fits(peer, tag):
+        if not self._message_fits(peer, tag):
             return None
         try:
-            entry = self._kit_plans.kinds.get((op, x.__class__, x.dtype, x.nbytes, peer, tag))
+            entry = self._plans.kinds.get((op, x.__class__, x.dtype, x.nbytes, peer, tag))
         except (AttributeError, TypeError):  # not an array
             return None
         if entry is not None:
             return entry[0]
         adapter = cached_adapter(x)
-        if adapter is None or adapter.dtype(x) not in self._kit_native_dtypes:
+        if adapter is None or adapter.dtype(x) not in self._native_dtypes:
             return None
-        return self._kit_plans.learn_message(op, x, peer, tag)
+        return self._plans.learn_message(op, x, peer, tag)
 
-    def _kit_message_fits(self, peer: Any, tag: Any) -> bool:
+    def _message_fits(self, peer: Any, tag: Any) -> bool:
         """Whether a message to or from ``peer`` with ``tag`` has arguments the pipeline takes
         as they are, on a usable communicator."""
         return (
             self.unusable is None
             and (
-                (peer.__class__ is int and 0 <= peer < self._kit_world_size)
+                (peer.__class__ is int and 0 <= peer < self._world_size)
                 or (peer is None and self.capabilities.any_source)  # a receive from any rank
             )
             and tag.__class__ is int
@@ -191,7 +191,7 @@ class PointToPoint(Steps):
             and (tag == 0 or self.capabilities.p2p_tags)
         )
 
-    def _kit_message(self, plan: Any, label: str, tensor: Any) -> Any:
+    def _message(self, plan: Any, label: str, tensor: Any) -> Any:
         """``plan(tensor, None)``, blocking under a "blocked in" mark of its own, as a
         waited-for Work's; an engine's exception becomes EngineError (NotPlanned passes: nothing
         moved)."""
@@ -207,7 +207,7 @@ class PointToPoint(Steps):
         finally:
             self.blocked_seq, self.blocked_op = 0, ""
 
-    def _kit_start(self, primitive: Any, op: str, *args: Any) -> Work:
+    def _start(self, primitive: Any, op: str, *args: Any) -> Work:
         """Start a message; an engine exception becomes EngineError."""
         try:
             work: Work = primitive(*args)
@@ -217,14 +217,14 @@ class PointToPoint(Steps):
             raise self.engine_failed(op, None, exc) from exc
         return work
 
-    def _kit_check_p2p(self, op: str) -> None:
+    def _check_p2p(self, op: str) -> None:
         if not self.capabilities.p2p:
             raise NotSupportedError(
                 f"{op}: backend {self.backend_name!r} has no point-to-point messages. HINT: use "
                 "collectives (broadcast, all_gather, ...), or a backend with them (gloo, mpi)."
             )
 
-    def _kit_check_tag_matched(self, op: str, tag: int) -> None:
+    def _check_tag_matched(self, op: str, tag: int) -> None:
         if tag and not self.capabilities.p2p_tags:
             raise InvalidArgumentError(
                 f"{op}: tag={tag!r}, but backend {self.backend_name!r} does not match messages "

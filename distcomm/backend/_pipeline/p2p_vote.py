@@ -63,7 +63,7 @@ def vote(comm: Steps, kind: int, shape: Any = None) -> None:
         CollectiveMismatchError: they did not (every member that votes raises the same).
         DistTimeoutError: not every member voted within the communicator's timeout.
     """
-    h = comm._kit_history
+    h = comm._history
     assert h is not None, "a vote needs the call history (a policy other than off)"
     seq = comm.seq
     mine = _VOTE.pack(kind, seq, h.value(seq))
@@ -128,7 +128,7 @@ class _Lookout:
             self._stop.set()
 
     def _run(self) -> None:
-        h = self.comm._kit_history
+        h = self.comm._history
         stop = self._stop
         if h is None or stop is None:
             return
@@ -162,8 +162,8 @@ def _wait(lookout: _Lookout, works: dict[int, Work]) -> None:
             raise found
         now = time.monotonic()
         if now >= look_at:  # member 0 knows who has not voted; the others do not
-            everyone = [r for r in range(comm._kit_world_size) if r != comm._kit_rank]
-            lookout.watch(sorted(works) if comm._kit_rank == 0 else everyone)
+            everyone = [r for r in range(comm._world_size) if r != comm._rank]
+            lookout.watch(sorted(works) if comm._rank == 0 else everyone)
             look_at = float("inf")
         if now >= deadline:
             if lookout.kind == FINALIZE:  # the communicator is being released: no retiring
@@ -181,10 +181,10 @@ def _not_finalizing(lookout: _Lookout, waited_for: list[int], waited: float) -> 
     they were (from their last answers), and that the calls could not be confirmed."""
     comm = lookout.comm
     ended = {r for r, d in lookout.seen.items() if d.get("ended")}
-    if comm._kit_rank == 0:
+    if comm._rank == 0:
         late = [r for r in waited_for if r not in ended]
     else:
-        late = [r for r in range(comm._kit_world_size) if r != comm._kit_rank and r not in ended]
+        late = [r for r in range(comm._world_size) if r != comm._rank and r not in ended]
     where = [
         f"rank {r} at operation #{lookout.seen[r]['seq']} ({lookout.seen[r]['op'] or '-'})"
         if r in lookout.seen
@@ -240,7 +240,7 @@ def _settle(
         _send(lookout, channel, {0: text})
         size = _SIZE.unpack(bytes(_receive(lookout, channel, {0: _SIZE.size})[0]))[0]
         error = _from_data(json.loads(bytes(_receive(lookout, channel, {0: size})[0])))
-    comm._kit_after_mismatch(error)
+    comm._after_mismatch(error)
     return error
 
 

@@ -3,11 +3,11 @@
 The first call of a kind goes through the pipeline (validated, counted, recorded by the mismatch
 check). Its kind, (op, array class, dtype, byte size, root) and for a message its tag, is then
 remembered with its fingerprint in the check's history, and the engine is asked once for a plan
-of it (:meth:`~distcomm.backend.primitives.Primitives._plan`): a callable ``run(x, y)`` that
-moves any call of that kind, ``y`` being the output, the root's list or None. A later blocking
+of it (:meth:`distcomm.backend.engine.Engine.plan`): a callable ``run(x, y)`` that moves any
+call of that kind, ``y`` being the output, the root's list or None. A later blocking
 call of a remembered kind, outside the check points, on a communicator that no hook observes,
-runs the plan from the public method (:meth:`Steps._kit_planned
-<distcomm.backend._pipeline.steps.Steps._kit_planned>`), its ``seq`` counted and its fingerprint
+runs the plan from the public method (:meth:`Steps._planned
+<distcomm.backend._pipeline.steps.Steps._planned>`), its ``seq`` counted and its fingerprint
 kept: where calls of several kinds interleave, the history starts the run of the kind's
 fingerprint (the ranks agreed on it before). A plan that cannot move a call of its kind as it is
 (memory that is not contiguous) raises :class:`NotPlanned` before it moves anything, and the
@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend.primitives import PLANNED, CallKind
+from distcomm.backend.engine import PLANNED, CallKind
 from distcomm.errors import DistcommWarning
 from distcomm.protocol import ReduceOp
 
@@ -159,8 +159,8 @@ class Plans:
             if kind.op not in self._warned:
                 self._warned.add(kind.op)
                 warnings.warn(
-                    f"the engine's _plan({kind.op!r} ...) raised {type(exc).__name__}: {exc}; "
-                    "such calls take the general pipeline. HINT: _plan returns None for a kind "
+                    f"the engine's plan({kind.op!r} ...) raised {type(exc).__name__}: {exc}; "
+                    "such calls take the general pipeline. HINT: plan returns None for a kind "
                     "it does not plan (docs/plugins.md).",
                     DistcommWarning,
                     stacklevel=2,

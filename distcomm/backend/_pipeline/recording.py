@@ -3,7 +3,7 @@ collective, appended to the recorder's ring by the communicator itself, on the p
 the plans alike (no hook: a recorded communicator keeps its plans).
 
 An entry is a list of :data:`FIELDS` made when the call is numbered (:func:`opened`) or runs a
-plan (:meth:`~distcomm.backend._pipeline.steps.Steps._kit_planned`, which builds it in place):
+plan (:meth:`~distcomm.backend._pipeline.steps.Steps._planned`, which builds it in place):
 the operation, its ``seq``, the group's global ranks, shape, dtype (its name), bytes, root, the
 call site (the first frame outside distcomm, as ``(code, instruction)``:
 :func:`~distcomm._call_sites.user_site`, which resolves each code object's file once), and
@@ -82,7 +82,7 @@ def opened(
     return [
         op,
         seq,
-        comm._kit_global_ranks,
+        comm._global_ranks,
         shape,
         dtype,
         nbytes,

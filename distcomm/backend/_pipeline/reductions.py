@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distcomm.backend._pipeline import object_transport as objects
+from distcomm.backend._pipeline.defaults import offsets
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.staging import Staged
 from distcomm.backend._pipeline.steps import DONE, Steps
@@ -30,7 +31,6 @@ from distcomm.backend.arrays import (
     check_op_dtype,
     normalise_bool_op,
 )
-from distcomm.backend.primitives import offsets
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import ReduceOp, Work
 
@@ -49,65 +49,65 @@ class Reductions(Steps):
 
         A plain int or float is reduced and the result returned (exactly, through objects).
         """
-        if op is _SUM and not async_op and self._kit_planned("all_reduce", tensor):
+        if op is _SUM and not async_op and self._planned("all_reduce", tensor):
             return None
-        return self._kit_all_reduce_steps(tensor, op, async_op)
+        return self._all_reduce_steps(tensor, op, async_op)
 
     @observed
-    def _kit_all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
+    def _all_reduce_steps(self, tensor: Any, op: Any = _SUM, async_op: bool = False) -> Any:
         """all_reduce past its plan (what hooks wrap: every call is numbered in _count)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter = cached_adapter(tensor)
         if adapter is None and isinstance(tensor, (int, float)):
-            return self._kit_all_reduce_number(tensor, op)
-        adapter, dtype = self._kit_begin(tensor, "tensor", adapter)
+            return self._all_reduce_number(tensor, op)
+        adapter, dtype = self._begin(tensor, "tensor", adapter)
         if op in _TYPED_OPS:
             check_op_dtype(op, dtype)
-        self._kit_count("all_reduce", tensor, adapter, None, op)
-        if self._kit_solo:
+        self._count("all_reduce", tensor, adapter, None, op)
+        if self._solo:
             return DONE if async_op else None
         if (
-            dtype in self._kit_direct_dtypes
+            dtype in self._direct_dtypes
             and adapter.is_plain(tensor, self.devices, self.bound_device)
-            and op in self._kit_native_ops
+            and op in self._native_ops
         ):
-            work = self._kit_call(self._all_reduce, async_op, tensor, op)
-            return self._kit_complete(work, async_op, tensor)
-        staged, engine_op, divide = self._kit_stage_reduction(adapter, tensor, dtype, op)
-        if engine_op in self._kit_native_ops:
-            work = self._kit_call(self._all_reduce, async_op, staged.engine, engine_op)
+            work = self._call(self._all_reduce, async_op, tensor, op)
+            return self._complete(work, async_op, tensor)
+        staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
+        if engine_op in self._native_ops:
+            work = self._call(self._all_reduce, async_op, staged.engine, engine_op)
         else:
-            self._kit_reduce_by_gathering(staged.engine, engine_op)
+            self._reduce_by_gathering(staged.engine, engine_op)
             work = None
-        return self._kit_finish(work, async_op, staged, divide)
+        return self._finish(work, async_op, staged, divide)
 
     def reduce(
         self, tensor: Any, dst: int = 0, op: Any = _SUM, async_op: bool = False
     ) -> Work | None:
         """Reduce ``tensor`` across ranks into ``dst``'s ``tensor``; others' are unspecified."""
-        if op is _SUM and not async_op and self._kit_planned("reduce", tensor, dst):
+        if op is _SUM and not async_op and self._planned("reduce", tensor, dst):
             return None
-        return self._kit_reduce_steps(tensor, dst, op, async_op)
+        return self._reduce_steps(tensor, dst, op, async_op)
 
     @observed
-    def _kit_reduce_steps(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
+    def _reduce_steps(self, tensor: Any, dst: int, op: Any, async_op: bool) -> Work | None:
         """reduce past its plan (every call is numbered; the hooks see it)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
-        adapter, dtype = self._kit_begin(tensor, "tensor")
+        adapter, dtype = self._begin(tensor, "tensor")
         check_op_dtype(op, dtype)
-        self._kit_check_rank(dst, "dst")
-        self._kit_count("reduce", tensor, adapter, dst, op)
-        if self._kit_solo:
+        self._check_rank(dst, "dst")
+        self._count("reduce", tensor, adapter, dst, op)
+        if self._solo:
             return DONE if async_op else None
-        staged, engine_op, divide = self._kit_stage_reduction(adapter, tensor, dtype, op)
-        if engine_op in self._kit_native_ops:
-            work = self._kit_call(self._reduce, async_op, staged.engine, dst, engine_op)
+        staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
+        if engine_op in self._native_ops:
+            work = self._call(self._reduce, async_op, staged.engine, dst, engine_op)
         else:
-            self._kit_reduce_by_gathering(staged.engine, engine_op)
+            self._reduce_by_gathering(staged.engine, engine_op)
             work = None
-        if self._kit_rank != dst:
+        if self._rank != dst:
             staged.copied, divide = False, None
-        return self._kit_finish(work, async_op, staged, divide)
+        return self._finish(work, async_op, staged, divide)
 
     def reduce_scatter_tensor(
         self, output: Any, input: Any, op: Any = _SUM, async_op: bool = False
@@ -116,31 +116,31 @@ class Reductions(Steps):
         if (
             op is _SUM
             and not async_op
-            and self._kit_planned("reduce_scatter_tensor", input, None, output)
+            and self._planned("reduce_scatter_tensor", input, None, output)
         ):
             return None
-        return self._kit_reduce_scatter_tensor_steps(output, input, op, async_op)
+        return self._reduce_scatter_tensor_steps(output, input, op, async_op)
 
     @observed
-    def _kit_reduce_scatter_tensor_steps(
+    def _reduce_scatter_tensor_steps(
         self, output: Any, input: Any, op: Any, async_op: bool
     ) -> Work | None:
         """reduce_scatter_tensor past its plan (every call is numbered; the hooks see it)."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
-        adapter, dtype = self._kit_begin(input, "input")
+        adapter, dtype = self._begin(input, "input")
         check_op_dtype(op, dtype)
-        self._kit_check_pair(output, "output", adapter, dtype, None)
-        if adapter.numel(input) != adapter.numel(output) * self._kit_world_size:
-            raise self._kit_size_error(
+        self._check_pair(output, "output", adapter, dtype, None)
+        if adapter.numel(input) != adapter.numel(output) * self._world_size:
+            raise self._size_error(
                 "input",
                 adapter.numel(input),
                 "world_size x output's",
-                adapter.numel(output) * self._kit_world_size,
+                adapter.numel(output) * self._world_size,
             )
-        self._kit_count("reduce_scatter_tensor", input, adapter, None, op)
-        return self._kit_scatter_reduced(output, input, adapter, dtype, op, None, async_op)
+        self._count("reduce_scatter_tensor", input, adapter, None, op)
+        return self._scatter_reduced(output, input, adapter, dtype, op, None, async_op)
 
-    def _kit_reduce_scatter_v(
+    def _uneven_reduce_scatter(
         self, output: Any, input: Any, sizes: list[int], op: Any, async_op: bool
     ) -> Work | None:
         """The uneven reduce-scatter of ``reduce_scatter``'s list form (torchcomms'
@@ -148,12 +148,12 @@ class Reductions(Steps):
         ``sizes[r]`` elements, and rank r gets its chunk reduced in ``output``. The sizes are
         in the mismatch check's signature: ranks passing different ones are caught."""
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
-        adapter, dtype = self._kit_begin(input, "input")
+        adapter, dtype = self._begin(input, "input")
         check_op_dtype(op, dtype)
-        self._kit_count("reduce_scatter", input, adapter, None, op, layout=tuple(sizes))
-        return self._kit_scatter_reduced(output, input, adapter, dtype, op, sizes, async_op)
+        self._count("reduce_scatter", input, adapter, None, op, layout=tuple(sizes))
+        return self._scatter_reduced(output, input, adapter, dtype, op, sizes, async_op)
 
-    def _kit_scatter_reduced(
+    def _scatter_reduced(
         self,
         output: Any,
         input: Any,
@@ -166,56 +166,56 @@ class Reductions(Steps):
         """A reduce-scatter past its checks and count: chunks of one size (``sizes`` None:
         ``_reduce_scatter``) or of ``sizes`` (``_reduce_scatter_v``), staged, with the
         emulations (AVG, an op the engine lacks)."""
-        if self._kit_solo:
+        if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in, engine_op, _ = self._kit_stage_reduction(adapter, input, dtype, op)
-        staged_out = self._kit_stage(adapter, output, dtype, "output")
-        divide = self._kit_world_size if op is ReduceOp.AVG and not self._kit_native_avg else None
+        staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)
+        staged_out = self._stage(adapter, output, dtype, "output")
+        divide = self._world_size if op is ReduceOp.AVG and not self._native_avg else None
         out, full = staged_out.engine, staged_in.engine
-        if engine_op not in self._kit_native_ops:
+        if engine_op not in self._native_ops:
             scratch = adapter.clone(full)
-            self._kit_reduce_by_gathering(scratch, engine_op)
-            numel, rank = adapter.numel(output), self._kit_rank
+            self._reduce_by_gathering(scratch, engine_op)
+            numel, rank = adapter.numel(output), self._rank
             at = rank * numel if sizes is None else offsets(sizes)[rank]
             adapter.copy_(out, adapter.flat(scratch)[at : at + numel])
             work = None
         elif sizes is None:
-            work = self._kit_call(self._reduce_scatter, async_op, out, full, engine_op)
+            work = self._call(self._reduce_scatter, async_op, out, full, engine_op)
         else:
-            work = self._kit_call(self._reduce_scatter_v, async_op, out, sizes, full, engine_op)
-        return self._kit_finish(work, async_op, staged_out, divide, staged_in)
+            work = self._call(self._reduce_scatter_v, async_op, out, sizes, full, engine_op)
+        return self._finish(work, async_op, staged_out, divide, staged_in)
 
     # -- the emulations --------------------------------------------------------------------------
-    def _kit_stage_reduction(
+    def _stage_reduction(
         self, adapter: Adapter, x: Any, dtype: str, op: ReduceOp
     ) -> tuple[Staged, ReduceOp, int | None]:
         """Stage ``x``; return it with the op the engine runs and the divisor of an emulated
         AVG (None when the engine averages itself)."""
-        staged = self._kit_stage(adapter, x, dtype)
+        staged = self._stage(adapter, x, dtype)
         if dtype == "bool":
             op = normalise_bool_op(op)
         divide = None
-        if op is ReduceOp.AVG and not self._kit_native_avg:
-            op, divide = ReduceOp.SUM, self._kit_world_size
+        if op is ReduceOp.AVG and not self._native_avg:
+            op, divide = ReduceOp.SUM, self._world_size
         return staged, op, divide
 
-    def _kit_reduce_by_gathering(self, engine: Any, op: ReduceOp) -> None:
+    def _reduce_by_gathering(self, engine: Any, op: ReduceOp) -> None:
         """Reduce with an op the engine lacks: all-gather every rank's data, combine locally."""
         adapter = adapter_for(engine)
         numel = adapter.numel(engine)
-        gathered = adapter.empty(engine, numel * self._kit_world_size)
-        self._kit_call(self._all_gather_into, False, gathered, engine)
+        gathered = adapter.empty(engine, numel * self._world_size)
+        self._call(self._all_gather_into, False, gathered, engine)
         flat = adapter.flat(gathered)
         result = adapter.clone(flat[0:numel])
-        for r in range(1, self._kit_world_size):
+        for r in range(1, self._world_size):
             adapter.combine_(result, flat[r * numel : (r + 1) * numel], op)
         adapter.copy_(engine, result)
 
-    def _kit_all_reduce_number(self, value: int | float, op: ReduceOp) -> int | float:
+    def _all_reduce_number(self, value: int | float, op: ReduceOp) -> int | float:
         """Reduce a Python number exactly: gathered as an object, combined locally."""
-        self._kit_check_usable()
-        channel = self._kit_objects("all_reduce")
+        self._check_usable()
+        channel = self._objects("all_reduce")
         if channel is None:  # a world of 1: the same rules (bools, bitwise ops of floats)
             return reduce_numbers([value], op)
         return reduce_numbers(objects.all_gather_object(channel, value), op)

@@ -116,9 +116,9 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
 def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> None:
     """Keep the tables of call ``comm.seq`` (not a check point) in ``h``'s ledger."""
     if h.ledger is None:
-        h.ledger = ledger.Ledger(comm._kit_rank, comm._kit_world_size)
+        h.ledger = ledger.Ledger(comm._rank, comm._world_size)
     h.ledger.calls.append((comm.seq, tuple(sent), tuple(expected)))
-    comm._kit_plans.drop_barrier()  # the next barrier settles them
+    comm._plans.drop_barrier()  # the next barrier settles them
 
 
 def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> bool:
@@ -128,15 +128,13 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
     Returns whether it ran; False: nothing was sent, and the pipeline takes the call (and
     explains what is wrong)."""
     seq = comm.seq + 1
-    if seq >= comm._kit_next_check or observing.registered:  # hooks: the pipeline's event
+    if seq >= comm._next_check or observing.registered:  # hooks: the pipeline's event
         return False
     try:
-        entry = comm._kit_plans.kinds.get(
-            (UNEVEN, "all_to_all_single", input.__class__, input.dtype)
-        )
+        entry = comm._plans.kinds.get((UNEVEN, "all_to_all_single", input.__class__, input.dtype))
     except (AttributeError, TypeError):  # not an array
         return False
-    h = comm._kit_history
+    h = comm._history
     if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
         return False
     row = _row_of_plain(comm, output, input, expected, sent)
@@ -148,9 +146,9 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
         if entry[1] != h.run_fp:
             h.start_run(seq, entry[1])
         keep(comm, h, sent, expected)
-    if comm._kit_recorder is not None:
-        comm._kit_open_entry("all_to_all_single", seq, input, cached_adapter(input))
-    comm._kit_call(
+    if comm._recorder is not None:
+        comm._open_entry("all_to_all_single", seq, input, cached_adapter(input))
+    comm._call(
         comm._all_to_all_v,
         False,
         output,
@@ -166,7 +164,7 @@ def _row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any
     one class and dtype (the kit found it native), on a device it moves, rows of the same size,
     split lists of ints summing to their rows, a usable communicator of more than one rank;
     else -1."""
-    world = comm._kit_world_size
+    world = comm._world_size
     if (
         type(sent) is not list
         or type(expected) is not list

@@ -2,15 +2,15 @@
 
 Each public operation runs validate -> normalise -> world of 1 -> stage -> primitive -> finish:
 
-- :meth:`Steps._kit_begin` checks the communicator is usable and finds the array adapter (validate,
-  normalise); :meth:`Steps._kit_count` numbers the operation once it passed validation (``seq``);
+- :meth:`Steps._begin` checks the communicator is usable and finds the array adapter (validate,
+  normalise); :meth:`Steps._count` numbers the operation once it passed validation (``seq``);
 - a world of 1 answers locally, with no engine call;
-- :meth:`Steps._kit_stage` gives the engine contiguous memory of a native dtype on a native device;
-- :meth:`Steps._kit_call` runs the primitive: blocking under this rank's "blocked in" mark (set and
+- :meth:`Steps._stage` gives the engine contiguous memory of a native dtype on a native device;
+- :meth:`Steps._call` runs the primitive: blocking under this rank's "blocked in" mark (set and
   cleared here, in a ``try/finally``), or started with ``async_op``; an engine's own exception
   becomes :class:`~distcomm.errors.EngineError`;
-- :meth:`Steps._kit_finish` (and :meth:`Steps._kit_complete`,
-  :meth:`Steps._kit_finish_split`) copies results back where the engine worked on a copy, or
+- :meth:`Steps._finish` (and :meth:`Steps._complete`,
+  :meth:`Steps._finish_split`) copies results back where the engine worked on a copy, or
   hands the caller a Work that owns every buffer.
 """
 
@@ -22,18 +22,19 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from time import time as _wall
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from distcomm._call_sites import user_site
 from distcomm.backend._pipeline import mismatch_check, observing, recording
 from distcomm.backend._pipeline.arguments import ArgumentChecks
+from distcomm.backend._pipeline.defaults import Defaults
 from distcomm.backend._pipeline.engine_failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
 from distcomm.backend._pipeline.plans import Plans
 from distcomm.backend._pipeline.recording import COMPLETED, ISSUED, Recorder
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
-from distcomm.backend.primitives import NotPlanned, Primitives
+from distcomm.backend.engine import OPTIONAL, REQUIRED, NotPlanned
 from distcomm.backend.specs import Capabilities
 from distcomm.backend.work import BaseWork, CompletedWork, PendingWorks
 from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
@@ -50,47 +51,55 @@ _hooks = observing.registered
 
 #: What an async operation of a world of 1 returns.
 DONE = CompletedWork()
+#: The optional engine methods bound under the same names with a ``_`` before them
+#: (``check_tag`` and the control messages are bound on their own terms).
+_BOUND = tuple(
+    name for name in OPTIONAL if name not in ("check_tag", "control_isend", "control_irecv", "bind")
+)
+_ABSENT = object()
+_CPU = frozenset({"cpu"})
 
 
-class Steps(ArgumentChecks, Failures, Primitives):
+class Steps(ArgumentChecks, Failures, Defaults):
     """The state of a communicator and the steps its pipelines share (module docstring)."""
 
-    backend_name: ClassVar[str] = "base"
-    capabilities: ClassVar[Capabilities] = Capabilities()
-    #: Exceptions of the engine's own that mean it failed (e.g. ``MPI.Exception``): raised by a
-    #: primitive, they become :class:`~distcomm.errors.EngineError`.
-    engine_errors: ClassVar[tuple[type[BaseException], ...]] = ()
-    #: The devices whose memory the engine moves (an instance may widen it, e.g. CUDA-aware MPI).
-    devices: frozenset[str] = frozenset({"cpu"})
-    #: The one accelerator device this rank's engine is bound to (``"cuda:0"``: NCCL), set by the
-    #: backend; tensors on another device of its type are refused. None: any device it moves.
-    bound_device: str | None = None
+    #: The engine's own exceptions that mean it failed (its ``engine_errors``).
+    engine_errors: tuple[type[BaseException], ...]
+    #: The device types whose memory the engine moves (its ``devices``, without indices).
+    devices: frozenset[str]
+    #: The one accelerator device this rank's engine is bound to (``"cuda:0"``: NCCL; an
+    #: indexed entry of the engine's ``devices``); tensors on another device of its type are
+    #: refused. None: any device it moves.
+    bound_device: str | None
     #: Why the engine moves no GPU memory, for the one staging warning (e.g. what MPI said).
-    cpu_only_reason: str = ""
+    cpu_only_reason: str
     #: The next ``seq`` the mismatch check runs at (from the ``debug`` policy).
-    _kit_next_check: int
+    _next_check: int
     #: The event of the public call in progress while hooks are registered, else None
     #: (:mod:`~distcomm.backend._pipeline.observing`).
-    _kit_event: Any = None
+    _event: Any = None
     #: The mismatch check's 16-byte buffer on this channel (made at the first check).
-    _kit_vote: Any = None
+    _vote: Any = None
     #: What this rank called (None: the policy is off, or a world of 1).
-    _kit_history: CallHistory | None = None
+    _history: CallHistory | None = None
     #: The flight recorder this communicator's calls go to (None: none records them), and the
     #: entry of the call the pipeline numbered last (:mod:`~distcomm.backend._pipeline.recording`).
-    _kit_recorder: Recorder | None = None
-    _kit_entry: list[Any] | None = None
-    _kit_entry_device: str | None = None
-    _kit_entry_seq: int = 0
+    _recorder: Recorder | None = None
+    _entry: list[Any] | None = None
+    _entry_device: str | None = None
+    _entry_seq: int = 0
     #: Which communicator this is among those of the same members: "" for a world, then
     #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
-    _kit_lineage: str = ""
+    _lineage: str = ""
     #: How many groups were made from this communicator (new_group, split).
-    _kit_children: int = 0
+    _children: int = 0
 
     def __init__(
         self,
+        engine: Any,
         *,
+        backend: str,
+        capabilities: Capabilities,
         rank: int,
         world_size: int,
         launch: LaunchInfo,
@@ -98,11 +107,22 @@ class Steps(ArgumentChecks, Failures, Primitives):
         timeout: float = 1800.0,
         name: str = "world",
     ) -> None:
-        self._kit_rank = rank
-        self._kit_world_size = world_size
-        self._kit_solo = world_size == 1  # collectives return at once, the engine untouched
-        self._kit_launch = launch
-        self._kit_global_ranks = (
+        #: The engine this communicator drives (:mod:`distcomm.backend.engine`).
+        self.engine = engine
+        #: The backend's name (``"mpi"``) and what its engine does natively.
+        self.backend_name = backend
+        self.capabilities = capabilities
+        if "uint8" not in capabilities.dtypes:
+            raise TypeError(
+                f"backend {backend!r}: capabilities.dtypes must include 'uint8': object "
+                "collectives, new_group and split travel as bytes"
+            )
+        self._use(engine)
+        self._rank = rank
+        self._world_size = world_size
+        self._solo = world_size == 1  # collectives return at once, the engine untouched
+        self._launch = launch
+        self._global_ranks = (
             tuple(global_ranks) if global_ranks is not None else tuple(range(world_size))
         )
         self.timeout = float(timeout)
@@ -117,21 +137,57 @@ class Steps(ArgumentChecks, Failures, Primitives):
         self.p2p_marks = itertools.count(1)
         #: The thread that made this communicator: the one that uses it (one thread per rank),
         #: whose stack :func:`distcomm.backend.stacks.where` shows a peer.
-        self._kit_thread = threading.get_ident()
+        self._thread = threading.get_ident()
         #: The kinds of call the pipeline took, their plans and fingerprints
         #: (:mod:`~distcomm.backend._pipeline.plans`).
-        self._kit_plans = Plans(self._plan, self._kit_barrier_plan)
-        self._kit_kinds = self._kit_plans.kinds  # the same dict, read on every planned call
+        self._plans = Plans(self._plan, self._barrier_plan)
+        self._kinds = self._plans.kinds  # the same dict, read on every planned call
         self.debug = mismatch_check.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
-        self._kit_pending = PendingWorks()
-        self._kit_warned_staging = False
-        self._kit_native_dtypes = self.capabilities.dtypes
-        self._kit_native_ops = tuple(
-            op for op in ReduceOp if op.name in self.capabilities.reduce_ops
-        )
-        self._kit_native_avg = ReduceOp.AVG in self._kit_native_ops
-        self._kit_direct_dtypes = self._kit_native_dtypes - {"bool"}
+        self._pending = PendingWorks()
+        self._warned_staging = False
+        self._native_dtypes = self.capabilities.dtypes
+        self._native_ops = tuple(op for op in ReduceOp if op.name in self.capabilities.reduce_ops)
+        self._native_avg = ReduceOp.AVG in self._native_ops
+        self._direct_dtypes = self._native_dtypes - {"bool"}
+        bind = getattr(engine, "bind", None)
+        if bind is not None:
+            bind(self)
+
+    def _use(self, engine: Any) -> None:
+        """Bind ``engine``'s methods to this communicator's ``_`` names (``self._all_reduce``
+        is its ``all_reduce``): the ones it lacks stay the kit's (:mod:`.defaults`).
+
+        Raises:
+            TypeError: the engine lacks a required method; the message names them all.
+        """
+        missing = [name for name in REQUIRED if not callable(getattr(engine, name, None))]
+        if missing:
+            raise TypeError(
+                f"backend {self.backend_name!r}: its engine ({type(engine).__qualname__}) lacks "
+                f"the required method(s) {', '.join(missing)} of distcomm's engine contract. "
+                "HINT: see distcomm.backend.engine (docs/plugins.md, 'The engine contract')."
+            )
+        for name in (*REQUIRED, *_BOUND):
+            method = getattr(engine, name, None)
+            if method is not None:
+                setattr(self, "_" + name, method)
+        self._engine_tag = getattr(engine, "check_tag", None)
+        control = getattr(engine, "control_isend", _ABSENT)
+        self._control = (control is not None) and (control is not _ABSENT or self.capabilities.p2p)
+        if control is not _ABSENT and control is not None:
+            self._control_isend = control
+            self._control_irecv = engine.control_irecv
+        devices = frozenset(getattr(engine, "devices", _CPU))
+        self.devices = frozenset(d.partition(":")[0] for d in devices)
+        self.bound_device = next((d for d in sorted(devices) if ":" in d), None)
+        self.cpu_only_reason = getattr(engine, "cpu_only_reason", "")
+        self.engine_errors = tuple(getattr(engine, "engine_errors", ()))
+
+    def _control_ready(self) -> bool:
+        """Whether the kit's votes (``_control_isend``) travel here: the engine's own, or its
+        point-to-point messages (the engine set ``control_isend`` to None: none)."""
+        return self._control
 
     @property
     def world_of_one_shortcut(self) -> bool:
@@ -139,34 +195,34 @@ class Steps(ArgumentChecks, Failures, Primitives):
         (True, the default: nothing to exchange). Set it to False to make such a world call
         the engine like any other, e.g. to test a GPU engine on a machine with one GPU
         (``scripts/gpu-check.sh``)."""
-        return self._kit_solo or self._kit_world_size > 1
+        return self._solo or self._world_size > 1
 
     @world_of_one_shortcut.setter
     def world_of_one_shortcut(self, value: bool) -> None:
-        self._kit_solo = bool(value) and self._kit_world_size == 1
-        self._kit_plans.forget()
+        self._solo = bool(value) and self._world_size == 1
+        self._plans.forget()
 
     def describe(self) -> str:
         """A short label for messages: backend, name and size."""
-        ranks = "rank" if self._kit_world_size == 1 else "ranks"
-        return f"{self.backend_name} {self.name!r} ({self._kit_world_size} {ranks})"
+        ranks = "rank" if self._world_size == 1 else "ranks"
+        return f"{self.backend_name} {self.name!r} ({self._world_size} {ranks})"
 
     # -- validate, normalise -------------------------------------------------------------------
-    def _kit_check_usable(self) -> None:
+    def _check_usable(self) -> None:
         if self.unusable is not None:
             raise DistcommError(
                 f"communicator {self.describe()} can no longer be used: {self.unusable}. "
                 "HINT: create a new one with distcomm.init() after distcomm.finalize()."
             )
 
-    def _kit_begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
+    def _begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
         if self.unusable is not None:
-            self._kit_check_usable()
+            self._check_usable()
         if adapter is None:
             adapter = adapter_for(x, what)
         return adapter, adapter.dtype(x)
 
-    def _kit_count(
+    def _count(
         self,
         op: str,
         x: Any = None,
@@ -187,27 +243,27 @@ class Steps(ArgumentChecks, Failures, Primitives):
         sizes of an uneven operation)."""
         seq = self.seq = self.seq + 1
         self.op = op
-        if self._kit_event is observing.PENDING:
+        if self._event is observing.PENDING:
             observing.before(self, op, x, adapter, root, reduce_op)
-        rec = self._kit_recorder
+        rec = self._recorder
         if rec is not None:
-            entry = self._kit_open_entry(op, seq, x, adapter, root)
-            if self._kit_solo:  # answered without the engine: issued and completed now
-                entry[ISSUED] = recording.stamp(self._kit_entry_device)
-                entry[COMPLETED] = recording.stamp(self._kit_entry_device)
-        h = self._kit_history
+            entry = self._open_entry(op, seq, x, adapter, root)
+            if self._solo:  # answered without the engine: issued and completed now
+                entry[ISSUED] = recording.stamp(self._entry_device)
+                entry[COMPLETED] = recording.stamp(self._entry_device)
+        h = self._history
         fp = 0
         try:
             if h is not None:
                 fp = mismatch_check.record(
                     self, h, seq, op, x, adapter, root, reduce_op, varies, layout
                 )
-            if x is not None and not self._kit_solo:  # a world of 1 calls no engine
-                moved = self._kit_native_dtypes if reduce_op is None else self._kit_direct_dtypes
-                self._kit_plans.learn(op, x, adapter, root, reduce_op, fp, moved, varies)
-            if seq >= self._kit_next_check:
-                self._kit_next_check = mismatch_check.next_checked(seq + 1, *self._kit_limits)
-                if self._kit_world_size > 1:
+            if x is not None and not self._solo:  # a world of 1 calls no engine
+                moved = self._native_dtypes if reduce_op is None else self._direct_dtypes
+                self._plans.learn(op, x, adapter, root, reduce_op, fp, moved, varies)
+            if seq >= self._next_check:
+                self._next_check = mismatch_check.next_checked(seq + 1, *self._limits)
+                if self._world_size > 1:
                     mismatch_check.check(self, x)
         except BaseException as exc:
             if rec is not None:
@@ -219,74 +275,74 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """The mismatch check policy of this communicator: ``"sample"`` (the default),
         ``"check"`` (every collective) or ``"off"``; settable (``DISTCOMM_DEBUG``,
         ``init(debug=...)``). Groups made from it inherit it."""
-        return self._kit_debug
+        return self._debug
 
     @debug.setter
     def debug(self, value: str) -> None:
-        self._kit_debug = mismatch_check.policy(value)
-        self._kit_limits = mismatch_check.limits(self._kit_debug)
-        self._kit_next_check = mismatch_check.next_checked(self.seq + 1, *self._kit_limits)
-        if self._kit_debug == "off" or self._kit_world_size == 1:
-            self._kit_history = None
-        elif self._kit_history is None:
-            self._kit_history = CallHistory(self)
-            self._kit_history.agreed_seq = self.seq
-        self._kit_plans.forget()
+        self._debug = mismatch_check.policy(value)
+        self._limits = mismatch_check.limits(self._debug)
+        self._next_check = mismatch_check.next_checked(self.seq + 1, *self._limits)
+        if self._debug == "off" or self._world_size == 1:
+            self._history = None
+        elif self._history is None:
+            self._history = CallHistory(self)
+            self._history.agreed_seq = self.seq
+        self._plans.forget()
 
     @contextlib.contextmanager
-    def _kit_setting_up(self) -> Iterator[None]:
+    def _setting_up(self) -> Iterator[None]:
         """distcomm's own calls on this communicator while ``init`` sets it up (the rendezvous
         of torch's group beside it): not the program's operations. Hooks do not see them, the
         mismatch check does not record them, and afterwards ``seq`` is what it was, so that the
         program's first collective is #1. Every rank makes the same calls here."""
-        saved = (self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder)
-        event, self._kit_event = self._kit_event, observing.UNSEEN
-        self._kit_history = self._kit_recorder = self._kit_entry = None
+        saved = (self.seq, self.op, self._next_check, self._history, self._recorder)
+        event, self._event = self._event, observing.UNSEEN
+        self._history = self._recorder = self._entry = None
         try:
             yield
         finally:
-            self._kit_event = event
-            self.seq, self.op, self._kit_next_check, self._kit_history, self._kit_recorder = saved
-            self._kit_entry = None
-            self._kit_plans.forget()  # its calls were not recorded: no plan from them
+            self._event = event
+            self.seq, self.op, self._next_check, self._history, self._recorder = saved
+            self._entry = None
+            self._plans.forget()  # its calls were not recorded: no plan from them
 
-    def _kit_after_mismatch(self, error: CollectiveMismatchError) -> None:
+    def _after_mismatch(self, error: CollectiveMismatchError) -> None:
         """The ranks found the collective mismatch ``error``. Where no rank ran the operation
         (this rank's latest), it counts as not made on every rank: the histories agree again,
         no kind is planned from what it described and the communicator
         stays usable. Otherwise it is retired."""
-        h = self._kit_history
-        if self._kit_recorder is not None and self._kit_entry is not None:
-            self._kit_recorder.failed(self._kit_entry, error)
+        h = self._history
+        if self._recorder is not None and self._entry is not None:
+            self._recorder.failed(self._entry, error)
         if error.ran is not None:
             self.unusable = f"collective mismatch at operation #{error.seq}"
         elif h is not None and not h.ended and self.seq == error.seq:
             h.neutralise(self.seq)
             h.agree(self.seq)
-            self._kit_plans.forget()
+            self._plans.forget()
 
-    def _kit_can_confirm(self) -> bool:
+    def _can_confirm(self) -> bool:
         """Whether this communicator's calls can be confirmed by a vote of point-to-point
         messages (:mod:`~distcomm.backend._pipeline.p2p_vote`)."""
-        return self._kit_world_size > 1 and self._object_channel()._control_ready()
+        return self._world_size > 1 and self._object_channel()._control_ready()
 
     # -- stage ---------------------------------------------------------------------------------
-    def _kit_stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
+    def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
         return stage(
             adapter,
             x,
             dtype,
-            native_dtypes=self._kit_native_dtypes,
+            native_dtypes=self._native_dtypes,
             devices=self.devices,
             backend=self.backend_name,
-            warn_staging=self._kit_warn_staging,
+            warn_staging=self._warn_staging,
             what=what,
             bound=self.bound_device,
         )
 
-    def _kit_warn_staging(self, device: str) -> None:
-        if not self._kit_warned_staging:
-            self._kit_warned_staging = True
+    def _warn_staging(self, device: str) -> None:
+        if not self._warned_staging:
+            self._warned_staging = True
             why = f" ({self.cpu_only_reason})" if self.cpu_only_reason else ""
             warnings.warn(
                 f"backend {self.backend_name!r} moves CPU memory only{why}: {device} tensors are "
@@ -296,13 +352,13 @@ class Steps(ArgumentChecks, Failures, Primitives):
             )
 
     # -- primitive -----------------------------------------------------------------------------
-    def _kit_call(self, primitive: Callable[..., Work | None], async_op: bool, *args: Any) -> Any:
+    def _call(self, primitive: Callable[..., Work | None], async_op: bool, *args: Any) -> Any:
         """Run ``primitive(*args, async_op)``: blocking (and waited for) under this rank's
         "blocked in" mark, or started, returning its Work. An engine exception (one of
         ``engine_errors``) becomes EngineError naming the operation."""
-        entry = self._kit_entry
-        if entry is not None and self._kit_entry_seq == self.seq and self._kit_checking_for is None:
-            return self._kit_call_recorded(entry, primitive, async_op, *args)
+        entry = self._entry
+        if entry is not None and self._entry_seq == self.seq and self._checking_for is None:
+            return self._call_recorded(entry, primitive, async_op, *args)
         if async_op:
             try:
                 return primitive(*args, True)
@@ -323,28 +379,28 @@ class Steps(ArgumentChecks, Failures, Primitives):
             self.blocked_seq = 0
         return None
 
-    def _kit_call_recorded(
+    def _call_recorded(
         self, entry: list[Any], primitive: Callable[..., Work | None], async_op: bool, *args: Any
     ) -> Any:
-        """:meth:`_kit_call` of a call the flight recorder keeps: its entry stamped issued (at
+        """:meth:`_call` of a call the flight recorder keeps: its entry stamped issued (at
         the first engine call), completed or failed (:mod:`~distcomm.backend._pipeline.
         recording`)."""
-        device = None if async_op else self._kit_entry_device
+        device = None if async_op else self._entry_device
         if entry[ISSUED] is None:
             entry[ISSUED] = recording.stamp(device)
-        self._kit_entry = None  # the call proper: not recorded twice
+        self._entry = None  # the call proper: not recorded twice
         try:
-            result = self._kit_call(primitive, async_op, *args)
+            result = self._call(primitive, async_op, *args)
         except BaseException as exc:
-            if self._kit_recorder is not None:
-                self._kit_recorder.failed(entry, exc)
+            if self._recorder is not None:
+                self._recorder.failed(entry, exc)
             raise
         finally:
-            self._kit_entry = entry
+            self._entry = entry
         entry[COMPLETED] = recording.stamp(device)
         return result
 
-    def _kit_planned(self, op: str, x: Any, root: Any = None, y: Any = None) -> bool:
+    def _planned(self, op: str, x: Any, root: Any = None, y: Any = None) -> bool:
         """Run a blocking call of a kind the pipeline took before through the engine's plan for
         it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
         mark, seen by the hooks and the flight recorder. Returns whether it ran; False: nothing
@@ -352,15 +408,15 @@ class Steps(ArgumentChecks, Failures, Primitives):
         with it)."""
         seq = self.seq + 1
         if (
-            seq >= self._kit_next_check
+            seq >= self._next_check
             or self.unusable is not None
             # part of an observed public call (reduce_scatter's reduce_scatter_tensor): the
             # pipeline numbers it and makes its event
-            or (_hooks and self._kit_event is observing.PENDING)
+            or (_hooks and self._event is observing.PENDING)
         ):
             return False
         try:
-            entry = self._kit_kinds.get((op, x.__class__, x.dtype, x.nbytes, root))
+            entry = self._kinds.get((op, x.__class__, x.dtype, x.nbytes, root))
         except (AttributeError, TypeError):  # not an array, or a root that is no key
             return False
         if entry is None:
@@ -369,19 +425,19 @@ class Steps(ArgumentChecks, Failures, Primitives):
         if (
             plan is None
             or (root is not None and root.__class__ is not int)  # True is no rank
-            or (fits is not None and not fits(op, x, y, root, self._kit_rank, self._kit_world_size))
+            or (fits is not None and not fits(op, x, y, root, self._rank, self._world_size))
         ):
             return False
-        h = self._kit_history
+        h = self._history
         if h is not None and fp != h.run_fp and fp not in h.agreed:
             return False  # the pipeline confirms a kind first
         self.op = op
         self.seq = seq
         event = None
-        if _hooks and self._kit_event is None:  # the hooks see it (a hook may refuse it)
+        if _hooks and self._event is None:  # the hooks see it (a hook may refuse it)
             event = observing.opened(self, op, x, root)
         self.blocked_seq = seq
-        rec = self._kit_recorder
+        rec = self._recorder
         record = None
         try:
             if h is not None and fp != h.run_fp:
@@ -392,7 +448,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
                 record = [
                     op,
                     seq,
-                    self._kit_global_ranks,
+                    self._global_ranks,
                     x.shape,
                     dtype,
                     x.nbytes,
@@ -403,17 +459,17 @@ class Steps(ArgumentChecks, Failures, Primitives):
                     None,
                 ]
                 rec.add(record)
-                self._kit_entry = None  # no later engine call stamps an earlier call's entry
+                self._entry = None  # no later engine call stamps an earlier call's entry
             plan(x, y)
         except NotPlanned:
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
             if record is not None:
-                self._kit_recorder.retract(record)  # type: ignore[union-attr]
+                self._recorder.retract(record)  # type: ignore[union-attr]
             if event is not None:
                 observing.carry(self, event)
             return False
         except BaseException as exc:
-            error = self._kit_plan_failed(op, seq, exc, record, event)
+            error = self._plan_failed(op, seq, exc, record, event)
             if error is exc:
                 raise
             raise error from exc
@@ -425,7 +481,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
             observing.closed(self, event, None)
         return True
 
-    def _kit_plan_failed(
+    def _plan_failed(
         self, op: str, seq: int, exc: BaseException, record: list[Any] | None, event: Any
     ) -> BaseException:
         """What a plan's exception ``exc`` raises: distcomm's own as it is, the engine's as
@@ -435,13 +491,13 @@ class Steps(ArgumentChecks, Failures, Primitives):
         if not isinstance(exc, DistcommError) and isinstance(exc, self.engine_errors):
             error = self.engine_failed(op, seq, exc)
         if record is not None:
-            assert self._kit_recorder is not None
-            self._kit_recorder.failed(record, error)
+            assert self._recorder is not None
+            self._recorder.failed(record, error)
         if event is not None:
             observing.closed(self, event, error)
         return error
 
-    def _kit_open_entry(
+    def _open_entry(
         self,
         op: str,
         seq: int,
@@ -450,28 +506,28 @@ class Steps(ArgumentChecks, Failures, Primitives):
         root: int | None = None,
     ) -> list[Any]:
         """The flight recorder's entry of call ``seq`` (the recorder is set), kept as the call
-        the next engine calls stamp (:meth:`_kit_call`)."""
-        assert self._kit_recorder is not None
+        the next engine calls stamp (:meth:`_call`)."""
+        assert self._recorder is not None
         entry = recording.opened(self, op, seq, x, adapter, root)
-        self._kit_lend_entry(entry, None if adapter is None else adapter.device(x))
-        self._kit_recorder.add(entry)
+        self._lend_entry(entry, None if adapter is None else adapter.device(x))
+        self._recorder.add(entry)
         return entry
 
-    def _kit_lend_entry(self, entry: list[Any] | None, device: str | None = None) -> None:
+    def _lend_entry(self, entry: list[Any] | None, device: str | None = None) -> None:
         """Make ``entry`` the one this communicator's engine calls stamp until its ``seq``
         moves (a communicator's own, or the call's whose bytes travel on this object channel);
         None: no entry."""
-        self._kit_entry, self._kit_entry_seq, self._kit_entry_device = entry, self.seq, device
+        self._entry, self._entry_seq, self._entry_device = entry, self.seq, device
 
-    def _kit_record_into(self, recorder: Recorder | None) -> None:
+    def _record_into(self, recorder: Recorder | None) -> None:
         """Give this communicator's calls to ``recorder`` (the flight recorder of this
         process's rank: a communicator of another thread-rank keeps none), or to none; the
         groups made from it later inherit it."""
-        mine = recorder is not None and recorder.rank == self._kit_global_ranks[self._kit_rank]
-        self._kit_recorder = recorder if mine else None
-        self._kit_entry = None
+        mine = recorder is not None and recorder.rank == self._global_ranks[self._rank]
+        self._recorder = recorder if mine else None
+        self._entry = None
 
-    def _kit_barrier_plan(self, x: Any, y: Any) -> None:
+    def _barrier_plan(self, x: Any, y: Any) -> None:
         """The barrier's plan where the engine has none (:mod:`~distcomm.backend._pipeline.plans`):
         its ``_barrier``, waited for."""
         work = self._barrier(False)
@@ -479,13 +535,13 @@ class Steps(ArgumentChecks, Failures, Primitives):
             work.wait()
 
     # -- finish --------------------------------------------------------------------------------
-    def _kit_complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
+    def _complete(self, work: Work | None, async_op: bool, *keep: Any) -> Work | None:
         """A primitive's outcome for the caller: done, or (async) a Work owning ``keep``."""
         if not async_op:
             return None
-        return self._kit_handed(work, keep, None)
+        return self._handed(work, keep, None)
 
-    def _kit_finish(
+    def _finish(
         self,
         work: Work | None,
         async_op: bool,
@@ -506,12 +562,12 @@ class Steps(ArgumentChecks, Failures, Primitives):
         elif staged.copied:
             after = staged.write_back
         if async_op:
-            return self._kit_handed(work, (staged.user, staged.engine, *keep), after)
+            return self._handed(work, (staged.user, staged.engine, *keep), after)
         if after is not None:
             after()
         return None
 
-    def _kit_finish_split(
+    def _finish_split(
         self, work: Work | None, async_op: bool, staged: Staged, out: Any, parts: list[Any]
     ) -> Work | None:
         """As :meth:`_complete`, then copy the chunks of ``out`` into ``parts``."""
@@ -524,11 +580,11 @@ class Steps(ArgumentChecks, Failures, Primitives):
                 adapter.copy_(part, flat[r * numel : (r + 1) * numel])
 
         if async_op:
-            return self._kit_handed(work, (staged.user, staged.engine, out, *parts), after)
+            return self._handed(work, (staged.user, staged.engine, out, *parts), after)
         after()
         return None
 
-    def _kit_handed(
+    def _handed(
         self, work: Work | None, keep: tuple[Any, ...], after: Callable[[], None] | None
     ) -> BaseWork:
         """The Work the caller gets: it owns ``keep``, runs ``after`` once complete, and is
@@ -536,7 +592,7 @@ class Steps(ArgumentChecks, Failures, Primitives):
         handed = self._then(work, after, *keep)
         if handed is None:
             return DONE
-        self._kit_pending.add(handed)
+        self._pending.add(handed)
         return handed
 
     # -- the channel of internal traffic -------------------------------------------------------
@@ -544,21 +600,21 @@ class Steps(ArgumentChecks, Failures, Primitives):
         """The communicator object bytes travel on (a GPU engine returns a CPU side channel)."""
         return self  # type: ignore[return-value]
 
-    def _kit_objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
+    def _objects(self, op: str, root: int | None = None) -> BaseCommunicator | None:
         """Count object collective ``op`` here (and on the object channel); return the channel
         its bytes travel on, or None in a world of 1. The kind (op, root) is remembered: a later
         call of it may skip the kit's steps
         (:mod:`~distcomm.backend._pipeline.object_collectives`)."""
-        self._kit_count(op, root=root)
-        if self._kit_solo:
+        self._count(op, root=root)
+        if self._solo:
             return None
-        h = self._kit_history
-        self._kit_plans.learn_objects(op, root, 0 if h is None else h.run_fp)
+        h = self._history
+        self._plans.learn_objects(op, root, 0 if h is None else h.run_fp)
         channel = self._object_channel()
         if channel is not self:
-            channel._kit_check_usable()
+            channel._check_usable()
             channel.seq += 1  # counted, not checked again: the check ran on this communicator
             channel.op = op
-            if self._kit_entry is not None:  # the call's engine calls are the channel's
-                channel._kit_lend_entry(self._kit_entry)
+            if self._entry is not None:  # the call's engine calls are the channel's
+                channel._lend_entry(self._entry)
         return channel

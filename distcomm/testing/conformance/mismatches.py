@@ -203,7 +203,7 @@ def _group_past_the_first_checks() -> Any:
     world of 1, or a backend that cannot confirm a call before it runs (no point-to-point
     messages for its votes)."""
     c: Any = comm()
-    if _skip() or not getattr(c, "_kit_can_confirm", lambda: False)():
+    if _skip() or not getattr(c, "_can_confirm", lambda: False)():
         return None
     group = distcomm.new_group(range(c.world_size))
     assert not isinstance(group, NonMember), "every rank is a member"

@@ -1,6 +1,6 @@
 """Checks of long runs of calls: past the mismatch check's check points a blocking call of a
 kind the pipeline took before skips the pipeline and runs the backend's plan for that kind
-(its ``_plan``, where it has one: :meth:`distcomm.backend.primitives.Primitives._plan`).
+(its engine's ``plan``, where it has one: :meth:`distcomm.backend.engine.Engine.plan`).
 
 The calls interleave the collectives that may be planned (gather and scatter with the root's
 list as views of one buffer and as arrays of their own), with values that depend on the rank,
@@ -40,16 +40,16 @@ def _values(dtype: str, rank: int, round_: int, n: int) -> list[Any]:
 
 @contextmanager
 def _counting(c: Any) -> Iterator[tuple[set[str], dict[str, int]]]:
-    """The ops ``c``'s engine gave a plan for (its ``_plan`` returned one for a kind of them)
+    """The ops ``c``'s engine gave a plan for (its ``plan`` returned one for a kind of them)
     and the calls each op's plans took (a plan that raised NotPlanned took none), meanwhile.
 
-    The kit reads the engine's ``_plan`` when it makes the communicator, into its table of kinds
-    (``_kit_plans``); the table is given a counting wrapper of it here, and forgets the kinds
+    The kit reads the engine's ``plan`` when it makes the communicator, into its table of kinds
+    (``_plans``); the table is given a counting wrapper of it here, and forgets the kinds
     (so that the engine is asked again) on the way in and out. A communicator without that
-    table, or whose engine has no ``_plan``, plans nothing."""
+    table, or whose engine has no ``plan``, plans nothing."""
     planned: set[str] = set()
     taken: dict[str, int] = {}
-    table: Any = getattr(c, "_kit_plans", None)
+    table: Any = getattr(c, "_plans", None)
     engine = getattr(table, "_engine_plan", None)
     if engine is None:
         yield planned, taken

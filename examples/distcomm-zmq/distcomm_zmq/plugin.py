@@ -29,7 +29,8 @@ def is_available(launch: LaunchInfo) -> tuple[bool, str]:
 def create(
     launch: LaunchInfo, *, timeout: float = 1800.0, device: str | None = None, **options: Any
 ) -> Any:
-    """Factory of ``zmq``: bind this rank's inbox, meet the others, return the world.
+    """Factory of ``zmq``: bind this rank's inbox, meet the others, return the world's engine
+    (a :class:`~distcomm_zmq.communicator.ZmqEngine`: distcomm makes the communicator).
 
     Raises:
         InvalidArgumentError: an option (zmq takes none) or a device other than the CPU.

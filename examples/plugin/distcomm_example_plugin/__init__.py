@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import distcomm
 from distcomm.backend import KIT_API, BackendSpec, EnvironmentSpec, Registry, hookimpl, read_int
-from distcomm_example_plugin.loopback import LoopbackCommunicator, create, is_available
+from distcomm_example_plugin.loopback import create, is_available
 
 
 def detect_jsrun(environ: Mapping[str, str]) -> distcomm.LaunchInfo | None:
@@ -68,7 +68,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             factory=create,
             is_available=is_available,
             priority=0,
-            devices=LoopbackCommunicator.devices,
             description="example: a world of 1 that keeps messages to itself",
             kit_api=KIT_API,
         )

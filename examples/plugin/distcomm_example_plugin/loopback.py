@@ -1,9 +1,10 @@
 """``loopback``: the smallest complete distcomm backend, for a world of 1.
 
-It shows what a backend author writes: a BaseCommunicator subclass overriding the engine primitives
-(distcomm.backend.primitives lists them). BaseCommunicator already answers every collective of a
-world of 1 locally, so only point-to-point messages (to oneself) and group creation reach the
-primitives here. It passes distcomm's conformance suite at world size 1.
+It shows what a backend author writes: an engine, an object of the author's own class with the
+six methods distcomm requires (:mod:`distcomm.backend.engine` lists them), which the factory
+returns; distcomm makes the communicator around it. In a world of 1 that communicator answers
+every collective itself, so only point-to-point messages (to oneself) and group creation reach
+this engine. It passes distcomm's conformance suite at world size 1.
 """
 
 from __future__ import annotations
@@ -12,23 +13,30 @@ import collections
 from typing import Any
 
 import distcomm
-from distcomm.backend import BaseCommunicator, CompletedWork, adapter_for
+from distcomm.backend import CompletedWork, adapter_for
 
 
-class LoopbackCommunicator(BaseCommunicator):
+class LoopbackEngine:
     """A world of 1 whose sends wait in a queue until this rank receives them."""
 
-    backend_name = "loopback"
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self) -> None:
         self._queue: collections.deque[tuple[int, Any]] = collections.deque()
 
-    def _isend(self, tensor: Any, dst: int, tag: int) -> distcomm.Work:
+    # Collectives of one rank: the tensor is already the result.
+    def all_reduce(self, tensor: Any, op: distcomm.ReduceOp, async_op: bool) -> None:
+        return None
+
+    def broadcast(self, tensor: Any, src: int, async_op: bool) -> None:
+        return None
+
+    def all_gather_into(self, output: Any, tensor: Any, async_op: bool) -> None:
+        adapter_for(output).copy_(output, tensor)
+
+    def isend(self, tensor: Any, dst: int, tag: int) -> distcomm.Work:
         self._queue.append((tag, adapter_for(tensor).clone(tensor)))
         return CompletedWork()
 
-    def _irecv(self, tensor: Any, src: int | None, tag: int) -> distcomm.Work:
+    def irecv(self, tensor: Any, src: int | None, tag: int) -> distcomm.Work:
         for i, (queued_tag, data) in enumerate(self._queue):
             if queued_tag == tag:
                 del self._queue[i]
@@ -38,16 +46,8 @@ class LoopbackCommunicator(BaseCommunicator):
             f"loopback: no message with tag {tag!r} was sent to this rank. HINT: send before recv."
         )
 
-    def _split(self, groups: list[tuple[int, ...]], index: int | None) -> Any:
-        if index is None:
-            return distcomm.NON_MEMBER
-        return LoopbackCommunicator(
-            rank=0,
-            world_size=1,
-            launch=self.launch,
-            timeout=self.timeout,
-            name=f"{self.name}/group",
-        )
+    def split(self, groups: list[tuple[int, ...]], index: int | None) -> LoopbackEngine | None:
+        return None if index is None else LoopbackEngine()
 
 
 def is_available(launch: distcomm.LaunchInfo) -> tuple[bool, str]:
@@ -63,8 +63,8 @@ def create(
     timeout: float = 1800.0,
     device: str | None = None,
     **options: Any,
-) -> LoopbackCommunicator:
-    """Factory: the ``loopback`` communicator for ``launch`` (CPU only, no options)."""
+) -> LoopbackEngine:
+    """Factory: the ``loopback`` engine for ``launch`` (CPU only, no options)."""
     if options or device not in (None, "cpu"):
         raise distcomm.InvalidArgumentError(
             f"loopback takes no options and runs on the CPU only, got device={device!r}, "
@@ -75,4 +75,4 @@ def create(
         raise distcomm.BackendUnavailableError(
             f"loopback: {reason}", backend="loopback", reason=reason
         )
-    return LoopbackCommunicator(rank=0, world_size=1, launch=launch, timeout=timeout)
+    return LoopbackEngine()
