@@ -28,7 +28,7 @@ import distcomm
 def world_of_one() -> None:
     comm = distcomm.init(backend="nccl", device="cuda")
     comm.world_of_one_shortcut = False  # NCCL itself, not distcomm's shortcut
-    device = comm.device
+    device = torch.device(comm.bound_device)
     t = torch.arange(4.0, device=device)
     distcomm.all_reduce(t)
     distcomm.broadcast(t, 0)
@@ -62,11 +62,11 @@ def gloo_cuda() -> None:
 def ddp() -> None:
     comm = distcomm.init(backend="nccl")
     torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1).to(comm.device)
+    model = torch.nn.Linear(8, 1).to(torch.device(comm.bound_device))
     wrapped = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[comm.device.index], process_group=comm.native
+        model, device_ids=[torch.device(comm.bound_device).index], process_group=comm.native
     )
-    x = torch.full((4, 8), float(comm.rank + 1), device=comm.device)
+    x = torch.full((4, 8), float(comm.rank + 1), device=torch.device(comm.bound_device))
     wrapped(x).sum().backward()
     grads = [torch.zeros_like(model.weight) for _ in range(comm.world_size)]
     distcomm.all_gather(grads, model.weight.grad)
@@ -77,7 +77,7 @@ def ddp() -> None:
 
 def timeout() -> None:
     comm = distcomm.init(backend="nccl", timeout=float(os.environ.get("GPU_CHECK_TIMEOUT", "10")))
-    t = torch.ones(4, device=comm.device)
+    t = torch.ones(4, device=torch.device(comm.bound_device))
     distcomm.all_reduce(t)
     if comm.rank == 1:
         time.sleep(3 * comm.timeout)
@@ -97,7 +97,7 @@ def timeout() -> None:
 def mismatch() -> None:
     comm = distcomm.init(backend="nccl")
     n = 6 if comm.rank == 1 else 4
-    t = torch.ones(n, device=comm.device)
+    t = torch.ones(n, device=torch.device(comm.bound_device))
     try:
         distcomm.all_reduce(t)
     except distcomm.CollectiveMismatchError as exc:
@@ -110,7 +110,7 @@ def mismatch() -> None:
 
 def tags() -> None:
     comm = distcomm.init(backend="nccl")
-    t = torch.ones(4, device=comm.device)
+    t = torch.ones(4, device=torch.device(comm.bound_device))
     try:
         if comm.rank == 0:
             distcomm.send(t, 1, tag=7)
@@ -131,7 +131,7 @@ def groups() -> None:
     halves = comm.split(comm.rank % 2)  # every rank: NCCL split from the world's communicator
     inner = halves.new_group([0])  # a group of a group: made by the half's members only
     everyone = distcomm.new_group(list(range(world)))
-    t = torch.ones(2, device=comm.device)
+    t = torch.ones(2, device=torch.device(comm.bound_device))
     distcomm.all_reduce(t, group=everyone)
     distcomm.all_reduce(t, group=halves)
     if inner:

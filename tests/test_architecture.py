@@ -267,3 +267,28 @@ def test_engines_never_subclass_the_communicator_nor_its_work() -> None:
         "an engine is wrapped, never subclassed: write the engine's methods "
         "(distcomm.backend.engine) and return EngineWork(comm, request):\n" + "\n".join(subclassed)
     )
+
+
+def test_first_party_engines_define_the_contract_under_its_own_names() -> None:
+    """An engine's method under its kit API 1 name (``_all_gather_v``, with no
+    ``all_gather_v``) is never called: the kit binds the contract's names (mpi lost its
+    Allgatherv, Reduce_scatter and Alltoallv that way in the port). Every first-party engine
+    and the examples' define none."""
+    from distcomm.backend.engine import OPTIONAL, REQUIRED
+
+    sources = [*ROOT.glob("backends/*/distcomm_*/**/*.py"), *ROOT.glob("examples/*/*/*.py")]
+    sources.append(PACKAGE / "fakelink" / "communicator.py")
+    contract = {*REQUIRED, *OPTIONAL}
+    stale = []
+    for path in sources:
+        if "build" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Engine"):
+                names = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                stale += [
+                    f"{path.relative_to(ROOT)}: {node.name}.{n}"
+                    for n in sorted(names)
+                    if n.startswith("_") and n[1:] in contract and n[1:] not in names
+                ]
+    assert stale == [], "methods under a kit API 1 name, never called:\n" + "\n".join(stale)

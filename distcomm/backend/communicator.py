@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend._pipeline import ledger, p2p_vote
+from distcomm.backend._pipeline import p2p_vote, routing_ledger
 from distcomm.backend._pipeline.assert_same import Sameness
 from distcomm.backend._pipeline.coalesced import Coalesced
 from distcomm.backend._pipeline.groups import Groups
@@ -159,13 +159,13 @@ class BaseCommunicator(
         h = self._history
         if h is None:
             return None
-        h.ended = True
+        h.end()
         handling = sys.exc_info()[1] is not None  # the exception in flight says what went wrong
         if self.unusable is not None or handling or not self._can_confirm():
             return None
         try:
             p2p_vote.vote(self, p2p_vote.FINALIZE)
-            ledger.settle(self, self.seq, "finalize()")
+            routing_ledger.settle(self, self.seq, "finalize()")
         except CollectiveMismatchError as exc:
             return exc
         except DistcommError as exc:  # no evidence of a mismatch: the others are busy or gone

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import distcomm
-from distcomm.backend._pipeline import ledger, splits
+from distcomm.backend._pipeline import routing, routing_ledger
 from distcomm.backend._pipeline.mismatch_check import SAMPLED_FIRST
 from distcomm.testing import run_threads
 
@@ -25,7 +25,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the shortcut's outcomes and the calls that reached the pipeline's steps."""
     counts = {"shortcut": 0, "refused": 0, "steps": 0}
     shortcut, steps = (
-        splits.shortcut,
+        routing.shortcut,
         distcomm.backend.BaseCommunicator._all_to_all_single_steps,
     )
 
@@ -38,7 +38,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         counts["steps"] += 1
         return steps(self, *args, **kwargs)
 
-    monkeypatch.setattr(splits, "shortcut", counted)
+    monkeypatch.setattr(routing, "shortcut", counted)
     monkeypatch.setattr(
         distcomm.backend.BaseCommunicator, "_all_to_all_single_steps", counted_steps
     )
@@ -147,7 +147,7 @@ def _balances(tables: list[list[tuple[list[int], list[int]]]]) -> int:
     world = len(tables[0])
     total = 0
     for rank in range(world):
-        kept = ledger.Ledger(rank, world)
+        kept = routing_ledger.Ledger(rank, world)
         for seq, call in enumerate(tables, start=100):
             kept.calls.append((seq, tuple(call[rank][0]), tuple(call[rank][1])))
         total += kept.balance()

@@ -165,7 +165,7 @@ class GpuComm:
     backend = "nccl"
 
     def __init__(self, torch: Any, index: int) -> None:
-        self.device = torch.device("cuda", index)
+        self.bound_device = f"cuda:{index}"
         self.rank = index
 
 

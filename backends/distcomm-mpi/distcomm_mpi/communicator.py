@@ -93,15 +93,19 @@ def in_place(send: Any, recv: Any, slot: int) -> Any:
     return send
 
 
+#: What a message that timed out waited for.
+_UNMATCHED = "the matching message did not arrive"
+
+
 class MpiRequest:
     """An MPI request (the engine's side of an :class:`~distcomm.backend.EngineWork`):
     ``block(None)`` waits under the watchdog (which ends the job past the timeout: MPI cannot
     cancel), ``block(timeout)`` polls."""
 
-    def __init__(self, request: Any, status: Any = None, sender: str = "") -> None:
+    def __init__(self, request: Any, status: Any = None, waiting_for: str = "") -> None:
         self._request = request
         self._status = status
-        self._sender = sender
+        self._waiting_for = waiting_for
 
     @property
     def source(self) -> int | None:
@@ -125,7 +129,8 @@ class MpiRequest:
         return True
 
     def waiting_for(self) -> str:
-        return self._sender
+        """What a timed-out message waited for ("" for a collective: every rank)."""
+        return self._waiting_for
 
 
 def _answer_wait() -> float:
@@ -138,6 +143,8 @@ class MpiEngine:
 
     engine_errors = (MPI.Exception,)
     devices = frozenset({"cpu"})
+    #: The world's launch where MPI's rank differs from the one it was given (``create``).
+    launch: LaunchInfo | None = None
 
     def __init__(
         self, comm: Any, *, owns: bool, cuda_aware: tuple[bool, str], side: SideChannel
@@ -254,7 +261,7 @@ class MpiEngine:
         send = in_place(buf(tensor), recv, self.rank)
         return self._run(self._comm.Allgather, self._comm.Iallgather, async_op, send, recv)
 
-    def _all_gather_v(
+    def all_gather_v(
         self, output: Any, sizes: list[int], tensor: Any, async_op: bool
     ) -> Work | None:
         """``Allgatherv`` of the arrays' own type (bytes for the object collectives' byte
@@ -277,7 +284,7 @@ class MpiEngine:
             _OPS[op],
         )
 
-    def _reduce_scatter_v(
+    def reduce_scatter_v(
         self, output: Any, sizes: list[int], input: Any, op: ReduceOp, async_op: bool
     ) -> Work | None:
         """``Reduce_scatter`` with one count per rank (``sizes``, in elements);
@@ -309,7 +316,7 @@ class MpiEngine:
         c = self._comm
         return self._run(c.Alltoall, c.Ialltoall, async_op, buf(input), buf(output))
 
-    def _all_to_all_v(
+    def all_to_all_v(
         self,
         output: Any,
         output_splits: list[int],
@@ -332,7 +339,7 @@ class MpiEngine:
         label = f"send to rank {dst} (tag {tag})"
         if tag >= INTERNAL_TAG:  # the kit's own: MPI's largest tags, refused to users
             tag = self._tag_ub - (tag - INTERNAL_TAG)
-        request = MpiRequest(self._comm.Isend(b, dst, tag))
+        request = MpiRequest(self._comm.Isend(b, dst, tag), waiting_for=_UNMATCHED)
         return EngineWork(self.comm, request, tensor, b, op=label, seq=None)
 
     def irecv(self, tensor: Any, src: int | None, tag: int) -> Work:
@@ -343,7 +350,7 @@ class MpiEngine:
         if tag >= INTERNAL_TAG:
             tag = self._tag_ub - (tag - INTERNAL_TAG)
         status = MPI.Status()
-        request = MpiRequest(self._comm.Irecv(b, peer, tag), status)
+        request = MpiRequest(self._comm.Irecv(b, peer, tag), status, _UNMATCHED)
         return EngineWork(self.comm, request, tensor, b, op=label, seq=None)
 
     def split(self, groups: list[tuple[int, ...]], index: int | None) -> MpiEngine | None:
@@ -415,4 +422,7 @@ def create(
     if world.Get_size() > 1:  # a dying rank would leave the others waiting: it ends the job
         abort_on_uncaught_exception(world.Get_rank(), lambda: clean_abort(world), "MPI_Abort")
         set_abort_notice(lambda: side.job_ends(_answer_wait()))
-    return MpiEngine(world.Dup(), owns=True, cuda_aware=aware, side=side)
+    engine = MpiEngine(world.Dup(), owns=True, cuda_aware=aware, side=side)
+    if world.Get_rank() != launch.rank:  # the world's ranks are MPI's (init(rank=...) aside)
+        engine.launch = launch.replace("MPI's COMM_WORLD", rank=world.Get_rank())
+    return engine

@@ -58,7 +58,7 @@ def create(
 
     Raises:
         BackendUnavailableError: the rendezvous is impossible (no master address or port), or a
-            torch default process group exists with another backend, rank or world size.
+            torch default process group exists with another backend.
         InvalidArgumentError: unknown options, or a device the backend cannot use.
     """
     if options:
@@ -105,7 +105,8 @@ def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
 
 def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
     """Check that torch's existing default group can be adopted: of backend ``name``; return
-    ``launch`` with the group's rank and world size (distcomm's world is the group's).
+    ``launch`` with the group's rank and world size (distcomm's world is the group's; a group
+    of another size than the launch's is taken for one node).
 
     Raises:
         BackendUnavailableError: the group's backend is another.
@@ -123,7 +124,15 @@ def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
     rank, world = dist.get_rank(), dist.get_world_size()
     if (rank, world) == (launch.rank, launch.world_size):
         return launch
-    return launch.replace("torch's default process group", rank=rank, world_size=world)
+    return launch.replace(
+        "the existing torch default process group",
+        rank=rank,
+        world_size=world,
+        local_rank=rank if world != launch.world_size else launch.local_rank,
+        local_world_size=world if world != launch.world_size else launch.local_world_size,
+        node_rank=0 if world != launch.world_size else launch.node_rank,
+        num_nodes=1 if world != launch.world_size else launch.num_nodes,
+    )
 
 
 def _init_default_group(

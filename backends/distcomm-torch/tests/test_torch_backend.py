@@ -63,9 +63,10 @@ def test_an_adopted_group_gives_the_world_its_rank_and_size() -> None:
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     launch = distcomm.LaunchInfo("env", 1, 2, 1, 2, 0, 1)
-    engine = create("gloo", launch)
-    assert (engine.launch.rank, engine.launch.world_size) == (0, 1), engine.launch
-    assert engine.launch.sources["rank"] == "torch's default process group"
+    settled = create("gloo", launch).launch
+    assert (settled.rank, settled.world_size) == (0, 1), settled
+    assert (settled.local_rank, settled.local_world_size, settled.num_nodes) == (0, 1, 1), settled
+    assert settled.sources["rank"] == "the existing torch default process group"
 
 
 def test_reinit_after_finalize() -> None:

@@ -19,8 +19,10 @@ of :func:`distcomm.backend.stacks.where`) sends its :meth:`CallHistory.dump`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -78,7 +80,7 @@ class CallHistory:
         "voting",
     )
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, ledger: Any) -> None:
         self.owner = weakref.ref(comm)
         self.closed = 0  # the running value of the runs before the current one
         self.run_fp, self.run_start = _NO_RUN, 1
@@ -91,9 +93,23 @@ class CallHistory:
         #: The ``seq`` of the call whose vote this rank is in, before it reaches the engine.
         self.voting = 0
         #: The uneven all-to-alls' split tables since the last check point
-        #: (:class:`~distcomm.backend._pipeline.ledger.Ledger`; None until the first).
-        self.ledger: Any = None
+        #: (:class:`~distcomm.backend._pipeline.routing_ledger.Ledger`).
+        self.ledger = ledger
         _LIVE.add(self)
+
+    @contextlib.contextmanager
+    def voting_on(self, seq: int) -> Iterator[None]:
+        """While this rank is in the vote on call ``seq``, before the call reaches the engine
+        (a peer asking where it is hears that ``seq`` was not issued)."""
+        self.voting = seq
+        try:
+            yield
+        finally:
+            self.voting = 0
+
+    def end(self) -> None:
+        """finalize began: the calls end here."""
+        self.ended = True
 
     def fingerprint(self, signature: tuple[Any, ...]) -> int:
         """``signature``'s fingerprint (remembered)."""

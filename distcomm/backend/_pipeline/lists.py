@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from distcomm.backend._pipeline import object_transport as objects
-from distcomm.backend._pipeline import splits
+from distcomm.backend._pipeline import routing
 from distcomm.backend._pipeline.defaults import offsets
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.steps import Steps
@@ -104,7 +104,7 @@ class ListForms(Steps):
         CollectiveMismatchError)."""
         adapter, dtype = self._begin(tensor, "tensor")
         shape = tuple(tensor.shape)
-        rows, row = splits.rows_of(shape, "tensor")
+        rows, row = routing.rows_of(shape, "tensor")
         if sizes is None:  # one operation: the exchange of shapes is part of it
             self._count("all_gather_v", tensor, adapter, varies=True)
             rows_of = [rows] if self._solo else _rows_found(self, shape)

@@ -17,7 +17,7 @@ running values, so that nothing slips through:
   (:mod:`~distcomm.backend._pipeline.engine_failures`);
 - the split tables of uneven all-to-alls, which differ from rank to rank by design and stay out
   of the running value: compared at a check point, kept between check points and settled at
-  the next one, barrier or ``finalize()`` (:mod:`~distcomm.backend._pipeline.ledger`).
+  the next one, barrier or ``finalize()`` (:mod:`~distcomm.backend._pipeline.routing_ledger`).
 
 Where the values differ, the ranks' histories say which operation came first where they parted
 (:mod:`~distcomm._divergence`), and
@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _divergence as divergence
 from distcomm import _settings
 from distcomm._call_sites import call_site
-from distcomm.backend._pipeline import ledger, p2p_vote
 from distcomm.backend._pipeline import object_transport as objects
+from distcomm.backend._pipeline import p2p_vote, routing_ledger
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
@@ -116,18 +116,17 @@ def check(comm: Steps, x: Any = None) -> None:
         return
     seq = comm.seq
     channel = comm._object_channel()
-    h.voting = seq
     if channel is not comm:  # its failure is this collective's (its timeout, its diagnosis)
         channel._checking_for = comm
     try:
-        if agree(channel, h.value(seq)):
-            h.agree(seq)
-            ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
-            return
-        mine = h.dump(None if x is None else shape_of(x), site=call_site())
-        dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
+        with h.voting_on(seq):
+            if agree(channel, h.value(seq)):
+                h.agree(seq)
+                routing_ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
+                return
+            mine = h.dump(None if x is None else shape_of(x), site=call_site())
+            dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
     finally:
-        h.voting = 0
         if channel is not comm:
             channel._checking_for = None
     found = divergence.find(dumps)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import ledger, p2p_vote, splits
+from distcomm.backend._pipeline import p2p_vote, routing, routing_ledger
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.plans import NO_ARRAY
 from distcomm.backend._pipeline.steps import DONE, Steps
@@ -97,7 +97,7 @@ class Movement(Steps):
         With split sizes (rows of the first dimension, as torch's), the chunks may differ:
         ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
         A blocking call like the ones before it runs the engine's plan for its kind (even), or
-        skips the record-keeping (uneven: :func:`~distcomm.backend._pipeline.splits.shortcut`).
+        skips the record-keeping (uneven: :func:`~distcomm.backend._pipeline.routing.shortcut`).
         """
         if input_split_sizes is None and output_split_sizes is None:
             if not async_op and self._planned("all_to_all_single", input, None, output):
@@ -105,7 +105,7 @@ class Movement(Steps):
         elif (
             input_split_sizes is not None
             and not async_op
-            and splits.shortcut(self, output, input, output_split_sizes, input_split_sizes)
+            and routing.shortcut(self, output, input, output_split_sizes, input_split_sizes)
         ):
             return None
         return self._all_to_all_single_steps(
@@ -149,26 +149,26 @@ class Movement(Steps):
         input_split_sizes: Sequence[int] | None,
         async_op: bool,
     ) -> Work | None:
-        """The uneven all-to-all (:mod:`~distcomm.backend._pipeline.splits`)."""
+        """The uneven all-to-all (:mod:`~distcomm.backend._pipeline.routing`)."""
         adapter, dtype = self._begin(input, "input")
         self._check_pair(output, "output", adapter, dtype, None)
         world = self._world_size
-        rows_in, row = splits.rows_of(tuple(input.shape), "input")
-        rows_out, row_out = splits.rows_of(tuple(output.shape), "output")
+        rows_in, row = routing.rows_of(tuple(input.shape), "input")
+        rows_out, row_out = routing.rows_of(tuple(output.shape), "output")
         if row_out != row:
             raise InvalidArgumentError(
                 f"output's rows hold {row_out} elements but input's hold {row} (shapes "
                 f"{tuple(output.shape)} and {tuple(input.shape)}). HINT: only the first "
                 "dimension may differ."
             )
-        sent = splits.sizes(input_split_sizes, "input_split_sizes", rows_in, world)
-        expected = splits.sizes(output_split_sizes, "output_split_sizes", rows_out, world)
+        sent = routing.sizes(input_split_sizes, "input_split_sizes", rows_in, world)
+        expected = routing.sizes(output_split_sizes, "output_split_sizes", rows_out, world)
         checked = self.seq + 1 >= self._next_check and self._history is not None
         self._count("all_to_all_single", input, adapter, varies=True)
         if checked and world > 1:
-            splits.agree(self, sent, expected)
+            routing.agree(self, sent, expected)
         elif world > 1 and self._history is not None:
-            splits.keep(self, self._history, sent, expected)
+            routing.keep(self, self._history, sent, expected)
         elif world == 1 and sent != expected:
             raise InvalidArgumentError(
                 f"all_to_all_single: in a world of 1 the only rank sends itself {sent[0]} rows "
@@ -191,7 +191,7 @@ class Movement(Steps):
         of call is; and a blocking barrier after uneven all-to-alls whose split tables have not
         been compared yet is a vote of point-to-point messages
         (:mod:`~distcomm.backend._pipeline.p2p_vote`) that confirms the ranks made the same
-        calls, then compares the tables (:mod:`~distcomm.backend._pipeline.ledger`).
+        calls, then compares the tables (:mod:`~distcomm.backend._pipeline.routing_ledger`).
         """
         if not async_op and self._planned("barrier", NO_ARRAY):
             return None
@@ -210,7 +210,7 @@ class Movement(Steps):
                 self._plans.drop_barrier()  # the tables still wait: no plan until settled
             else:
                 p2p_vote.vote(self, p2p_vote.BARRIER)
-                ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
+                routing_ledger.settle(self, self.seq - 1, f"the barrier (operation #{self.seq})")
                 if self._object_channel() is self:
                     return None
         return self._complete(self._call(self._barrier, async_op), async_op)

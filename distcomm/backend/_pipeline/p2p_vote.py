@@ -22,6 +22,7 @@ the timeout. Otherwise the vote ends with the communicator's timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -69,26 +70,26 @@ def vote(comm: Steps, kind: int, shape: Any = None) -> None:
     mine = _VOTE.pack(kind, seq, h.value(seq))
     channel = comm._object_channel()
     others = range(1, channel.world_size)
-    if kind != FINALIZE:
-        h.voting = seq
-    lookout = _Lookout(comm, shape, comm.op if kind == CALL else _KINDS[kind], kind)
-    try:
-        if channel.rank == 0:
-            votes = _receive(lookout, channel, dict.fromkeys(others, _VOTE.size))
-            agreed = all(bytes(v) == mine for v in votes.values())
-            answer = bytearray(_SIZE.pack(_AGREED if agreed else _DIFFER))
-            _send(lookout, channel, dict.fromkeys(others, answer))
-        else:
-            _send(lookout, channel, {0: bytearray(mine)})
-            answer = _receive(lookout, channel, {0: _SIZE.size})[0]
-            agreed = _SIZE.unpack(bytes(answer))[0] == _AGREED
-        if agreed:
-            h.agree(seq)
-            return
-        raise _settle(lookout, channel, h.dump(shape, site=lookout.site))
-    finally:
-        lookout.stop()
-        h.voting = 0
+    # the call is not issued yet while its vote runs (finalize's is no call's)
+    # the call is not issued yet while its vote runs (finalize's is no call's)
+    with contextlib.nullcontext() if kind == FINALIZE else h.voting_on(seq):
+        lookout = _Lookout(comm, shape, comm.op if kind == CALL else _KINDS[kind], kind)
+        try:
+            if channel.rank == 0:
+                votes = _receive(lookout, channel, dict.fromkeys(others, _VOTE.size))
+                agreed = all(bytes(v) == mine for v in votes.values())
+                answer = bytearray(_SIZE.pack(_AGREED if agreed else _DIFFER))
+                _send(lookout, channel, dict.fromkeys(others, answer))
+            else:
+                _send(lookout, channel, {0: bytearray(mine)})
+                answer = _receive(lookout, channel, {0: _SIZE.size})[0]
+                agreed = _SIZE.unpack(bytes(answer))[0] == _AGREED
+            if agreed:
+                h.agree(seq)
+                return
+            raise _settle(lookout, channel, h.dump(shape, site=lookout.site))
+        finally:
+            lookout.stop()
 
 
 def _look(

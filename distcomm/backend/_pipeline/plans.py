@@ -25,7 +25,7 @@ The barrier's plan is the engine's (its kind's array is :data:`NO_ARRAY`), else 
 the next barrier's pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`).
 The uneven all-to-all (sizes differ from call to call) has no plan: a blocking one of a
 remembered class and dtype the engine moves skips the record-keeping but not the engine's
-``_all_to_all_v`` (:func:`~distcomm.backend._pipeline.splits.shortcut`); object collectives
+``_all_to_all_v`` (:func:`~distcomm.backend._pipeline.routing.shortcut`); object collectives
 likewise skip the kit's steps for a kind (op, root) taken before.
 """
 

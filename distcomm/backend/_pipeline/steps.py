@@ -32,6 +32,7 @@ from distcomm.backend._pipeline.engine_failures import Failures
 from distcomm.backend._pipeline.history import CallHistory
 from distcomm.backend._pipeline.plans import Plans
 from distcomm.backend._pipeline.recording import COMPLETED, ISSUED, Recorder
+from distcomm.backend._pipeline.routing_ledger import Ledger
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.engine import OPTIONAL, REQUIRED, NotPlanned
@@ -285,7 +286,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         if self._debug == "off" or self._world_size == 1:
             self._history = None
         elif self._history is None:
-            self._history = CallHistory(self)
+            self._history = CallHistory(self, Ledger(self._rank, self._world_size))
             self._history.agreed_seq = self.seq
         self._plans.forget()
 

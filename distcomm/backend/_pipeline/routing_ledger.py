@@ -2,7 +2,7 @@
 next check point, blocking barrier or ``finalize()``.
 
 At a check point the ranks compare an uneven all-to-all's tables before it is issued
-(:func:`~distcomm.backend._pipeline.splits.agree`). Between check points a call only appends
+(:func:`~distcomm.backend._pipeline.routing.agree`). Between check points a call only appends
 its tables to this rank's ledger. At the next check point, blocking ``barrier`` or
 ``finalize()``, once the ranks found that they made the same calls, each rank sums its tables
 into a *balance*: a random linear form over what it sent each rank (``+``) and expected from
@@ -69,6 +69,17 @@ class Ledger:
         """The calls kept since the last settlement."""
         return len(self.calls)
 
+    def keep(self, seq: int, sent: list[int], expected: list[int]) -> None:
+        """Keep the tables of uneven all-to-all ``seq``: what this rank sent each rank, and
+        what it expected from each."""
+        self.calls.append((seq, tuple(sent), tuple(expected)))
+
+    def take(self) -> tuple[int, list[Table]]:
+        """This rank's balance of the calls kept, and the calls, which it forgets."""
+        balance = self.balance()
+        kept, self.calls = self.calls, []
+        return balance, kept
+
     def balance(self) -> int:
         """This rank's share of the balance of the calls kept (0 for none)."""
         if not self.calls:
@@ -93,11 +104,10 @@ def settle(comm: Steps, last: int, where: str) -> None:
             disagree, with every rank's lists; the communicator is retired.
     """
     h = comm._history
-    if h is None or h.ledger is None or not h.ledger.calls:
+    if h is None or not h.ledger:
         return
     channel = comm._object_channel()
-    mine = h.ledger.balance()
-    kept, h.ledger.calls = h.ledger.calls, []
+    mine, kept = h.ledger.take()
     if sum(objects.all_gather_object(channel, mine)) % _P == 0:
         return
     every = objects.all_gather_object(channel, kept)

@@ -1,4 +1,5 @@
-"""The split tables of an uneven all-to-all: checked on each rank, and compared across ranks.
+"""The routing of uneven all-to-alls (their split tables): checked on each rank, compared across
+ranks.
 
 ``all_to_all_single(output, input, output_split_sizes, input_split_sizes)`` splits along the
 first dimension, as torch's: ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]``
@@ -8,11 +9,11 @@ check points of the mismatch check (every call under ``check``; the first 64 col
 then every 1024th under ``sample``) the ranks gather their tables and compare them, and a
 disagreement is a :class:`~distcomm.errors.CollectiveMismatchError` naming both ranks' entries.
 Between check points each rank keeps its tables in a ledger, settled at the next check point
-(:mod:`~distcomm.backend._pipeline.ledger`).
+(:mod:`~distcomm.backend._pipeline.routing_ledger`).
 
 The commonest call, blocking, with lists of ints, contiguous arrays the engine moves as they are
 and a dtype like the calls before it (nothing new to record), goes from
-:func:`shortcut` straight to the backend's ``_all_to_all_v`` primitive.
+:func:`shortcut` straight to the engine's ``all_to_all_v`` (or the kit's).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import math
 import numbers
 from typing import TYPE_CHECKING, Any
 
-from distcomm.backend._pipeline import ledger, observing
 from distcomm.backend._pipeline import object_transport as objects
+from distcomm.backend._pipeline import observing, routing_ledger
 from distcomm.backend._pipeline.plans import UNEVEN
 from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
@@ -94,7 +95,7 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
             rank's lists. Nothing was sent: the communicator stays usable.
     """
     tables = objects.all_gather_object(comm._object_channel(), (sent, expected))
-    pair = ledger.disagreement(tables)
+    pair = routing_ledger.disagreement(tables)
     if pair is None:
         return
     r, s = pair
@@ -102,11 +103,11 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
         f"collective mismatch at operation #{comm.seq} on {comm.describe()}: "
         f"all_to_all_single's split tables disagree: rank {r} sends rank {s} "
         f"{tables[r][0][s]} rows, rank {s} expects {tables[s][1][r]} from rank {r}:"
-        f"{ledger.listing(tables)}\n"
+        f"{routing_ledger.listing(tables)}\n"
         "Nothing was sent. HINT: rank r's input_split_sizes[s] must equal rank s's "
         "output_split_sizes[r] (exchange the counts first, e.g. with an even "
         "all_to_all_single of the counts, as MoE routing does).",
-        table=ledger.rows(tables),
+        table=routing_ledger.rows(tables),
         op="all_to_all_single",
         seq=comm.seq,
         group=comm.describe(),
@@ -115,9 +116,7 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
 
 def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> None:
     """Keep the tables of call ``comm.seq`` (not a check point) in ``h``'s ledger."""
-    if h.ledger is None:
-        h.ledger = ledger.Ledger(comm._rank, comm._world_size)
-    h.ledger.calls.append((comm.seq, tuple(sent), tuple(expected)))
+    h.ledger.keep(comm.seq, sent, expected)
     comm._plans.drop_barrier()  # the next barrier settles them
 
 
