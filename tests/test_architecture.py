@@ -292,3 +292,28 @@ def test_first_party_engines_define_the_contract_under_its_own_names() -> None:
                     if n.startswith("_") and n[1:] in contract and n[1:] not in names
                 ]
     assert stale == [], "methods under a kit API 1 name, never called:\n" + "\n".join(stale)
+
+
+def test_the_zmq_example_and_linklink_stay_within_40_names_of_distcomm() -> None:
+    """The plugin surface (scripts/plugin_surface.py: the contract's names a backend defines,
+    the distcomm names it imports and the communicator attributes it reads) of the zmq example
+    and of linklink stays at most 40, all of them the kit's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("surface", ROOT / "scripts" / "plugin_surface.py")
+    assert spec is not None and spec.loader is not None
+    surface = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(surface)
+    import distcomm.backend as kit
+
+    public = set(kit.__all__) | {"claims", "stacks", "monitor", "aborts"}
+    public |= set(__import__("distcomm").__all__) | set(
+        __import__("distcomm.errors").errors.__all__
+    )
+    for package in (
+        "examples/distcomm-zmq/distcomm_zmq",
+        "backends/distcomm-linklink/distcomm_linklink",
+    ):
+        defined, imported, read = surface.surface(ROOT / package)
+        assert len(defined) + len(imported) + len(read) <= 40, (package, defined, imported, read)
+        assert imported <= public, f"{package} imports beyond the kit: {imported - public}"
