@@ -35,7 +35,7 @@ from distcomm.backend._pipeline.recording import COMPLETED, ISSUED, Recorder
 from distcomm.backend._pipeline.routing_ledger import Ledger
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
-from distcomm.backend.engine import OPTIONAL, REQUIRED, NotPlanned
+from distcomm.backend.engine import ATTRIBUTES, OPTIONAL, REQUIRED, NotPlanned
 from distcomm.backend.specs import Capabilities
 from distcomm.backend.work import BaseWork, CompletedWork, PendingWorks
 from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
@@ -52,13 +52,10 @@ _hooks = observing.registered
 
 #: What an async operation of a world of 1 returns.
 DONE = CompletedWork()
-#: The optional engine methods bound under the same names with a ``_`` before them
-#: (``check_tag`` and the control messages are bound on their own terms).
-_BOUND = tuple(
-    name for name in OPTIONAL if name not in ("check_tag", "control_isend", "control_irecv", "bind")
-)
+#: The optional engine methods bound under the same names with a ``_`` before them (``bind``
+#: is called once; ``check_tag`` runs after the kit's own check).
+_BOUND = tuple(name for name in OPTIONAL if name not in ("check_tag", "bind"))
 _ABSENT = object()
-_CPU = frozenset({"cpu"})
 
 
 class Steps(ArgumentChecks, Failures, Defaults):
@@ -174,16 +171,13 @@ class Steps(ArgumentChecks, Failures, Defaults):
             if method is not None:
                 setattr(self, "_" + name, method)
         self._engine_tag = getattr(engine, "check_tag", None)
-        control = getattr(engine, "control_isend", _ABSENT)
-        self._control = (control is not None) and (control is not _ABSENT or self.capabilities.p2p)
-        if control is not _ABSENT and control is not None:
-            self._control_isend = control
-            self._control_irecv = engine.control_irecv
-        devices = frozenset(getattr(engine, "devices", _CPU))
+        control = getattr(engine, "control_isend", _ABSENT)  # None: no votes here
+        self._control = control is not None and (control is not _ABSENT or self.capabilities.p2p)
+        devices = frozenset(getattr(engine, "devices", ATTRIBUTES["devices"]))
         self.devices = frozenset(d.partition(":")[0] for d in devices)
         self.bound_device = next((d for d in sorted(devices) if ":" in d), None)
-        self.cpu_only_reason = getattr(engine, "cpu_only_reason", "")
-        self.engine_errors = tuple(getattr(engine, "engine_errors", ()))
+        self.cpu_only_reason = getattr(engine, "cpu_only_reason", ATTRIBUTES["cpu_only_reason"])
+        self.engine_errors = tuple(getattr(engine, "engine_errors", ATTRIBUTES["engine_errors"]))
 
     def _control_ready(self) -> bool:
         """Whether the kit's votes (``_control_isend``) travel here: the engine's own, or its

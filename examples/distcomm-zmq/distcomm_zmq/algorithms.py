@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from distcomm.backend import adapter_for
 from distcomm.protocol import ReduceOp
 
 __all__ = [
@@ -64,22 +65,9 @@ def as_numpy(x: Any) -> np.ndarray:
     return np.asarray(x.detach().numpy()).reshape(-1)  # a torch CPU tensor: shares its memory
 
 
-#: numpy's function for each reduction zmq does (``capabilities.py``): on bool data each is
-#: the logic one (add is or, multiply and).
-_UFUNCS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.PRODUCT: np.multiply,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.BAND: np.bitwise_and,
-    ReduceOp.BOR: np.bitwise_or,
-    ReduceOp.BXOR: np.bitwise_xor,
-}
-
-
 def _combine(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
-    """``acc = acc (op) other`` in place."""
-    _UFUNCS[op](acc, other.reshape(acc.shape), out=acc)
+    """``acc = acc (op) other`` in place: the kit's numpy adapter (bool data as logic)."""
+    adapter_for(acc).combine_(acc, other, op)
 
 
 def _combine_in_order(out: np.ndarray, parts: list[np.ndarray], op: ReduceOp) -> None:
