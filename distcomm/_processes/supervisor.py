@@ -44,7 +44,8 @@ __all__ = ["run"]
 _POLL = 0.05
 #: Where a rank's uncaught exception is reported (distcomm._runtime.failure_reports.VARIABLE).
 _REPORTS = "DISTCOMM_RUN_REPORTS"
-#: A traceback on a rank's stderr is held back until the rank exits, or this many seconds.
+#: A traceback on a rank's stderr is held back until the rank exits, or this many seconds (no
+#: limit once the rank has written its failure report: it is exiting with that error).
 _HOLD = 2.0
 #: Seconds after a Ctrl-C before the launcher says which ranks it still waits for.
 _PATIENCE = 2.0
@@ -324,10 +325,14 @@ class _Job:
 
     def _stale(self, rank: int, since: float) -> bool:
         """A held traceback of a rank that goes on, or ended well (it was logged, not fatal):
-        write it. Not while the job is being stopped: the end sorts them out."""
+        write it. Not while the job is being stopped: the end sorts them out; nor while a rank
+        that wrote its failure report is exiting (its exit, however slow, will be the error)."""
         if self.failed is not None or self.signals:
             return False
         code = self.procs[rank].poll()
+        reported = os.path.join(self.reports, f"rank-{rank}.json")
+        if code is None and self.reports and os.path.exists(reported):
+            return False
         return code == 0 or (code is None and time.monotonic() - since > _HOLD)
 
     def _release(self, ranks: list[int]) -> None:

@@ -107,6 +107,34 @@ def test_a_rank_that_timed_out_is_said_to_have_timed_out(tmp_path: Path) -> None
     assert lines[-1] == "distcomm run: rank 0 failed with exit code 1; stopped the other ranks"
 
 
+#: A rank that raises and takes longer than the launcher's 2 s hold to exit (a slow atexit
+#: handler, as a busy machine's gloo teardown can be): its traceback is the error all the same.
+EXITS_SLOWLY = """
+import atexit, time
+import distcomm
+
+distcomm.init()
+atexit.register(time.sleep, 3)
+raise ValueError("rank 0 gives up slowly")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_traceback_of_a_rank_that_is_slow_to_exit_comes_under_the_heading(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "exits_slowly.py"
+    script.write_text(EXITS_SLOWLY)
+    command = [sys.executable, "-m", "distcomm", "run", "-n", "1", "--backend", "FakeLink"]
+    done = run_job([*command, str(script)], timeout=50, cwd=tmp_path)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1, done.stderr
+    assert lines[0].startswith("distcomm run: the first error: rank 0 on "), done.stderr
+    assert lines[0].endswith("(exit code 1):"), done.stderr
+    assert lines[1] == "[rank 0] Traceback (most recent call last):", done.stderr
+    assert "[rank 0] ValueError: rank 0 gives up slowly" in lines, done.stderr
+
+
 LOGS_A_TRACEBACK = """
 import time, traceback
 try:
