@@ -70,7 +70,9 @@ class FlightRecorder:
         kept = list(self.entries)  # one C call: appends of other threads wait for it
         records = []
         for entry in kept:
-            record = dict(zip(recording.FIELDS, entry, strict=True))
+            fields = dict(zip(recording.HEAD, entry[recording.KIND], strict=True))
+            fields.update(zip(recording.OWN, entry[1:], strict=True))
+            record = {name: fields[name] for name in recording.FIELDS}
             record["group"] = list(record["group"])
             shape = record["shape"]
             record["shape"] = None if shape is None else [int(n) for n in shape]

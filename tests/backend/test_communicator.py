@@ -99,3 +99,37 @@ def test_non_native_byte_order_is_refused_with_the_fix() -> None:
         assert "astype(x.dtype.newbyteorder('='))" in str(info.value)
 
     run_threads(rank, 2)
+
+
+def test_the_communicators_state_stays_in_slots_after_every_kind_of_call() -> None:
+    """CPython 3.11 stops its fast attribute and method look-ups for an object whose instance
+    ``__dict__`` holds more than 30 names, which costs a planned call about a third of its time
+    (docs/architecture.md): after collectives, messages, object collectives, a coalesced
+    all-reduce, hooks, the flight recorder and a group, a communicator's ``__dict__`` holds no
+    more than the engine's bound methods and a few late names, and its state is in slots."""
+    from distcomm._runtime.flight_recorder import FlightRecorder
+
+    def body() -> tuple[list[str], bool]:
+        comm: Any = distcomm.get_communicator()
+        rank, n = comm.rank, comm.world_size
+        comm._record_into(FlightRecorder(100, "/nonexistent/never-dumped", rank, n))
+        handle = distcomm.add_hook(after=lambda event: None)
+        try:
+            x = np.ones(4, np.float32)
+            for _ in range(3):
+                comm.all_reduce(x)
+                comm.broadcast(x, 0)
+                comm.all_gather_object(rank)
+                comm.send(x, (rank + 1) % n)
+                comm.recv(x, (rank - 1) % n)
+            distcomm.all_reduce_coalesced([x, np.ones(3, np.int64)])
+            comm.new_group(list(range(n))).all_reduce(x)
+            comm.barrier()
+        finally:
+            handle.remove()
+        slot = getattr(type(comm), "seq", None)  # a slot's descriptor on the class
+        return sorted(vars(comm)), type(slot).__name__ == "member_descriptor"
+
+    for names, slotted in run_threads(body, 2):
+        assert slotted, "seq is not a slot: the communicator's state moved to its __dict__"
+        assert len(names) <= 26, f"{len(names)} names in a communicator's __dict__: {names}"

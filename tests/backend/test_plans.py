@@ -284,25 +284,31 @@ def test_kinds_are_remembered_so_that_interleaved_calls_take_their_plans() -> No
     """Past the check points, rounds of the calls of :data:`KINDS` in turn: the first round
     goes through the pipeline (each kind new; the engine asked for its plan, once, with the
     kind's op, an array like the call's tensor and the root), every later call takes its plan;
-    the kinds are remembered under their (op, class, dtype, byte size, root)."""
+    the kinds are remembered under their (op, class, dtype, byte size, root); each op's latest
+    kind (kept to be found without a key's hash) is the entry the kinds hold for it."""
 
-    def body() -> tuple[list[list[str]], list[Any], list[Any], bool]:
+    def body() -> tuple[list[list[str]], list[Any], list[Any], bool, list[str]]:
         comm: Any = distcomm.get_communicator()
         planner = Planner(comm)
         past_the_first_checks(comm)
         asked = len(planner.asked)  # the fill's kind
-        rounds, right = [], True
+        rounds, right, stale = [], True, []
         for step in range(4):
             before = len(planner.taken)
             for kind in KINDS:
                 right &= call_kind(comm, kind, step)
+                kinds, last = comm._plans.kinds, comm._plans.last
+                stale += [
+                    op for op, (*key, entry) in last.items() if kinds.get((op, *key)) is not entry
+                ]
             rounds.append([op for op, _ in planner.taken[before:]])
-        return rounds, list(comm._plans.kinds), planner.asked[asked:], right
+        return rounds, list(comm._plans.kinds), planner.asked[asked:], right, stale
 
     ops = [kind[0] for kind in KINDS]
     keys = [_key(kind, 3) for kind in KINDS]
-    for rounds, remembered, asked, right in run_threads(body, 3):
+    for rounds, remembered, asked, right, stale in run_threads(body, 3):
         assert right, "a wrong result"
+        assert stale == [], f"an op's latest kind is not the entry the kinds hold: {stale}"
         assert rounds == [[], ops, ops, ops], rounds
         assert set(keys) <= set(remembered), set(keys) - set(remembered)
         assert asked == [(*key, 0) for key in keys], asked
@@ -880,12 +886,15 @@ def _bad_messages(comm: Any) -> dict[str, Callable[[], Any]]:
 
 def test_bad_messages_never_reach_the_plans_and_send_nothing() -> None:
     """Bad ranks and tags raise the pipeline's InvalidArgumentError; the engine is not asked
-    for a plan of them and no plan is reached; the mark stays clear; a ring after them on tag
-    0 gets the good messages (a bad one sent would be received instead)."""
+    for a plan of them and no plan is reached, also where a good message of the same kind was
+    planned before (``True`` finds rank 1's kind); the mark stays clear; a ring after them on
+    tag 0 gets the good messages (a bad one sent would be received instead)."""
 
     def body() -> tuple[dict[str, str], list[Any]]:
         comm: Any = distcomm.get_communicator()
         planned = PlannedMessages(comm)
+        known = message_ring(comm, ("numpy", "int64"), 0, 0, False)  # rank 1's kinds known
+        assert known == [] and planned.taken, (known, planned.taken)
         outcomes = {}
         for what, call in _bad_messages(comm).items():
             reached = len(planned.asked) + len(planned.taken) + len(planned.refused)

@@ -33,10 +33,10 @@ class PointToPoint(Steps):
 
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst`` (a rank of this communicator)."""
-        plan = self._message_plan("send", tensor, dst, tag)
-        if plan is not None:
+        entry = self._message_plan("send", tensor, dst, tag)
+        if entry is not None:
             try:
-                self._message(plan, f"send to rank {dst} (tag {tag})", tensor)
+                self._message(entry, tensor)
                 return
             except NotPlanned:
                 pass  # nothing was sent: the pipeline takes it
@@ -44,11 +44,10 @@ class PointToPoint(Steps):
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's rank."""
-        plan = self._message_plan("recv", tensor, src, tag)
-        if plan is not None:
-            sender = "any rank" if src is None else f"rank {src}"
+        entry = self._message_plan("recv", tensor, src, tag)
+        if entry is not None:
             try:
-                source = self._message(plan, f"recv from {sender} (tag {tag})", tensor)
+                source = self._message(entry, tensor)
                 rank = src if source is None else source  # any rank: the plan says
                 assert rank is not None, "a plan of a receive from any rank names the sender"
                 return int(rank)
@@ -161,21 +160,33 @@ class PointToPoint(Steps):
         self._check_tag_matched(op, tag)
 
     def _message_plan(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
-        """The engine's plan for blocking message ``op`` of ``x`` to or from ``peer`` (a rank;
-        None: any, for a receive) with ``tag``, when the pipeline would take the arguments as
-        they are (it explains anything else) on a usable communicator; else None."""
-        if not self._message_fits(peer, tag):
-            return None
+        """The kind's entry of blocking message ``op`` of ``x`` to or from ``peer`` (a rank;
+        None: any, for a receive) with ``tag`` (:meth:`Plans.learn_message
+        <distcomm.backend._pipeline.plans.Plans.learn_message>`: the engine's plan and the
+        message's label) when the engine has a plan for it and the pipeline would take the
+        arguments as they are (it explains anything else) on a usable communicator; else None.
+        A kind is remembered only for arguments that fit: a known one needs only its classes
+        checked (``True`` is equal to ``1``, but no rank)."""
         try:
             entry = self._plans.kinds.get((op, x.__class__, x.dtype, x.nbytes, peer, tag))
         except (AttributeError, TypeError):  # not an array
             return None
         if entry is not None:
-            return entry[0]
+            if (
+                self.unusable is None
+                and tag.__class__ is int
+                and (peer is None or peer.__class__ is int)
+                and entry[0] is not None
+            ):
+                return entry
+            return None
+        if not self._message_fits(peer, tag):
+            return None
         adapter = cached_adapter(x)
         if adapter is None or adapter.dtype(x) not in self._native_dtypes:
             return None
-        return self._plans.learn_message(op, x, peer, tag)
+        entry = self._plans.learn_message(op, x, peer, tag)
+        return entry if entry[0] is not None else None
 
     def _message_fits(self, peer: Any, tag: Any) -> bool:
         """Whether a message to or from ``peer`` with ``tag`` has arguments the pipeline takes
@@ -191,13 +202,14 @@ class PointToPoint(Steps):
             and (tag == 0 or self.capabilities.p2p_tags)
         )
 
-    def _message(self, plan: Any, label: str, tensor: Any) -> Any:
-        """``plan(tensor, None)``, blocking under a "blocked in" mark of its own, as a
-        waited-for Work's; an engine's exception becomes EngineError (NotPlanned passes: nothing
-        moved)."""
+    def _message(self, entry: Any, tensor: Any) -> Any:
+        """The plan of ``entry`` (:meth:`_message_plan`) on ``tensor``, blocking under a
+        "blocked in" mark of its own (the entry's label), as a waited-for Work's; an engine's
+        exception becomes EngineError (NotPlanned passes: nothing moved)."""
+        label = entry[3]
         self.blocked_op, self.blocked_seq = label, -next(self.p2p_marks)
         try:
-            return plan(tensor, None)
+            return entry[0](tensor, None)
         except NotPlanned:
             raise
         except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists

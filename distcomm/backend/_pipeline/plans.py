@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from distcomm.backend._pipeline import recording
 from distcomm.backend.engine import PLANNED, CallKind
 from distcomm.errors import DistcommWarning
 from distcomm.protocol import ReduceOp
@@ -78,16 +79,26 @@ class Plans:
     :attr:`kinds` on every planned call (the same dict for the object's life: it is cleared,
     never replaced); only this object writes it."""
 
-    __slots__ = ("_barrier", "_engine_plan", "_warned", "kinds")
+    __slots__ = ("_barrier", "_engine_plan", "_group", "_warned", "kinds", "last")
 
     def __init__(
-        self, engine_plan: Callable[[CallKind], Any] | None, barrier: Callable[[Any, Any], Any]
+        self,
+        engine_plan: Callable[[CallKind], Any] | None,
+        barrier: Callable[[Any, Any], Any],
+        group: tuple[int, ...],
     ) -> None:
         #: (op, class, dtype, byte size, root[, tag]) -> (plan or None, fingerprint, the check
-        #: of ``y`` or None, the dtype's name for the flight recorder); an object collective's
-        #: kind is (op, None, None, None, root), an uneven call's (:data:`UNEVEN`, op, class,
-        #: dtype), with no plan.
-        self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any, str | None]] = {}
+        #: of ``y`` or None, what names a call of the kind: its flight recorder entry's kind
+        #: (:func:`~distcomm.backend._pipeline.recording.head`), a message's label for the
+        #: "blocked in" mark); an object collective's kind is (op, None, None, None, root), an
+        #: uneven call's (:data:`UNEVEN`, op, class, dtype), with no plan.
+        self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any, Any]] = {}
+        #: op -> (class, dtype, byte size, root, the entry in :attr:`kinds`): the kind of the
+        #: op's latest planned call, found without hashing a key (a numpy dtype's hash is
+        #: computed on every call); emptied whenever :attr:`kinds` changes (the same dict for
+        #: the object's life, as :attr:`kinds`).
+        self.last: dict[str, tuple[Any, Any, int, Any, tuple[Any, int, Any, Any]]] = {}
+        self._group = group  # the communicator's global ranks, for the recorder's kinds
         self._engine_plan = engine_plan
         self._barrier = barrier  # the barrier's plan, the kit's own
         self._warned: set[str] = set()  # the ops whose engine's _plan raised (warned once)
@@ -111,10 +122,12 @@ class Plans:
         if x is NO_ARRAY:
             known = self.kinds.get(_BARRIER)
             if known is not None:
-                self.kinds[_BARRIER] = (known[0], fp, None, None)
+                self.kinds[_BARRIER] = (known[0], fp, None, known[3])
+                self.last.clear()
                 return
             plan = self._ask(CallKind(op, x, None))
-            self._keep(_BARRIER, plan or self._barrier, fp, None, None)
+            name = recording.head(op, self._group, None, None, None)
+            self._keep(_BARRIER, plan or self._barrier, fp, None, name)
             return
         if adapter is None or reduce_op not in _PLANNED_REDUCE_OPS:
             return
@@ -130,18 +143,28 @@ class Plans:
         if known is not None:
             if known[1] != fp:
                 self.kinds[key] = (known[0], fp, known[2], known[3])
+                self.last.clear()
             return
         plan = self._ask(CallKind(op, x, root)) if native else None
-        self._keep(key, plan, fp, _FITS.get(op), adapter.dtype(x))
+        name = recording.head(op, self._group, adapter.dtype(x), x.nbytes, root)
+        self._keep(key, plan, fp, _FITS.get(op), name)
 
-    def learn_message(self, op: str, x: Any, peer: int | None, tag: int) -> Any:
-        """The plan of message ``op`` (send, recv) of ``x``'s kind with ``peer`` and ``tag``
-        (which the kit checked), asked of the engine the first time; None: it has none."""
+    def learn_message(
+        self, op: str, x: Any, peer: int | None, tag: int
+    ) -> tuple[Any, int, Any, str]:
+        """The entry of message ``op`` (send, recv) of ``x``'s kind with ``peer`` and ``tag``
+        (which the kit checked): the engine's plan (asked the first time; None: it has none)
+        and, last, the label a rank blocked in it is said to be in (``send to rank 1 (tag
+        0)``)."""
         key = (op, x.__class__, x.dtype, x.nbytes, peer, tag)
         known = self.kinds.get(key)
         if known is None:
-            known = self._keep(key, self._ask(CallKind(op, x, peer, tag)), 0, None, None)
-        return known[0]
+            if op == "send":
+                label = f"send to rank {peer} (tag {tag})"
+            else:
+                label = f"recv from {'any rank' if peer is None else f'rank {peer}'} (tag {tag})"
+            known = self._keep(key, self._ask(CallKind(op, x, peer, tag)), 0, None, label)
+        return known  # type: ignore[return-value]
 
     def learn_objects(self, op: str, root: int | None, fp: int) -> None:
         """Remember object collective ``op`` at ``root`` as a kind taken before."""
@@ -171,17 +194,20 @@ class Plans:
         """Forget the barrier's kind: split tables wait to be settled, which the next barrier's
         pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`)."""
         self.kinds.pop(_BARRIER, None)
+        self.last.clear()
 
     def forget(self) -> None:
         """Forget every kind: the next call of each takes the pipeline."""
         self.kinds.clear()
+        self.last.clear()
 
     def _keep(
-        self, key: tuple[Any, ...], plan: Any, fp: int, fits: Any, dtype: str | None
-    ) -> tuple[Any, int, Any, str | None]:
+        self, key: tuple[Any, ...], plan: Any, fp: int, fits: Any, name: Any
+    ) -> tuple[Any, int, Any, Any]:
         if len(self.kinds) >= _REMEMBERED:
             self.kinds.clear()
-        entry = self.kinds[key] = (plan, fp, fits, dtype)
+        self.last.clear()
+        entry = self.kinds[key] = (plan, fp, fits, name)
         return entry
 
 

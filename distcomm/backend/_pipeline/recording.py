@@ -2,12 +2,14 @@
 collective, appended to the recorder's ring by the communicator itself, on the pipeline and on
 the plans alike (no hook: a recorded communicator keeps its plans).
 
-An entry is a list of :data:`FIELDS` made when the call is numbered (:func:`opened`) or runs a
-plan (:meth:`~distcomm.backend._pipeline.steps.Steps._planned`, which builds it in place):
-the operation, its ``seq``, the group's global ranks, shape, dtype (its name), bytes, root, the
-call site (the first frame outside distcomm, as ``(code, instruction)``:
-:func:`~distcomm._call_sites.user_site`, which resolves each code object's file once), and
-``issued``, ``completed`` and ``error``, set as the call goes. ``issued`` is read when the engine
+An entry is a list: its kind, the tuple :data:`HEAD` (the operation, the group's global ranks,
+the dtype's name, bytes and root: one object shared by every planned call of the kind, made when
+the kind is learnt), then its ``seq``, shape, the call site (the first frame outside distcomm,
+as ``(code, instruction)``: :func:`~distcomm._call_sites.user_site`, which resolves each code
+object's file once), and ``issued``, ``completed`` and ``error``, set as the call goes
+(:data:`FIELDS` names them all, as a dump's record has them). It is made when the call is
+numbered (:func:`opened`) or runs a plan (:meth:`~distcomm.backend._pipeline.steps.Steps._planned`,
+which builds it in place). ``issued`` is read when the engine
 is first called for it, ``completed`` when it returned (for a call answered without the engine,
 a world of 1, both at once), both on the wall clock after :func:`~distcomm._device_clock.now`:
 for a blocking call on a CUDA tensor, once the device finished the work queued before the call,
@@ -29,9 +31,24 @@ if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
 
-__all__ = ["COMPLETED", "ERROR", "FIELDS", "ISSUED", "Recorder", "opened", "stamp"]
+__all__ = [
+    "COMPLETED",
+    "ERROR",
+    "FIELDS",
+    "HEAD",
+    "ISSUED",
+    "KIND",
+    "OWN",
+    "Recorder",
+    "head",
+    "opened",
+    "stamp",
+]
 
-#: An entry's fields, in order.
+#: The fields of an entry's kind (its first item, a tuple), and the entry's own after it.
+HEAD = ("op", "group", "dtype", "bytes", "root")
+OWN = ("seq", "shape", "site", "issued", "completed", "error")
+#: The fields of a record, in the order the dump writes them.
 FIELDS = (
     "op",
     "seq",
@@ -45,7 +62,15 @@ FIELDS = (
     "completed",
     "error",
 )
-ISSUED, COMPLETED, ERROR = 8, 9, 10
+#: Where the entry keeps its kind, and its times and error.
+KIND, ISSUED, COMPLETED, ERROR = 0, 4, 5, 6
+
+
+def head(
+    op: str, group: tuple[int, ...], dtype: str | None, nbytes: int | None, root: int | None
+) -> tuple[Any, ...]:
+    """An entry's kind (:data:`HEAD`)."""
+    return (op, group, dtype, nbytes, root)
 
 
 class Recorder(Protocol):
@@ -80,13 +105,9 @@ def opened(
     if adapter is not None:
         shape, dtype, nbytes = shape_of(x), adapter.dtype(x), getattr(x, "nbytes", None)
     return [
-        op,
+        head(op, comm._global_ranks, dtype, nbytes, root),
         seq,
-        comm._global_ranks,
         shape,
-        dtype,
-        nbytes,
-        root,
         user_site(),
         None,
         None,
