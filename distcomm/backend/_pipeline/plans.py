@@ -206,7 +206,9 @@ class Plans:
     ) -> tuple[Any, int, Any, Any]:
         if len(self.kinds) >= _REMEMBERED:
             self.kinds.clear()
-        self.last.clear()
+            self.last.clear()
+        elif key in self.kinds:  # an entry replaced: no op's latest kind keeps the old one
+            self.last.clear()
         entry = self.kinds[key] = (plan, fp, fits, name)
         return entry
 
