@@ -76,8 +76,9 @@ _REMEMBERED = 256
 class Plans:
     """The kinds of call a communicator took through its pipeline: each kind's plan (None: the
     engine has none) and fingerprint in the mismatch check's history. Its communicator reads
-    :attr:`kinds` on every planned call (the same dict for the object's life: it is cleared,
-    never replaced); only this object writes it."""
+    :attr:`last` on every planned call, and :attr:`kinds` for messages, object collectives and
+    uneven all-to-alls (the same dicts for the object's life: they are cleared, never
+    replaced); only this object writes them (:meth:`find` keeps an op's latest kind)."""
 
     __slots__ = ("_barrier", "_engine_plan", "_group", "_warned", "kinds", "last")
 
@@ -148,6 +149,16 @@ class Plans:
         plan = self._ask(CallKind(op, x, root)) if native else None
         name = recording.head(op, self._group, adapter.dtype(x), x.nbytes, root)
         self._keep(key, plan, fp, _FITS.get(op), name)
+
+    def find(self, op: str, x: Any, root: Any) -> tuple[Any, int, Any, Any] | None:
+        """The entry of collective ``op``'s kind for ``x`` and ``root``, kept as the op's latest
+        (:attr:`last`); None: a kind not taken before. Raises AttributeError or TypeError for
+        an ``x`` that is no array, a ``root`` that is no key."""
+        cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
+        entry = self.kinds.get((op, cls, dtype, nbytes, root))
+        if entry is not None:
+            self.last[op] = (cls, dtype, nbytes, root, entry)
+        return entry
 
     def learn_message(
         self, op: str, x: Any, peer: int | None, tag: int

@@ -79,7 +79,6 @@ class Steps(ArgumentChecks, Failures, Defaults):
         "_event",
         "_global_ranks",
         "_history",
-        "_kinds",
         "_last_kind",
         "_launch",
         "_limits",
@@ -196,8 +195,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         #: The kinds of call the pipeline took, their plans and fingerprints
         #: (:mod:`~distcomm.backend._pipeline.plans`).
         self._plans = Plans(self._plan, self._barrier_plan, self._global_ranks)
-        self._kinds = self._plans.kinds  # the same dicts, read on every planned call
-        self._last_kind = self._plans.last
+        self._last_kind = self._plans.last  # the same dict for its life: read on every call
         self.debug = mismatch_check.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
         self._pending = PendingWorks()
@@ -479,10 +477,9 @@ class Steps(ArgumentChecks, Failures, Defaults):
             ):
                 entry = last[4]
             else:
-                entry = self._kinds.get((op, x.__class__, x.dtype, x.nbytes, root))
+                entry = self._plans.find(op, x, root)
                 if entry is None:
                     return False
-                self._last_kind[op] = (x.__class__, x.dtype, x.nbytes, root, entry)
         except (AttributeError, TypeError):  # not an array, or a root that is no key
             return False
         plan, fp, fits, name = entry
