@@ -32,7 +32,7 @@ import torch
 import distcomm
 from distcomm.backend import CallKind, NotPlanned
 from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
-from distcomm.backend._pipeline.plans import OUTPUTS
+from distcomm.backend._pipeline.plans import NO_ARRAY, OUTPUTS, Plans
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import (
     CollectiveMismatchError,
@@ -1065,3 +1065,24 @@ def test_an_engine_whose_plan_raises_is_warned_about_and_its_calls_take_the_pipe
 
     ops, seq = run_threads(body, 2)[0]
     assert seq == 4 and "barrier" in ops, (ops, seq)
+
+
+def test_an_ops_latest_kind_goes_with_its_entry_and_no_further() -> None:
+    """``Plans.last`` (each op's latest kind, found without a key's hash) never outlives the
+    entry it points to: a new fingerprint for a kind replaces it, forgetting empties it, and
+    dropping the barrier's kind (every uneven all-to-all does) drops the barrier's alone."""
+    plans = Plans(lambda kind: lambda x, y: None, lambda x, y: None, (0, 1))
+    x, adapter = np.ones(4, np.float32), adapter_for(np.ones(1, np.float32))
+    native = frozenset({"float32"})
+    plans.learn("all_reduce", x, adapter, None, ReduceOp.SUM, 7, native)
+    plans.learn("barrier", NO_ARRAY, None, None, None, 7, native)
+    assert plans.find("all_reduce", x, None) is not None
+    assert plans.find("barrier", NO_ARRAY, None) is not None
+    assert sorted(plans.last) == ["all_reduce", "barrier"]
+    plans.drop_barrier()
+    assert sorted(plans.last) == ["all_reduce"], plans.last
+    plans.learn("all_reduce", x, adapter, None, ReduceOp.SUM, 8, native)  # a new fingerprint
+    assert plans.last == {}, "an op's latest kind kept a replaced entry"
+    assert plans.find("all_reduce", x, None)[1] == 8
+    plans.forget()
+    assert plans.last == {} and plans.kinds == {}

@@ -205,7 +205,7 @@ class Plans:
         """Forget the barrier's kind: split tables wait to be settled, which the next barrier's
         pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`)."""
         self.kinds.pop(_BARRIER, None)
-        self.last.clear()
+        self.last.pop("barrier", None)  # called on every uneven call: the other ops' stay
 
     def forget(self) -> None:
         """Forget every kind: the next call of each takes the pipeline."""
