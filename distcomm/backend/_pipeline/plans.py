@@ -123,8 +123,7 @@ class Plans:
         if x is NO_ARRAY:
             known = self.kinds.get(_BARRIER)
             if known is not None:
-                self.kinds[_BARRIER] = (known[0], fp, None, known[3])
-                self.last.clear()
+                self._keep(_BARRIER, known[0], fp, None, known[3])
                 return
             plan = self._ask(CallKind(op, x, None))
             name = recording.head(op, self._group, None, None, None)
@@ -143,8 +142,7 @@ class Plans:
         known = self.kinds.get(key)
         if known is not None:
             if known[1] != fp:
-                self.kinds[key] = (known[0], fp, known[2], known[3])
-                self.last.clear()
+                self._keep(key, known[0], fp, known[2], known[3])
             return
         plan = self._ask(CallKind(op, x, root)) if native else None
         name = recording.head(op, self._group, adapter.dtype(x), x.nbytes, root)
@@ -215,10 +213,10 @@ class Plans:
     def _keep(
         self, key: tuple[Any, ...], plan: Any, fp: int, fits: Any, name: Any
     ) -> tuple[Any, int, Any, Any]:
-        if len(self.kinds) >= _REMEMBERED:
-            self.kinds.clear()
+        if key in self.kinds:  # an entry replaced: no op's latest kind keeps the old one
             self.last.clear()
-        elif key in self.kinds:  # an entry replaced: no op's latest kind keeps the old one
+        elif len(self.kinds) >= _REMEMBERED:
+            self.kinds.clear()
             self.last.clear()
         entry = self.kinds[key] = (plan, fp, fits, name)
         return entry
