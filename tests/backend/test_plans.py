@@ -1071,7 +1071,7 @@ def test_an_ops_latest_kind_goes_with_its_entry_and_no_further() -> None:
     """``Plans.last`` (each op's latest kind, found without a key's hash) never outlives the
     entry it points to: a new fingerprint for a kind replaces it, forgetting empties it, and
     dropping the barrier's kind (every uneven all-to-all does) drops the barrier's alone."""
-    plans = Plans(lambda kind: lambda x, y: None, lambda x, y: None, (0, 1))
+    plans = Plans(lambda kind: lambda x, y: None, lambda x, y: None, (0, 1), 0)
     x, adapter = np.ones(4, np.float32), adapter_for(np.ones(1, np.float32))
     native = frozenset({"float32"})
     plans.learn("all_reduce", x, adapter, None, ReduceOp.SUM, 7, native)
@@ -1086,3 +1086,41 @@ def test_an_ops_latest_kind_goes_with_its_entry_and_no_further() -> None:
     assert plans.find("all_reduce", x, None)[1] == 8
     plans.forget()
     assert plans.last == {} and plans.kinds == {}
+
+
+def test_the_flight_recorder_names_the_users_line_of_a_planned_call() -> None:
+    """A planned call's flight-recorder entry names the line that made it, called through the
+    module function or the method, with and without a hook watching, the first of a run of
+    calls of its kind or a later one (the plan's two paths through the kit)."""
+    import inspect
+
+    from distcomm._runtime.flight_recorder import FlightRecorder
+
+    def body() -> tuple[list[tuple[str | None, str]], int]:
+        comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
+        past_the_first_checks(comm)
+        recorder = FlightRecorder(100, "/nonexistent/never-dumped", comm.rank, comm.world_size)
+        comm._record_into(recorder)
+        x = np.ones(K, np.float32)
+        here = inspect.currentframe()
+        assert here is not None
+        lines = []
+        for watched in (False, True, False):
+            handle = distcomm.add_hook(after=lambda event: None) if watched else None
+            for _ in range(3):  # runs of a kind: the plain path past each run's first
+                distcomm.all_reduce(x)
+                lines.append(here.f_lineno - 1)
+            for _ in range(3):
+                comm.broadcast(x, 0)
+                lines.append(here.f_lineno - 1)
+            if handle is not None:
+                handle.remove()
+        sites = [record["site"] for record in recorder.records()]
+        wanted = [f"{__file__}:{line} in body" for line in lines]
+        return list(zip(sites, wanted, strict=True)), len(planner.taken)
+
+    for pairs, taken in run_threads(body, 2):
+        assert taken == 16, f"{taken} of the 18 calls took their plan (want all but the first two)"
+        wrong = [(site, want) for site, want in pairs if site != want]
+        assert not wrong, f"recorded sites (got, wanted): {wrong}"

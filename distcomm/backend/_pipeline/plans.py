@@ -80,13 +80,14 @@ class Plans:
     uneven all-to-alls (the same dicts for the object's life: they are cleared, never
     replaced); only this object writes them (:meth:`find` keeps an op's latest kind)."""
 
-    __slots__ = ("_barrier", "_engine_plan", "_group", "_warned", "kinds", "last")
+    __slots__ = ("_barrier", "_engine_plan", "_group", "_rank", "_warned", "kinds", "last")
 
     def __init__(
         self,
         engine_plan: Callable[[CallKind], Any] | None,
         barrier: Callable[[Any, Any], Any],
         group: tuple[int, ...],
+        rank: int,
     ) -> None:
         #: (op, class, dtype, byte size, root[, tag]) -> (plan or None, fingerprint, the check
         #: of ``y`` or None, what names a call of the kind: its flight recorder entry's kind
@@ -100,6 +101,7 @@ class Plans:
         #: the object's life, as :attr:`kinds`).
         self.last: dict[str, tuple[Any, Any, int, Any, tuple[Any, int, Any, Any]]] = {}
         self._group = group  # the communicator's global ranks, for the recorder's kinds
+        self._rank = rank  # its rank in them, for the check of a rooted call's list
         self._engine_plan = engine_plan
         self._barrier = barrier  # the barrier's plan, the kit's own
         self._warned: set[str] = set()  # the ops whose engine's _plan raised (warned once)
@@ -146,7 +148,8 @@ class Plans:
             return
         plan = self._ask(CallKind(op, x, root)) if native else None
         name = recording.head(op, self._group, adapter.dtype(x), x.nbytes, root)
-        self._keep(key, plan, fp, _FITS.get(op), name)
+        fits = _fits(op, x, root, self._rank, len(self._group))
+        self._keep(key, plan, fp, fits, name)
 
     def find(self, op: str, x: Any, root: Any) -> tuple[Any, int, Any, Any] | None:
         """The entry of collective ``op``'s kind for ``x`` and ``root``, kept as the op's latest
@@ -222,32 +225,36 @@ class Plans:
         return entry
 
 
-def _output_fits(op: str, x: Any, y: Any, root: Any, rank: int, world_size: int) -> bool:
-    """Whether ``y`` is an output a plan of ``op`` takes: ``x``'s class and dtype, the size
-    the op implies."""
-    return (
-        y is not None
-        and y.__class__ is x.__class__
-        and y.dtype is x.dtype
-        and y.nbytes == OUTPUTS[op](x.nbytes, world_size)
-    )
-
-
-def _list_fits(op: str, x: Any, parts: Any, root: Any, rank: int, world_size: int) -> bool:
-    """Whether a rooted call's list ``parts`` is one a plan takes as it is: None off the root; on
-    it, a list or tuple of world_size arrays of exactly ``x``'s class and dtype and its byte
-    size (so its element count)."""
-    if rank != root:
-        return parts is None
-    cls = parts.__class__
-    if (cls is not list and cls is not tuple) or len(parts) != world_size:
-        return False
+def _fits(op: str, x: Any, root: Any, rank: int, world_size: int) -> Callable[[Any], bool] | None:
+    """The check of ``y`` for a kind of ``op`` on ``x`` and ``root``, made once per kind (what
+    does not change from call to call bound): None where the op has no ``y``. For an op with an
+    output, ``y`` of ``x``'s class and dtype and the size the op implies; for a rooted op, None
+    off the root, and on it a list or tuple of world_size arrays of exactly ``x``'s class, dtype
+    and byte size (so its element count)."""
     cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
-    for p in parts:
-        if p.__class__ is not cls or p.dtype is not dtype or p.nbytes != nbytes:
+    if op in OUTPUTS:
+        size = OUTPUTS[op](nbytes, world_size)
+
+        def output_fits(y: Any) -> bool:
+            return y.__class__ is cls and y.dtype is dtype and y.nbytes == size
+
+        return output_fits
+    if op not in ROOTED:
+        return None
+    if rank != root:
+        return _is_none
+
+    def list_fits(parts: Any) -> bool:
+        kind = parts.__class__
+        if (kind is not list and kind is not tuple) or len(parts) != world_size:
             return False
-    return True
+        for p in parts:
+            if p.__class__ is not cls or p.dtype is not dtype or p.nbytes != nbytes:
+                return False
+        return True
+
+    return list_fits
 
 
-#: The check of ``y`` for the ops that have one.
-_FITS = dict.fromkeys(OUTPUTS, _output_fits) | dict.fromkeys(ROOTED, _list_fits)
+def _is_none(y: Any) -> bool:
+    return y is None

@@ -194,7 +194,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         self._thread = threading.get_ident()
         #: The kinds of call the pipeline took, their plans and fingerprints
         #: (:mod:`~distcomm.backend._pipeline.plans`).
-        self._plans = Plans(self._plan, self._barrier_plan, self._global_ranks)
+        self._plans = Plans(self._plan, self._barrier_plan, self._global_ranks, self._rank)
         self._last_kind = self._plans.last  # the same dict for its life: read on every call
         self.debug = mismatch_check.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
         #: The Works handed to the caller that may not have completed.
@@ -456,15 +456,10 @@ class Steps(ArgumentChecks, Failures, Defaults):
         it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
         mark, seen by the hooks and the flight recorder. Returns whether it ran; False: nothing
         moved, nothing was counted, and the pipeline takes the call (and says what is wrong
-        with it)."""
+        with it). A call that no hook observes, of the kind of the call before it, takes this
+        method's body alone (:meth:`_planned_observed` takes the others)."""
         seq = self.seq + 1
-        if (
-            seq >= self._next_check
-            or self.unusable is not None
-            # part of an observed public call (reduce_scatter's reduce_scatter_tensor): the
-            # pipeline numbers it and makes its event
-            or (_hooks and self._event is observing.PENDING)
-        ):
+        if seq >= self._next_check or self.unusable is not None:
             return False
         last = self._last_kind.get(op)
         try:
@@ -486,9 +481,67 @@ class Steps(ArgumentChecks, Failures, Defaults):
         if (
             plan is None
             or (root is not None and root.__class__ is not int)  # True is no rank
-            or (fits is not None and not fits(op, x, y, root, self._rank, self._world_size))
+            or (fits is not None and not fits(y))
         ):
             return False
+        h = self._history
+        if _hooks or (h is not None and fp != h.run_fp):
+            return self._planned_observed(op, x, root, y, seq, entry)
+        self.op = op
+        self.seq = self.blocked_seq = seq
+        rec = self._recorder
+        record = None
+        try:
+            if rec is not None:
+                record = self._record(name, seq, x, 4)
+            plan(x, y)
+        except NotPlanned:
+            self.seq = seq - 1  # nothing moved: the pipeline counts the call
+            if record is not None:
+                rec.retract(record)  # type: ignore[union-attr]
+            return False
+        except BaseException as exc:
+            error = self._plan_failed(op, seq, exc, record, None)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            self.blocked_seq = 0
+        if record is not None:
+            bound = self.bound_device
+            record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
+        return True
+
+    def _record(self, name: Any, seq: int, x: Any, depth: int) -> list[Any]:
+        """The flight recorder's entry of a planned call (:mod:`~distcomm.backend._pipeline.
+        recording`: the kind's ``name``, then the call's own), added to the ring. The user's
+        line is looked for from ``depth`` frames up (past this, the planned call's frames and
+        the public method: frames Python need make no object of,
+        :func:`~distcomm._call_sites.user_site`)."""
+        bound = self.bound_device
+        record = [
+            name,
+            seq,
+            x.shape,
+            user_site(depth),
+            _wall() if bound is None else recording.stamp(bound),
+            None,
+            None,
+        ]
+        self._recorder.add(record)  # type: ignore[union-attr]
+        self._entry = None  # no later engine call stamps an earlier call's entry
+        return record
+
+    def _planned_observed(
+        self, op: str, x: Any, root: Any, y: Any, seq: int, entry: tuple[Any, int, Any, Any]
+    ) -> bool:
+        """:meth:`_planned` of a call that the hooks see, or whose kind differs from the call
+        before it (a new run of its fingerprint in the history, which the ranks must have
+        agreed on before)."""
+        if _hooks and self._event is observing.PENDING:
+            return False  # part of an observed public call (reduce_scatter's
+            # reduce_scatter_tensor): the pipeline numbers it and makes its event
+        plan, fp, _, name = entry
         h = self._history
         new_run = h is not None and fp != h.run_fp
         if new_run and fp not in h.agreed:  # type: ignore[union-attr]
@@ -503,26 +556,13 @@ class Steps(ArgumentChecks, Failures, Defaults):
         try:
             if new_run:
                 h.start_run(seq, fp)  # type: ignore[union-attr]
-            if rec is not None:  # the flight recorder's entry (recording: the kind's ``name``,
-                bound = self.bound_device  # then the call's own; the site: past user_site,
-                # this, and the public method that called this, a frame Python need make no
-                # object of)
-                record = [
-                    name,
-                    seq,
-                    x.shape,
-                    user_site(3),
-                    _wall() if bound is None else recording.stamp(bound),
-                    None,
-                    None,
-                ]
-                rec.add(record)
-                self._entry = None  # no later engine call stamps an earlier call's entry
+            if rec is not None:
+                record = self._record(name, seq, x, 5)
             plan(x, y)
         except NotPlanned:
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
             if record is not None:
-                self._recorder.retract(record)  # type: ignore[union-attr]
+                rec.retract(record)  # type: ignore[union-attr]
             if event is not None:
                 observing.carry(self, event)
             return False
@@ -534,6 +574,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         finally:
             self.blocked_seq = 0
         if record is not None:
+            bound = self.bound_device
             record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
         if event is not None:
             observing.closed(self, event, None)
