@@ -149,7 +149,7 @@ def _balances(tables: list[list[tuple[list[int], list[int]]]]) -> int:
     for rank in range(world):
         kept = routing_ledger.Ledger(rank, world)
         for seq, call in enumerate(tables, start=100):
-            kept.calls.append((seq, tuple(call[rank][0]), tuple(call[rank][1])))
+            kept.keep(seq, call[rank][0], call[rank][1])
         total += kept.balance()
     return total % ((1 << 61) - 1)
 

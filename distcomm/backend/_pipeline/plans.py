@@ -161,6 +161,19 @@ class Plans:
             self.last[op] = (cls, dtype, nbytes, root, entry)
         return entry
 
+    def find_uneven(self, x: Any) -> tuple[Any, int, Any, Any] | None:
+        """The entry of the uneven all-to-all of ``x``'s class and dtype, kept as its latest
+        (:attr:`last`, under :data:`UNEVEN`); None: a kind not taken before. Raises
+        AttributeError for an ``x`` that is no array."""
+        cls, dtype = x.__class__, x.dtype
+        last = self.last.get(UNEVEN)
+        if last is not None and last[0] is cls and last[1] is dtype:
+            return last[4]  # type: ignore[no-any-return]
+        entry = self.kinds.get((UNEVEN, "all_to_all_single", cls, dtype))
+        if entry is not None:
+            self.last[UNEVEN] = (cls, dtype, 0, None, entry)
+        return entry
+
     def learn_message(
         self, op: str, x: Any, peer: int | None, tag: int
     ) -> tuple[Any, int, Any, str]:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline import observing, routing_ledger
-from distcomm.backend._pipeline.plans import UNEVEN
 from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 
@@ -130,8 +129,8 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
     if seq >= comm._next_check or observing.registered:  # hooks: the pipeline's event
         return False
     try:
-        entry = comm._plans.kinds.get((UNEVEN, "all_to_all_single", input.__class__, input.dtype))
-    except (AttributeError, TypeError):  # not an array
+        entry = comm._plans.find_uneven(input)
+    except AttributeError:  # not an array
         return False
     h = comm._history
     if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
@@ -147,13 +146,9 @@ def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> 
         keep(comm, h, sent, expected)
     if comm._recorder is not None:
         comm._open_entry("all_to_all_single", seq, input, cached_adapter(input))
+    times = row.__mul__  # (map, not a comprehension: no frame of its own)
     comm._call(
-        comm._all_to_all_v,
-        False,
-        output,
-        [n * row for n in expected],
-        input,
-        [n * row for n in sent],
+        comm._all_to_all_v, False, output, list(map(times, expected)), input, list(map(times, sent))
     )
     return True
 
@@ -176,11 +171,10 @@ def _row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any
     ):
         return -1
     adapter = cached_adapter(input)
-    if (
-        adapter is None
-        or not adapter.is_plain(input, comm.devices, comm.bound_device)
-        or not adapter.is_plain(output, comm.devices, comm.bound_device)
-    ):
+    if adapter is None:
+        return -1
+    devices, bound = comm.devices, comm.bound_device
+    if not adapter.is_plain(input, devices, bound) or not adapter.is_plain(output, devices, bound):
         return -1
     shape, rows_out = input.shape, output.shape
     if len(shape) == 2 and len(rows_out) == 2 and shape[1] == rows_out[1]:

@@ -5,12 +5,16 @@ At a check point the ranks compare an uneven all-to-all's tables before it is is
 (:func:`~distcomm.backend._pipeline.routing.agree`). Between check points a call only appends
 its tables to this rank's ledger. At the next check point, blocking ``barrier`` or
 ``finalize()``, once the ranks found that they made the same calls, each rank sums its tables
-into a *balance*: a random linear form over what it sent each rank (``+``) and expected from
-each (``-``), weighted per pair of ranks and per call, modulo the prime 2**61 - 1. Where every
-rank r sent s what s expected from r, the terms cancel and the ranks' balances sum to 0; where
-a pair disagreed by any number of rows in any call, the sum is 0 with a chance of about 2**-30
-at most. The ranks gather their balances (one all-gather of an int, only when uneven calls were
-made since the last settlement); a sum that is not 0 makes them gather their tables and raise
+into a *balance*: for each other rank, the hash of the sequence of rows it sent that rank over
+the calls kept (``+``) and of the rows it expected from it (``-``), weighted per pair of ranks,
+modulo the prime 2**61 - 1. Where every rank r sent s what s expected from r, the pair's hashes
+are equal and cancel, and the ranks' balances sum to 0; where a pair disagreed by any number of
+rows in any call, the sum is 0 with a chance of about 2**-60. (A sequence's hash is Python's
+hash of a tuple of ints, the same in every process of one Python version; its cost, a few
+microseconds for a thousand calls, keeps a settlement cheap: a check point after a thousand
+uneven calls costs tens of microseconds, where per-call weights cost a millisecond.) The ranks
+gather their balances (one all-gather of an int, only when uneven calls were made since the
+last settlement); a sum that is not 0 makes them gather their tables and raise
 :class:`~distcomm.errors.CollectiveMismatchError` naming the first call whose tables disagreed,
 with every rank's lists. Those calls ran (their results are wrong), so the communicator is
 retired, as for any mismatch found after it ran.
@@ -18,7 +22,6 @@ retired, as for any mismatch found after it ran.
 
 from __future__ import annotations
 
-from operator import mul
 from typing import TYPE_CHECKING
 
 from distcomm.backend._pipeline import object_transport as objects
@@ -27,11 +30,12 @@ from distcomm.errors import CollectiveMismatchError
 if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
 
-__all__ = ["Ledger", "Table", "disagreement", "listing", "rows", "settle"]
+__all__ = ["Kept", "Ledger", "disagreement", "listing", "rows", "settle"]
 
 _P = (1 << 61) - 1
-#: Table = tuple[int, tuple[int, ...], tuple[int, ...]]: (seq, sent, expected) of one call.
-Table = tuple[int, tuple[int, ...], tuple[int, ...]]
+#: Kept = tuple[list[int], list[int], list[int]]: the calls a ledger kept, as it gives them up
+#: (:meth:`Ledger.take`): their ``seq``, then their sent and expected lists one after another.
+Kept = tuple[list[int], list[int], list[int]]
 
 
 def _mix(x: int) -> int:
@@ -42,55 +46,49 @@ def _mix(x: int) -> int:
     return (x ^ (x >> 29)) % _P
 
 
-#: The weight of the i-th call since the last settlement (grown as needed): 30 bits, so that
-#: Python multiplies them fast; two calls' errors cancel with a chance of about 2**-30, and the
-#: pairs' 61-bit weights then make any other disagreement show.
-_CALL_WEIGHTS: list[int] = []
-
-
-def _call_weights(n: int) -> list[int]:
-    while len(_CALL_WEIGHTS) < n:
-        _CALL_WEIGHTS.append(_mix(len(_CALL_WEIGHTS) + (1 << 40)) >> 31 | 1)
-    return _CALL_WEIGHTS
-
-
 class Ledger:
-    """One rank's uneven all-to-alls since the last settlement (module docstring): ``calls``,
-    a list of :data:`Table` a call appends to."""
+    """One rank's uneven all-to-alls since the last settlement (module docstring): ``seqs``,
+    and the calls' ``sent`` and ``expected`` lists one after another (world_size ints a call:
+    a column, what went to or came from one rank, is a slice)."""
 
-    __slots__ = ("calls", "receive_weights", "send_weights")
+    __slots__ = ("expected", "receive_weights", "send_weights", "sent", "seqs", "world")
 
     def __init__(self, rank: int, world: int) -> None:
+        self.world = world
         self.send_weights = [_mix(rank * world + s) for s in range(world)]
         self.receive_weights = [_mix(s * world + rank) for s in range(world)]
-        self.calls: list[Table] = []
+        self.seqs: list[int] = []
+        self.sent: list[int] = []
+        self.expected: list[int] = []
 
     def __len__(self) -> int:
         """The calls kept since the last settlement."""
-        return len(self.calls)
+        return len(self.seqs)
 
     def keep(self, seq: int, sent: list[int], expected: list[int]) -> None:
         """Keep the tables of uneven all-to-all ``seq``: what this rank sent each rank, and
-        what it expected from each."""
-        self.calls.append((seq, tuple(sent), tuple(expected)))
+        what it expected from each (world_size ints each)."""
+        self.seqs.append(seq)
+        self.sent += sent
+        self.expected += expected
 
-    def take(self) -> tuple[int, list[Table]]:
+    def take(self) -> tuple[int, Kept]:
         """This rank's balance of the calls kept, and the calls, which it forgets."""
         balance = self.balance()
-        kept, self.calls = self.calls, []
+        kept = (self.seqs, self.sent, self.expected)
+        self.seqs, self.sent, self.expected = [], [], []
         return balance, kept
 
     def balance(self) -> int:
-        """This rank's share of the balance of the calls kept (0 for none)."""
-        if not self.calls:
+        """This rank's share of the balance of the calls kept (0 for none): per rank, the hash
+        of the rows sent it call after call, less the hash of the rows expected from it, each
+        weighted by its pair (module docstring)."""
+        if not self.seqs:
             return 0
-        weights = _call_weights(len(self.calls))
-        _, sent, expected = zip(*self.calls, strict=True)
-        total = 0
-        for w, column in zip(self.send_weights, zip(*sent, strict=True), strict=True):
-            total += w * sum(map(mul, weights, column))
-        for w, column in zip(self.receive_weights, zip(*expected, strict=True), strict=True):
-            total -= w * sum(map(mul, weights, column))
+        w, total = self.world, 0
+        for s in range(w):
+            total += self.send_weights[s] * hash(tuple(self.sent[s::w]))
+            total -= self.receive_weights[s] * hash(tuple(self.expected[s::w]))
         return total % _P
 
 
@@ -144,21 +142,23 @@ def rows(tables: list[tuple[list[int], list[int]]]) -> list[dict[str, object]]:
 
 def _mismatch(
     comm: Steps,
-    every: list[list[Table]],
+    every: list[Kept],
     last: int,
     where: str,
 ) -> CollectiveMismatchError:
     """The error naming the first kept call whose tables disagree (``every``: each rank's
     kept calls, the same ``seq`` at each index)."""
-    for i, (seq, _, _) in enumerate(every[0]):
-        tables = [(list(calls[i][1]), list(calls[i][2])) for calls in every]
+    w = len(every)
+    for i, seq in enumerate(every[0][0]):
+        row = slice(i * w, (i + 1) * w)
+        tables = [(sent[row], expected[row]) for _, sent, expected in every]
         pair = disagreement(tables)
         if pair is not None:
             r, s = pair
             sent, expected = tables[r][0][s], tables[s][1][r]
             what = f"rank {r} sent rank {s} {sent} rows, rank {s} expected {expected}"
             return _error(comm, (seq, last), where, what, tables)
-    first = every[0][0][0] if every[0] else last  # not reached: the balances sum to 0 then
+    first = every[0][0][0] if every[0][0] else last  # not reached: the balances sum to 0 then
     return _error(comm, (first, last), where, "the tables kept do not show where", [])
 
 
