@@ -317,3 +317,48 @@ def test_the_zmq_example_and_linklink_stay_within_40_names_of_distcomm() -> None
         defined, imported, read = surface.surface(ROOT / package)
         assert len(defined) + len(imported) + len(read) <= 40, (package, defined, imported, read)
         assert imported <= public, f"{package} imports beyond the kit: {imported - public}"
+
+
+def foreign_private_writes(path: Path) -> Iterator[str]:
+    """``line: target`` of each assignment in ``path`` to a private attribute (a leading
+    underscore, not a dunder) of an object other than ``self`` or ``cls``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            for each in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if not isinstance(each, ast.Attribute):
+                    continue
+                owner = each.value
+                private = each.attr.startswith("_") and not each.attr.startswith("__")
+                if private and not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                    yield f"{node.lineno}: {ast.unparse(each)}"
+
+
+def test_state_is_written_by_the_object_that_owns_it() -> None:
+    """No module of distcomm or of a backend or plugin assigns another object's private
+    attribute (``comm._x = ...``): the object that holds the state changes it, by a method of
+    its own (docs/architecture.md). The reader finds such a write where there is one."""
+    sources = [*PACKAGE.rglob("*.py")]
+    sources += [p for p in ROOT.glob("backends/*/distcomm_*/**/*.py")]
+    sources += [p for p in ROOT.glob("examples/*/*/**/*.py") if "build" not in p.parts]
+    assert len(sources) > 150, len(sources)  # the reader reads the tree
+    bad = [
+        f"{path.relative_to(ROOT)}:{write}"
+        for path in sources
+        for write in foreign_private_writes(path)
+    ]
+    assert bad == [], "writes to another object's private state:\n" + "\n".join(bad)
+    probe = ROOT / "tests" / "test_architecture.py"
+    assert list(foreign_private_writes(probe)) == [], "this test's own source has none"
+
+
+def test_the_write_reader_sees_a_foreign_write(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text("def f(comm, self):\n    comm._event = None\n    self._ok = 1\n")
+    assert list(foreign_private_writes(source)) == ["2: comm._event"]

@@ -67,8 +67,7 @@ def give_plans(comm: Any, plan: Callable[[CallKind], Any]) -> None:
     communicator's life), so the table is given the plan here and forgets what it learned
     without it; call this before the calls whose kinds it should plan."""
     comm._plan = plan
-    comm._plans._engine_plan = plan
-    comm._plans.forget()
+    comm._plans.ask_through(plan)
 
 
 def described(kind: CallKind) -> tuple[Any, ...]:

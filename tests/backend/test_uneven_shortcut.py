@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import distcomm
-from distcomm.backend._pipeline import routing, routing_ledger
+from distcomm.backend._pipeline import routing_ledger
 from distcomm.backend._pipeline.mismatch_check import SAMPLED_FIRST
 from distcomm.testing import run_threads
 
@@ -25,12 +25,12 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the shortcut's outcomes and the calls that reached the pipeline's steps."""
     counts = {"shortcut": 0, "refused": 0, "steps": 0}
     shortcut, steps = (
-        routing.shortcut,
+        distcomm.backend.BaseCommunicator._uneven_planned,
         distcomm.backend.BaseCommunicator._all_to_all_single_steps,
     )
 
-    def counted(*args: Any) -> bool:
-        taken = shortcut(*args)
+    def counted(self: Any, *args: Any) -> bool:
+        taken = shortcut(self, *args)
         counts["shortcut" if taken else "refused"] += 1
         return taken
 
@@ -38,7 +38,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         counts["steps"] += 1
         return steps(self, *args, **kwargs)
 
-    monkeypatch.setattr(routing, "shortcut", counted)
+    monkeypatch.setattr(distcomm.backend.BaseCommunicator, "_uneven_planned", counted)
     monkeypatch.setattr(
         distcomm.backend.BaseCommunicator, "_all_to_all_single_steps", counted_steps
     )

@@ -98,14 +98,13 @@ def wrap_plans(comm: Any, wrap: Callable[[CallKind, Run], Run]) -> None:
     (into its table of kinds, ``_plans``): the table is given the wrapper of it, and forgets
     the kinds learned before (so that the engine is asked again)."""
     table = comm._plans
-    engine = table._engine_plan
+    engine = table.engine_plan
 
     def plan(kind: CallKind) -> Run | None:
         run = engine(kind)
         return None if run is None else wrap(kind, run)
 
-    table._engine_plan = plan
-    table.forget()
+    table.ask_through(plan)
 
 
 class Counted:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import distcomm
-from distcomm.backend._pipeline import routing
+from distcomm.backend import BaseCommunicator
 from distcomm.errors import CollectiveMismatchError, DistcommError
 from distcomm.protocol import Communicator
 
@@ -48,8 +48,10 @@ def test_calls_past_the_first_checks_take_the_shortcut(
     world: Communicator, lib: str, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     taken = []
-    shortcut = routing.shortcut
-    monkeypatch.setattr(routing, "shortcut", lambda *a: taken.append(shortcut(*a)) or taken[-1])
+    shortcut = BaseCommunicator._uneven_planned
+    monkeypatch.setattr(
+        BaseCommunicator, "_uneven_planned", lambda *a: taken.append(shortcut(*a)) or taken[-1]
+    )
     group = _group_past_the_first_checks(world)
     rank, size = group.rank, group.world_size
     wrong = []

@@ -84,8 +84,7 @@ class Ledger:
         self.said: list[tuple[str, Any]] = []
         self.asked: list[tuple[Any, ...]] = []
         kinds = comm._plans
-        kinds._engine_plan = self._planner(kinds._engine_plan)
-        kinds.forget()
+        kinds.ask_through(self._planner(kinds.engine_plan))
 
     def _planner(self, plan: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def planner(kind: Any) -> Any:

@@ -191,9 +191,7 @@ class Groups(Steps):
         calls."""
         self._children += 1
         if isinstance(group, Steps):
-            group._lineage = f"{self._lineage}/{self._children}.{index}"
-            group.debug = self.debug
-            group._record_into(self._recorder)
+            group._descend(self, f"{self._lineage}/{self._children}.{index}")
         return group
 
     def adopt(self, native: Any) -> Communicator | NonMember:

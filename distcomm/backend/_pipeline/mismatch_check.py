@@ -60,6 +60,7 @@ __all__ = [
     "policy",
     "record",
     "shape_of",
+    "vote_buffer",
 ]
 
 #: The values of ``DISTCOMM_DEBUG`` and ``init(debug=...)`` (unset: ``"sample"``).
@@ -116,19 +117,13 @@ def check(comm: Steps, x: Any = None) -> None:
         return
     seq = comm.seq
     channel = comm._object_channel()
-    if channel is not comm:  # its failure is this collective's (its timeout, its diagnosis)
-        channel._checking_for = comm
-    try:
-        with h.voting_on(seq):
-            if agree(channel, h.value(seq)):
-                h.agree(seq)
-                routing_ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
-                return
-            mine = h.dump(None if x is None else shape_of(x), site=call_site())
-            dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
-    finally:
-        if channel is not comm:
-            channel._checking_for = None
+    with channel._checking(comm), h.voting_on(seq):
+        if agree(channel, h.value(seq)):
+            h.agree(seq)
+            routing_ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
+            return
+        mine = h.dump(None if x is None else shape_of(x), site=call_site())
+        dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
     found = divergence.find(dumps)
     if found is None:  # older than every history kept
         found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
@@ -178,10 +173,9 @@ def record(
 def agree(channel: BaseCommunicator, fingerprint: int) -> bool:
     """Whether every rank has ``fingerprint``: one 16-byte int64 MIN all-reduce of [f, -f]
     where the engine has it, else an object all-gather. The 16 bytes are the channel's own,
-    made once (``_vote``) and written through a memoryview, so that a check allocates nothing."""
-    vote = channel._vote
-    if vote is None:
-        vote = channel._vote = _vote_buffer(channel)
+    made once (:func:`vote_buffer`, kept by the channel) and written through a memoryview, so
+    that a check allocates nothing."""
+    vote = channel._vote_pair()
     if vote is False:
         return len(set(objects.all_gather_object(channel, fingerprint))) == 1
     buffer, pair = vote
@@ -190,7 +184,7 @@ def agree(channel: BaseCommunicator, fingerprint: int) -> bool:
     return bool(pair[0] == -pair[1])
 
 
-def _vote_buffer(channel: BaseCommunicator) -> tuple[Any, Any] | bool:
+def vote_buffer(channel: BaseCommunicator) -> tuple[Any, Any] | bool:
     """A CPU int64 array of 2 of the array library the program uses, and a view to set and
     read it as Python ints; False where the engine has no int64 MIN or no array library is
     loaded."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import p2p_vote, routing, routing_ledger
+from distcomm.backend._pipeline import observing, p2p_vote, routing, routing_ledger
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.plans import NO_ARRAY
 from distcomm.backend._pipeline.steps import DONE, Steps
+from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
 
@@ -97,7 +98,7 @@ class Movement(Steps):
         With split sizes (rows of the first dimension, as torch's), the chunks may differ:
         ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
         A blocking call like the ones before it runs the engine's plan for its kind (even), or
-        skips the record-keeping (uneven: :func:`~distcomm.backend._pipeline.routing.shortcut`).
+        skips the record-keeping (uneven: :meth:`_uneven_planned`).
         """
         if input_split_sizes is None and output_split_sizes is None:
             if not async_op and self._planned("all_to_all_single", input, None, output):
@@ -105,12 +106,51 @@ class Movement(Steps):
         elif (
             input_split_sizes is not None
             and not async_op
-            and routing.shortcut(self, output, input, output_split_sizes, input_split_sizes)
+            and self._uneven_planned(output, input, output_split_sizes, input_split_sizes)
         ):
             return None
         return self._all_to_all_single_steps(
             output, input, output_split_sizes, input_split_sizes, async_op
         )
+
+    def _uneven_planned(self, output: Any, input: Any, expected: Any, sent: Any) -> bool:
+        """Run a blocking uneven all-to-all of a class and dtype the pipeline took before (and
+        the ranks agreed on), outside the check points, straight through the engine's
+        ``_all_to_all_v`` when its arguments need nothing more than a look
+        (:func:`~distcomm.backend._pipeline.routing.row_of_plain`), its split tables kept in the
+        ledger. Returns whether it ran; False: nothing was sent, and the pipeline takes the call
+        (and explains what is wrong)."""
+        seq = self.seq + 1
+        if seq >= self._next_check or observing.registered:  # hooks: the pipeline's event
+            return False
+        try:
+            entry = self._plans.find_uneven(input)
+        except AttributeError:  # not an array
+            return False
+        h = self._history
+        if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
+            return False
+        row = routing.row_of_plain(self, output, input, expected, sent)
+        if row < 0:
+            return False
+        self.op = "all_to_all_single"
+        self.seq = seq
+        if h is not None:
+            if entry[1] != h.run_fp:
+                h.start_run(seq, entry[1])
+            routing.keep(self, h, sent, expected)
+        if self._recorder is not None:
+            self._open_entry("all_to_all_single", seq, input, cached_adapter(input))
+        times = row.__mul__  # (map, not a comprehension: no frame of its own)
+        self._call(
+            self._all_to_all_v,
+            False,
+            output,
+            list(map(times, expected)),
+            input,
+            list(map(times, sent)),
+        )
+        return True
 
     @observed
     def _all_to_all_single_steps(

@@ -126,7 +126,7 @@ class ObjectCollectives(Steps):
         self.op = op
         self.seq = seq
         if event is not None:  # hooks registered (the public method is observed): numbered here
-            observing.before(self, op, None, None, root, None)  # one that raises: seq given back
+            self._observe(observing.event_of(self, op, None, None, root, None))
         if h is not None and fp != h.run_fp:
             h.start_run(seq, fp)
         if self._recorder is not None:

@@ -12,10 +12,11 @@ Registering a hook changes no method of any class. Each public collective's pipe
 :func:`observed` once and for all: with no hook registered (:data:`registered` is empty) it
 costs one test; with hooks, the event is made where ``_count`` numbers the call. A call
 that the engine's plan runs (:meth:`~distcomm.backend._pipeline.steps.Steps._planned`,
-before the pipeline) makes its event there (:func:`opened`, :func:`closed`): the hooks and the
-profile keep the plans. Should the plan decline the call after the ``before`` hooks saw it
-(``NotPlanned``), the event is handed to the pipeline (:func:`carry`), which calls no
-``before`` hook again.
+before the pipeline) makes its event there (:func:`planned_event`, :func:`ended`): the hooks
+and the profile keep the plans. Should the plan decline the call after the ``before`` hooks saw
+it (``NotPlanned``), the event is handed to the pipeline (:class:`Carried`), which calls no
+``before`` hook again. This module makes events and calls the hooks; the communicator keeps
+its event (``_event``) itself (:meth:`~distcomm.backend._pipeline.steps.Steps._observe`).
 
 ``event.started`` and ``event.finished`` come from :mod:`~distcomm._device_clock`:
 for a blocking call on a CUDA tensor each is read once the device finished its queued work (at
@@ -46,7 +47,17 @@ if TYPE_CHECKING:
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
 
-__all__ = ["OBSERVED", "PENDING", "UNSEEN", "before", "carry", "closed", "observed", "opened"]
+__all__ = [
+    "OBSERVED",
+    "PENDING",
+    "UNSEEN",
+    "Carried",
+    "ended",
+    "event_of",
+    "observed",
+    "planned_event",
+    "started",
+]
 
 #: The public collectives the hooks see.
 OBSERVED = named(observed=True)
@@ -63,7 +74,7 @@ _REDUCED = frozenset({"all_reduce", "reduce", "reduce_scatter_tensor"})
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Carried:
+class Carried:
     """An event whose ``before`` hooks ran on the plan's way, handed to the pipeline."""
 
     __slots__ = ("event",)
@@ -86,7 +97,7 @@ def observed(steps: F) -> F:
         if made is None:
             if not registered:
                 return steps(self, *args, **kwargs)
-        elif made.__class__ is not _Carried:  # inside another public call: part of it
+        elif made.__class__ is not Carried:  # inside another public call: part of it
             return steps(self, *args, **kwargs)
         if async_at is None:
             blocking = True
@@ -114,45 +125,15 @@ def observed(steps: F) -> F:
 _calling = threading.local()
 
 
-def opened(comm: Steps, op: str, x: Any, root: int | None) -> CollectiveEvent:
-    """The event of blocking call ``op`` that a plan runs, numbered (``comm.seq``), its
-    ``before`` hooks called. A hook that raises: the number is given back, the ``after`` hooks
-    see the error, and it propagates."""
-    _calling.blocking = True
-    adapter = cached_adapter(x)
-    reduce_op = ReduceOp.SUM if op in _REDUCED else None
-    try:
-        before(comm, op, x if adapter is not None else None, adapter, root, reduce_op)
-    except BaseException as exc:
-        made, comm._event = comm._event, None
-        if made is not None:
-            _after(made, None, exc, False)
-        raise
-    event: CollectiveEvent = comm._event
-    return event
-
-
-def closed(comm: Steps, event: CollectiveEvent, error: BaseException | None) -> None:
-    """The plan's call of ``event`` returned (``error`` None) or raised: the ``after`` hooks."""
-    comm._event = None
-    _after(event, None, error, error is None)
-
-
-def carry(comm: Steps, event: CollectiveEvent) -> None:
-    """The plan declined the call of ``event`` (nothing moved): the pipeline takes it with this
-    event, calling no ``before`` hook again (its number is the same)."""
-    comm._event = _Carried(event)
-
-
-def before(
+def event_of(
     comm: Steps,
     op: str,
     x: Any,
     adapter: Adapter | None,
     root: int | None,
     reduce_op: ReduceOp | None,
-) -> None:
-    """Make the event of the call being numbered on ``comm`` and call the ``before`` hooks."""
+) -> CollectiveEvent:
+    """The event of the call ``comm`` is numbering (``comm.seq``)."""
     event = CollectiveEvent(op, comm.seq, comm, comm._rank, comm._world_size)  # type: ignore[arg-type]
     if x is not None and adapter is not None:
         event.shape = mismatch_check.shape_of(x)
@@ -163,15 +144,28 @@ def before(
         )
     event.root = root
     event.reduce_op = None if reduce_op is None else reduce_op.name
-    comm._event = event
+    return event
+
+
+def planned_event(comm: Steps, op: str, x: Any, root: int | None) -> CollectiveEvent:
+    """The event of blocking call ``op`` that a plan runs (a SUM where ``op`` reduces)."""
+    _calling.blocking = True
+    adapter = cached_adapter(x)
+    reduce_op = ReduceOp.SUM if op in _REDUCED else None
+    return event_of(comm, op, x if adapter is not None else None, adapter, root, reduce_op)
+
+
+def started(event: CollectiveEvent) -> None:
+    """``event``'s call starts: its time, then the ``before`` hooks (one may raise)."""
     blocking = getattr(_calling, "blocking", True)
     event.started = device_clock.now(event.device if blocking else None)
-    try:
-        for hook in events.before_hooks():
-            hook(event)
-    except BaseException:
-        comm.seq -= 1  # not run: the next call takes this number
-        raise
+    for hook in events.before_hooks():
+        hook(event)
+
+
+def ended(event: CollectiveEvent, error: BaseException | None) -> None:
+    """The plan's call of ``event`` returned (``error`` None) or raised: the ``after`` hooks."""
+    _after(event, None, error, error is None)
 
 
 def _after(

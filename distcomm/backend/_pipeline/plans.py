@@ -25,8 +25,8 @@ The barrier's plan is the engine's (its kind's array is :data:`NO_ARRAY`), else 
 the next barrier's pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`).
 The uneven all-to-all (sizes differ from call to call) has no plan: a blocking one of a
 remembered class and dtype the engine moves skips the record-keeping but not the engine's
-``_all_to_all_v`` (:func:`~distcomm.backend._pipeline.routing.shortcut`); object collectives
-likewise skip the kit's steps for a kind (op, root) taken before.
+``_all_to_all_v`` (:meth:`~distcomm.backend._pipeline.movement.Movement._uneven_planned`);
+object collectives likewise skip the kit's steps for a kind (op, root) taken before.
 """
 
 from __future__ import annotations
@@ -214,6 +214,18 @@ class Plans:
                     stacklevel=2,
                 )
             return None
+
+    @property
+    def engine_plan(self) -> Callable[[CallKind], Any] | None:
+        """What is asked for the plan of a kind learnt (the engine's ``plan``; None: none)."""
+        return self._engine_plan
+
+    def ask_through(self, engine_plan: Callable[[CallKind], Any] | None) -> None:
+        """Ask ``engine_plan`` for the plans of the kinds learnt from now on, forgetting those
+        known (so that it is asked again): for the conformance kit and tests, which count or
+        wrap the engine's plans (:attr:`engine_plan` gives the one to wrap, or to put back)."""
+        self._engine_plan = engine_plan
+        self.forget()
 
     def drop_barrier(self) -> None:
         """Forget the barrier's kind: split tables wait to be settled, which the next barrier's

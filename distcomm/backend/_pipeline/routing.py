@@ -12,8 +12,9 @@ Between check points each rank keeps its tables in a ledger, settled at the next
 (:mod:`~distcomm.backend._pipeline.routing_ledger`).
 
 The commonest call, blocking, with lists of ints, contiguous arrays the engine moves as they are
-and a dtype like the calls before it (nothing new to record), goes from
-:func:`shortcut` straight to the engine's ``all_to_all_v`` (or the kit's).
+(:func:`row_of_plain`) and a dtype like the calls before it (nothing new to record), goes from
+:meth:`Movement._uneven_planned <distcomm.backend._pipeline.movement.Movement._uneven_planned>`
+straight to the engine's ``all_to_all_v`` (or the kit's).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numbers
 from typing import TYPE_CHECKING, Any
 
 from distcomm.backend._pipeline import object_transport as objects
-from distcomm.backend._pipeline import observing, routing_ledger
+from distcomm.backend._pipeline import routing_ledger
 from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from distcomm.backend._pipeline.history import CallHistory
     from distcomm.backend._pipeline.steps import Steps
 
-__all__ = ["agree", "keep", "rows_of", "shortcut", "sizes"]
+__all__ = ["agree", "keep", "row_of_plain", "rows_of", "sizes"]
 
 
 def rows_of(shape: tuple[int, ...], what: str) -> tuple[int, int]:
@@ -119,41 +120,7 @@ def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> N
     comm._plans.drop_barrier()  # the next barrier settles them
 
 
-def shortcut(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> bool:
-    """Run a blocking uneven all-to-all of a class and dtype the pipeline took before (and the
-    ranks agreed on), outside the check points, straight through the backend's
-    ``_all_to_all_v`` when its arguments need nothing more than a look (:func:`_row_of_plain`).
-    Returns whether it ran; False: nothing was sent, and the pipeline takes the call (and
-    explains what is wrong)."""
-    seq = comm.seq + 1
-    if seq >= comm._next_check or observing.registered:  # hooks: the pipeline's event
-        return False
-    try:
-        entry = comm._plans.find_uneven(input)
-    except AttributeError:  # not an array
-        return False
-    h = comm._history
-    if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
-        return False
-    row = _row_of_plain(comm, output, input, expected, sent)
-    if row < 0:
-        return False
-    comm.op = "all_to_all_single"
-    comm.seq = seq
-    if h is not None:
-        if entry[1] != h.run_fp:
-            h.start_run(seq, entry[1])
-        keep(comm, h, sent, expected)
-    if comm._recorder is not None:
-        comm._open_entry("all_to_all_single", seq, input, cached_adapter(input))
-    times = row.__mul__  # (map, not a comprehension: no frame of its own)
-    comm._call(
-        comm._all_to_all_v, False, output, list(map(times, expected)), input, list(map(times, sent))
-    )
-    return True
-
-
-def _row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> int:
+def row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> int:
     """The elements of a row when the call needs no more than a look: two contiguous arrays of
     one class and dtype (the kit found it native), on a device it moves, rows of the same size,
     split lists of ints summing to their rows, a usable communicator of more than one rank;

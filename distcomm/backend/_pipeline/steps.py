@@ -36,6 +36,7 @@ from distcomm.backend._pipeline.routing_ledger import Ledger
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.engine import ATTRIBUTES, OPTIONAL, REQUIRED, NotPlanned
+from distcomm.backend.events import CollectiveEvent
 from distcomm.backend.specs import Capabilities
 from distcomm.backend.work import BaseWork, CompletedWork, PendingWorks
 from distcomm.errors import CollectiveMismatchError, DistcommError, DistcommWarning
@@ -295,7 +296,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         seq = self.seq = self.seq + 1
         self.op = op
         if self._event is observing.PENDING:
-            observing.before(self, op, x, adapter, root, reduce_op)
+            self._observe(observing.event_of(self, op, x, adapter, root, reduce_op))
         rec = self._recorder
         if rec is not None:
             entry = self._open_entry(op, seq, x, adapter, root)
@@ -549,7 +550,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         self.op, self.seq = op, seq
         event = None
         if _hooks and self._event is None:  # the hooks see it (a hook may refuse it)
-            event = observing.opened(self, op, x, root)
+            event = self._observe(observing.planned_event(self, op, x, root), planned=True)
         self.blocked_seq = seq
         rec = self._recorder
         record = None
@@ -564,7 +565,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
             if record is not None:
                 rec.retract(record)  # type: ignore[union-attr]
             if event is not None:
-                observing.carry(self, event)
+                self._event = observing.Carried(event)  # the pipeline takes it
             return False
         except BaseException as exc:
             error = self._plan_failed(op, seq, exc, record, event)
@@ -577,8 +578,24 @@ class Steps(ArgumentChecks, Failures, Defaults):
             bound = self.bound_device
             record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
         if event is not None:
-            observing.closed(self, event, None)
+            self._event = None
+            observing.ended(event, None)
         return True
+
+    def _observe(self, event: CollectiveEvent, planned: bool = False) -> CollectiveEvent:
+        """``event``, the call being numbered, is this communicator's: the ``before`` hooks
+        see it (:mod:`~distcomm.backend._pipeline.observing`). One that raises gives the call's
+        number back and, on a plan's way (``planned``), the ``after`` hooks see the error."""
+        self._event = event
+        try:
+            observing.started(event)
+        except BaseException as exc:
+            self.seq -= 1  # not run: the next call takes this number
+            if planned:
+                self._event = None
+                observing.ended(event, exc)
+            raise
+        return event
 
     def _plan_failed(
         self, op: str, seq: int, exc: BaseException, record: list[Any] | None, event: Any
@@ -593,7 +610,8 @@ class Steps(ArgumentChecks, Failures, Defaults):
             assert self._recorder is not None
             self._recorder.failed(record, error)
         if event is not None:
-            observing.closed(self, event, error)
+            self._event = None
+            observing.ended(event, error)
         return error
 
     def _open_entry(
@@ -617,6 +635,34 @@ class Steps(ArgumentChecks, Failures, Defaults):
         moves (a communicator's own, or the call's whose bytes travel on this object channel);
         None: no entry."""
         self._entry, self._entry_seq, self._entry_device = entry, self.seq, device
+
+    @contextlib.contextmanager
+    def _checking(self, comm: Steps) -> Iterator[None]:
+        """This communicator (``comm``'s object channel, or ``comm`` itself) checks ``comm``'s
+        collective: a failure here is that collective's, told and diagnosed there
+        (:mod:`~distcomm.backend._pipeline.engine_failures`)."""
+        if comm is self:
+            yield
+            return
+        self._checking_for = comm
+        try:
+            yield
+        finally:
+            self._checking_for = None
+
+    def _vote_pair(self) -> Any:
+        """The 16 bytes of this communicator's votes on the running value, made at the first
+        (:func:`~distcomm.backend._pipeline.mismatch_check.vote_buffer`; False: none)."""
+        if self._vote is None:
+            self._vote = mismatch_check.vote_buffer(self)
+        return self._vote
+
+    def _descend(self, parent: Steps, lineage: str) -> None:
+        """This group, made from ``parent`` (:meth:`~distcomm.backend._pipeline.groups.Groups.
+        _inherit`): its lineage, and the parent's check policy and flight recorder."""
+        self._lineage = lineage
+        self.debug = parent.debug
+        self._record_into(parent._recorder)
 
     def _record_into(self, recorder: Recorder | None) -> None:
         """Give this communicator's calls to ``recorder`` (the flight recorder of this

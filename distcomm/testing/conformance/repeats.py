@@ -44,13 +44,13 @@ def _counting(c: Any) -> Iterator[tuple[set[str], dict[str, int]]]:
     and the calls each op's plans took (a plan that raised NotPlanned took none), meanwhile.
 
     The kit reads the engine's ``plan`` when it makes the communicator, into its table of kinds
-    (``_plans``); the table is given a counting wrapper of it here, and forgets the kinds
-    (so that the engine is asked again) on the way in and out. A communicator without that
-    table, or whose engine has no ``plan``, plans nothing."""
+    (``_plans``); the table asks a counting wrapper of it here (``ask_through``, which forgets
+    the kinds, so that the engine is asked again), and the engine's own again on the way out.
+    A communicator without that table, or whose engine has no ``plan``, plans nothing."""
     planned: set[str] = set()
     taken: dict[str, int] = {}
     table: Any = getattr(c, "_plans", None)
-    engine = getattr(table, "_engine_plan", None)
+    engine = getattr(table, "engine_plan", None)
     if engine is None:
         yield planned, taken
         return
@@ -69,13 +69,11 @@ def _counting(c: Any) -> Iterator[tuple[set[str], dict[str, int]]]:
 
         return counted
 
-    table._engine_plan = counting
-    table.forget()
+    table.ask_through(counting)
     try:
         yield planned, taken
     finally:
-        table._engine_plan = engine
-        table.forget()
+        table.ask_through(engine)
 
 
 def _round(lib: str, dtype: str, r: int) -> None:
