@@ -57,6 +57,8 @@ DONE = CompletedWork()
 #: is called once; ``check_tag`` runs after the kit's own check).
 _BOUND = tuple(name for name in OPTIONAL if name not in ("check_tag", "bind"))
 _ABSENT = object()
+#: What :meth:`Steps._planned_opening` returns for a call the pipeline must take.
+_DECLINED = object()
 
 
 class Steps(ArgumentChecks, Failures, Defaults):
@@ -457,8 +459,8 @@ class Steps(ArgumentChecks, Failures, Defaults):
         it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
         mark, seen by the hooks and the flight recorder. Returns whether it ran; False: nothing
         moved, nothing was counted, and the pipeline takes the call (and says what is wrong
-        with it). A call that no hook observes, of the kind of the call before it, takes this
-        method's body alone (:meth:`_planned_observed` takes the others)."""
+        with it). A call that no hook observes, of the kind of the call before it, is numbered
+        here; the others by :meth:`_planned_opening`."""
         seq = self.seq + 1
         if seq >= self._next_check or self.unusable is not None:
             return False
@@ -486,79 +488,20 @@ class Steps(ArgumentChecks, Failures, Defaults):
         ):
             return False
         h = self._history
-        if _hooks or (h is not None and fp != h.run_fp):
-            return self._planned_observed(op, x, root, y, seq, entry)
-        self.op = op
-        self.seq = self.blocked_seq = seq
-        rec = self._recorder
-        record = None
-        try:
-            if rec is not None:
-                record = self._record(name, seq, x, 4)
-            plan(x, y)
-        except NotPlanned:
-            self.seq = seq - 1  # nothing moved: the pipeline counts the call
-            if record is not None:
-                rec.retract(record)  # type: ignore[union-attr]
-            return False
-        except BaseException as exc:
-            error = self._plan_failed(op, seq, exc, record, None)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            self.blocked_seq = 0
-        if record is not None:
-            bound = self.bound_device
-            record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
-        return True
-
-    def _record(self, name: Any, seq: int, x: Any, depth: int) -> list[Any]:
-        """The flight recorder's entry of a planned call (:mod:`~distcomm.backend._pipeline.
-        recording`: the kind's ``name``, then the call's own), added to the ring. The user's
-        line is looked for from ``depth`` frames up (past this, the planned call's frames and
-        the public method: frames Python need make no object of,
-        :func:`~distcomm._call_sites.user_site`)."""
-        bound = self.bound_device
-        record = [
-            name,
-            seq,
-            x.shape,
-            user_site(depth),
-            _wall() if bound is None else recording.stamp(bound),
-            None,
-            None,
-        ]
-        self._recorder.add(record)  # type: ignore[union-attr]
-        self._entry = None  # no later engine call stamps an earlier call's entry
-        return record
-
-    def _planned_observed(
-        self, op: str, x: Any, root: Any, y: Any, seq: int, entry: tuple[Any, int, Any, Any]
-    ) -> bool:
-        """:meth:`_planned` of a call that the hooks see, or whose kind differs from the call
-        before it (a new run of its fingerprint in the history, which the ranks must have
-        agreed on before)."""
-        if _hooks and self._event is observing.PENDING:
-            return False  # part of an observed public call (reduce_scatter's
-            # reduce_scatter_tensor): the pipeline numbers it and makes its event
-        plan, fp, _, name = entry
-        h = self._history
-        new_run = h is not None and fp != h.run_fp
-        if new_run and fp not in h.agreed:  # type: ignore[union-attr]
-            return False  # the pipeline confirms a kind first
-        self.op, self.seq = op, seq
         event = None
-        if _hooks and self._event is None:  # the hooks see it (a hook may refuse it)
-            event = self._observe(observing.planned_event(self, op, x, root), planned=True)
+        if _hooks or (h is not None and fp != h.run_fp):
+            event = self._planned_opening(op, x, root, seq, fp)
+            if event is _DECLINED:
+                return False
+        else:
+            self.op = op
+            self.seq = seq
         self.blocked_seq = seq
         rec = self._recorder
         record = None
         try:
-            if new_run:
-                h.start_run(seq, fp)  # type: ignore[union-attr]
             if rec is not None:
-                record = self._record(name, seq, x, 5)
+                record = self._record(name, seq, x)
             plan(x, y)
         except NotPlanned:
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
@@ -581,6 +524,45 @@ class Steps(ArgumentChecks, Failures, Defaults):
             self._event = None
             observing.ended(event, None)
         return True
+
+    def _planned_opening(self, op: str, x: Any, root: Any, seq: int, fp: int) -> Any:
+        """The start of :meth:`_planned`'s call where the hooks see it, or where its kind
+        differs from the call before it (a new run of its fingerprint in the history, which
+        the ranks must have agreed on before): the call numbered, its event (None: no hook
+        sees it), or :data:`_DECLINED` where the pipeline must take it."""
+        if _hooks and self._event is observing.PENDING:
+            return _DECLINED  # part of an observed public call (reduce_scatter's
+            # reduce_scatter_tensor): the pipeline numbers it and makes its event
+        h = self._history
+        new_run = h is not None and fp != h.run_fp
+        if new_run and fp not in h.agreed:  # type: ignore[union-attr]
+            return _DECLINED  # the pipeline confirms a kind first
+        self.op, self.seq = op, seq
+        event = None
+        if _hooks and self._event is None:  # the hooks see it (a hook may refuse it)
+            event = self._observe(observing.planned_event(self, op, x, root), planned=True)
+        if new_run:
+            h.start_run(seq, fp)  # type: ignore[union-attr]
+        return event
+
+    def _record(self, name: Any, seq: int, x: Any) -> list[Any]:
+        """The flight recorder's entry of a planned call (:mod:`~distcomm.backend._pipeline.
+        recording`: the kind's ``name``, then the call's own), added to the ring. The user's
+        line: past this, :meth:`_planned` and the public method that called it, frames Python
+        need make no object of (:func:`~distcomm._call_sites.user_site`)."""
+        bound = self.bound_device
+        record = [
+            name,
+            seq,
+            x.shape,
+            user_site(4),
+            _wall() if bound is None else recording.stamp(bound),
+            None,
+            None,
+        ]
+        self._recorder.add(record)  # type: ignore[union-attr]
+        self._entry = None  # no later engine call stamps an earlier call's entry
+        return record
 
     def _observe(self, event: CollectiveEvent, planned: bool = False) -> CollectiveEvent:
         """``event``, the call being numbered, is this communicator's: the ``before`` hooks
