@@ -97,8 +97,9 @@ class Plans:
         self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any, Any]] = {}
         #: op -> (class, dtype, byte size, root, the entry in :attr:`kinds`): the kind of the
         #: op's latest planned call, found without hashing a key (a numpy dtype's hash is
-        #: computed on every call); emptied whenever :attr:`kinds` changes (the same dict for
-        #: the object's life, as :attr:`kinds`).
+        #: computed on every call); under :data:`UNEVEN`, the uneven all-to-all's latest
+        #: (class, dtype, 0, None, entry). Emptied whenever :attr:`kinds` changes (the same
+        #: dict for the object's life, as :attr:`kinds`).
         self.last: dict[str, tuple[Any, Any, int, Any, tuple[Any, int, Any, Any]]] = {}
         self._group = group  # the communicator's global ranks, for the recorder's kinds
         self._rank = rank  # its rank in them, for the check of a rooted call's list

@@ -500,8 +500,21 @@ class Steps(ArgumentChecks, Failures, Defaults):
         rec = self._recorder
         record = None
         try:
-            if rec is not None:
-                record = self._record(name, seq, x)
+            if rec is not None:  # the flight recorder's entry (recording: the kind's ``name``,
+                bound = self.bound_device  # then the call's own; the site: past user_site,
+                # this, and the public method that called this, a frame Python need make no
+                # object of)
+                record = [
+                    name,
+                    seq,
+                    x.shape,
+                    user_site(3),
+                    _wall() if bound is None else recording.stamp(bound),
+                    None,
+                    None,
+                ]
+                rec.add(record)
+                self._entry = None  # no later engine call stamps an earlier call's entry
             plan(x, y)
         except NotPlanned:
             self.seq = seq - 1  # nothing moved: the pipeline counts the call
@@ -518,7 +531,6 @@ class Steps(ArgumentChecks, Failures, Defaults):
         finally:
             self.blocked_seq = 0
         if record is not None:
-            bound = self.bound_device
             record[COMPLETED] = _wall() if bound is None else recording.stamp(bound)
         if event is not None:
             self._event = None
@@ -544,25 +556,6 @@ class Steps(ArgumentChecks, Failures, Defaults):
         if new_run:
             h.start_run(seq, fp)  # type: ignore[union-attr]
         return event
-
-    def _record(self, name: Any, seq: int, x: Any) -> list[Any]:
-        """The flight recorder's entry of a planned call (:mod:`~distcomm.backend._pipeline.
-        recording`: the kind's ``name``, then the call's own), added to the ring. The user's
-        line: past this, :meth:`_planned` and the public method that called it, frames Python
-        need make no object of (:func:`~distcomm._call_sites.user_site`)."""
-        bound = self.bound_device
-        record = [
-            name,
-            seq,
-            x.shape,
-            user_site(4),
-            _wall() if bound is None else recording.stamp(bound),
-            None,
-            None,
-        ]
-        self._recorder.add(record)  # type: ignore[union-attr]
-        self._entry = None  # no later engine call stamps an earlier call's entry
-        return record
 
     def _observe(self, event: CollectiveEvent, planned: bool = False) -> CollectiveEvent:
         """``event``, the call being numbered, is this communicator's: the ``before`` hooks
