@@ -89,6 +89,15 @@ def test_calls_past_the_first_checks_take_the_shortcut_and_are_right(
     assert counts["steps"] == 3 * 1, counts
 
 
+class _NoArray:
+    """Not an array, though it has a shape and a dtype (one that is no key: a list)."""
+
+    shape = (2, 2)
+
+    def __init__(self) -> None:
+        self.dtype: list[str] = []
+
+
 @pytest.mark.parametrize(
     ("what", "change"),
     [
@@ -100,6 +109,7 @@ def test_calls_past_the_first_checks_take_the_shortcut_and_are_right(
             lambda out, inp, e, s: (out.astype(np.int32), inp.astype(np.int32), e, s),
         ),
         ("rows that differ", lambda out, inp, e, s: (out.reshape(-1, 1), inp, e, s)),
+        ("an input that is no array", lambda out, inp, e, s: (out, _NoArray(), e, s)),
     ],
 )
 def test_what_needs_more_than_a_look_goes_through_the_pipeline(
@@ -122,7 +132,7 @@ def test_what_needs_more_than_a_look_goes_through_the_pipeline(
     outcomes = run_threads(body, 2)
     assert counts["shortcut"] == 0, f"{what}: {counts}"
     assert counts["steps"] == 2 * 2, f"{what}: {counts}"
-    if what == "rows that differ":  # the pipeline explains it
+    if what in ("rows that differ", "an input that is no array"):  # the pipeline explains it
         assert outcomes == ["InvalidArgumentError"] * 2, outcomes
     else:
         assert outcomes == ["ok"] * 2, f"{what}: {outcomes}"

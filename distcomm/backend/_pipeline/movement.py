@@ -125,7 +125,7 @@ class Movement(Steps):
             return False
         try:
             entry = self._plans.find_uneven(input)
-        except AttributeError:  # not an array
+        except (AttributeError, TypeError):  # not an array, or a dtype that is no key
             return False
         h = self._history
         if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):

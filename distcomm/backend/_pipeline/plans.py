@@ -165,7 +165,7 @@ class Plans:
     def find_uneven(self, x: Any) -> tuple[Any, int, Any, Any] | None:
         """The entry of the uneven all-to-all of ``x``'s class and dtype, kept as its latest
         (:attr:`last`, under :data:`UNEVEN`); None: a kind not taken before. Raises
-        AttributeError for an ``x`` that is no array."""
+        AttributeError for an ``x`` that is no array, TypeError for a dtype that is no key."""
         cls, dtype = x.__class__, x.dtype
         last = self.last.get(UNEVEN)
         if last is not None and last[0] is cls and last[1] is dtype:
