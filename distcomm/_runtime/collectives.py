@@ -182,7 +182,8 @@ def reduce_scatter_tensor(
     """Reduce ``input`` across ranks and give rank r chunk r in ``output``.
 
     Args:
-        output: this rank's chunk of the result.
+        output: this rank's chunk of the result; it may be a view of ``input`` (its chunk, in
+            place, as NCCL allows: the input is then copied first).
         input: world_size times the output's number of elements: chunk r goes to rank r.
         op: a ReduceOp or any spelling it accepts; default SUM.
         group: the communicator (one from ``new_group`` or ``split``); None: the default one.
@@ -259,7 +260,8 @@ def all_to_all_single(
 
     Args:
         output: as many elements as ``input`` (with split sizes: ``sum(output_split_sizes)``
-            rows of ``input``'s row shape).
+            rows of ``input``'s row shape); it may be ``input`` itself, or share its memory
+            (the input is then copied first: no engine reads an input while writing over it).
         input: world_size equal chunks (with split sizes: ``sum(input_split_sizes)`` rows).
         output_split_sizes: rows received from each rank; None: equal.
         input_split_sizes: rows sent to each rank; None: equal.

@@ -67,6 +67,12 @@ class Adapter:
     def numel(self, x: Any) -> int:
         raise NotImplementedError
 
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """Whether ``a`` and ``b`` may share memory (False only where they surely do not): an
+        engine reading one while it writes the other must get a copy (MPI refuses aliased
+        buffers; Gloo's all-to-all would race with itself)."""
+        return a is b
+
     def empty(
         self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
     ) -> Any:
@@ -152,6 +158,13 @@ class TorchAdapter(Adapter):
 
     def numel(self, x: Any) -> int:
         return int(x.numel())
+
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        if a.device != b.device:
+            return False
+        start, end = _span(a)
+        other, other_end = _span(b)
+        return other < end and start < other_end
 
     def empty(
         self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
@@ -244,6 +257,13 @@ class NumpyAdapter(Adapter):
     def numel(self, x: Any) -> int:
         return int(x.size)
 
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        if a is b:
+            return True
+        if a.base is None and b.base is None:  # two arrays that own their memory
+            return False
+        return bool(self.np.may_share_memory(a, b))
+
     def empty(
         self, like: Any, numel: int, dtype: str | None = None, device: str | None = None
     ) -> Any:
@@ -325,6 +345,17 @@ class BytesAdapter(Adapter):
         else:  # a numpy array or a torch tensor (which has no buffer protocol)
             view = memoryview(_as_bytes_view(src))
         memoryview(dst).cast("B")[:] = view.cast("B")
+
+
+def _span(t: Any) -> tuple[int, int]:
+    """The addresses a torch tensor's memory may occupy: its own bytes where it is contiguous,
+    else its storage's."""
+    if t.is_contiguous():
+        start = t.data_ptr()
+        return start, start + t.nbytes
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
 
 
 def as_torch(x: Any) -> Any:

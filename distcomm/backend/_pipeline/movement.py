@@ -176,7 +176,7 @@ class Movement(Steps):
         if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in = self._stage(adapter, input, dtype, "input")
+        staged_in = self._stage(adapter, input, dtype, "input", apart_from=output)
         staged_out = self._stage(adapter, output, dtype, "output")
         work = self._call(self._all_to_all, async_op, staged_out.engine, staged_in.engine)
         return self._finish(work, async_op, staged_out, None, staged_in)
@@ -217,7 +217,7 @@ class Movement(Steps):
         if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in = self._stage(adapter, input, dtype, "input")
+        staged_in = self._stage(adapter, input, dtype, "input", apart_from=output)
         staged_out = self._stage(adapter, output, dtype, "output")
         args = ([n * row for n in expected], staged_in.engine, [n * row for n in sent])
         work = self._call(self._all_to_all_v, async_op, staged_out.engine, *args)

@@ -169,7 +169,7 @@ class Reductions(Steps):
         if self._solo:
             adapter.copy_(output, input)
             return DONE if async_op else None
-        staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op)
+        staged_in, engine_op, _ = self._stage_reduction(adapter, input, dtype, op, output)
         staged_out = self._stage(adapter, output, dtype, "output")
         divide = self._world_size if op is ReduceOp.AVG and not self._native_avg else None
         out, full = staged_out.engine, staged_in.engine
@@ -188,11 +188,12 @@ class Reductions(Steps):
 
     # -- the emulations --------------------------------------------------------------------------
     def _stage_reduction(
-        self, adapter: Adapter, x: Any, dtype: str, op: ReduceOp
+        self, adapter: Adapter, x: Any, dtype: str, op: ReduceOp, apart_from: Any = None
     ) -> tuple[Staged, ReduceOp, int | None]:
-        """Stage ``x``; return it with the op the engine runs and the divisor of an emulated
-        AVG (None when the engine averages itself)."""
-        staged = self._stage(adapter, x, dtype)
+        """Stage ``x`` (copied where it may share memory with the output ``apart_from``);
+        return it with the op the engine runs and the divisor of an emulated AVG (None when
+        the engine averages itself)."""
+        staged = self._stage(adapter, x, dtype, apart_from=apart_from)
         if dtype == "bool":
             op = normalise_bool_op(op)
         divide = None

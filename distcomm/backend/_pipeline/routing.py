@@ -122,9 +122,9 @@ def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> N
 
 def row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any) -> int:
     """The elements of a row when the call needs no more than a look: two contiguous arrays of
-    one class and dtype (the kit found it native), on a device it moves, rows of the same size,
-    split lists of ints summing to their rows, a usable communicator of more than one rank;
-    else -1."""
+    one class and dtype (the kit found it native) that share no memory, on a device it moves,
+    rows of the same size, split lists of ints summing to their rows, a usable communicator of
+    more than one rank; else -1."""
     world = comm._world_size
     if (
         type(sent) is not list
@@ -141,7 +141,11 @@ def row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any)
     if adapter is None:
         return -1
     devices, bound = comm.devices, comm.bound_device
-    if not adapter.is_plain(input, devices, bound) or not adapter.is_plain(output, devices, bound):
+    if (
+        not adapter.is_plain(input, devices, bound)
+        or not adapter.is_plain(output, devices, bound)
+        or adapter.shares_memory(input, output)  # the pipeline copies the input
+    ):
         return -1
     shape, rows_out = input.shape, output.shape
     if len(shape) == 2 and len(rows_out) == 2 and shape[1] == rows_out[1]:

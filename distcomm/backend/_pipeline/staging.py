@@ -65,9 +65,12 @@ def stage(
     warn_staging: Callable[[str], None],
     what: str = "tensor",
     bound: str | None = None,
+    apart_from: Any = None,
 ) -> Staged:
     """Return ``x`` fitted to the engine (see the module docstring); ``bound``: the one
-    accelerator device (``"cuda:0"``) of an engine bound to it, None if unbound.
+    accelerator device (``"cuda:0"``) of an engine bound to it, None if unbound;
+    ``apart_from``: the output the engine writes while it reads ``x`` (an input that may share
+    memory with it is copied).
 
     Raises:
         InvalidArgumentError: a CPU tensor on a GPU-only engine, a tensor on another device
@@ -103,6 +106,9 @@ def stage(
         engine = adapter.to_device(engine, target_device)
     if target_dtype != dtype:
         engine = adapter.astype(engine, target_dtype)
-    if engine is x and not adapter.is_contiguous(x):
+    if engine is x and (
+        not adapter.is_contiguous(x)
+        or (apart_from is not None and adapter.shares_memory(x, apart_from))
+    ):
         engine = adapter.clone(x)
     return Staged(adapter, x, engine, target_dtype)

@@ -381,7 +381,9 @@ class Steps(ArgumentChecks, Failures, Defaults):
         return self._world_size > 1 and self._object_channel()._control_ready()
 
     # -- stage ---------------------------------------------------------------------------------
-    def _stage(self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor") -> Staged:
+    def _stage(
+        self, adapter: Adapter, x: Any, dtype: str, what: str = "tensor", apart_from: Any = None
+    ) -> Staged:
         return stage(
             adapter,
             x,
@@ -392,6 +394,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
             warn_staging=self._warn_staging,
             what=what,
             bound=self.bound_device,
+            apart_from=apart_from,
         )
 
     def _warn_staging(self, device: str) -> None:

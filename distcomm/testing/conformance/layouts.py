@@ -15,6 +15,7 @@ from distcomm.protocol import ReduceOp, Work
 from distcomm.testing.conformance.registry import check
 from distcomm.testing.conformance.support import (
     cases,
+    check_policy,
     empty,
     expect,
     expect_values,
@@ -222,6 +223,64 @@ def _async_rooted_and_all_to_all(
         [pattern(dtype, s * world + rank, 1)[0] for s in range(world)],
         f"async all_to_all_single {what}",
     )
+
+
+@check
+def outputs_over_their_inputs() -> None:
+    """all_to_all_single whose output is its input (even, and uneven with the same split
+    sizes), and reduce_scatter_tensor whose output is this rank's chunk of its input (NCCL's
+    in-place form), blocking and async: the right result. The first round runs under the
+    communicator's check policy; the next ones with the check off, after a call of the same
+    kind on arrays of their own, so that an engine's plan for the kind is reached (it must
+    leave such a call to the pipeline, which hands the engine a copy of the input)."""
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    for lib, dtype in cases(lambda d: d in ("float32", "int64")):
+        for step in range(3):
+            if step == 0:
+                _over_inputs(lib, dtype, rank, world, step)
+                continue
+            with check_policy("off"):
+                _over_inputs(lib, dtype, rank, world, step)
+
+
+def _over_inputs(lib: str, dtype: str, rank: int, world: int, step: int) -> None:
+    """One round of :func:`outputs_over_their_inputs`."""
+    what = f"{lib} {dtype} (round {step})"
+    n = 2  # elements a chunk (even), a row (uneven)
+
+    def chunks(pairs: list[tuple[int, int]]) -> list[Any]:
+        return [v for seed, rows in pairs for v in pattern(dtype, seed, n * rows)]
+
+    even = chunks([(rank * world + r, 1) for r in range(world)])
+    want = chunks([(s * world + rank, 1) for s in range(world)])
+    distcomm.all_to_all_single(empty(lib, dtype, (world * n,)), make(lib, dtype, even))
+    for async_op in (False, True):
+        x = make(lib, dtype, even)
+        work = distcomm.all_to_all_single(x, x, async_op=async_op)
+        if work is not None:
+            _wait(work, f"all_to_all_single {what}")
+        expect_values(x, want, f"all_to_all_single(x, x, async_op={async_op}) {what}")
+
+    splits = [1 + (rank + s) % 2 for s in range(world)]  # what rank s expects of this one too
+    sent = chunks([(rank * world + s, splits[s]) for s in range(world)])
+    want = chunks([(s * world + rank, splits[s]) for s in range(world)])
+    rows = (sum(splits), n)
+    out = empty(lib, dtype, rows)
+    distcomm.all_to_all_single(out, make(lib, dtype, sent, rows), splits, splits)
+    x = make(lib, dtype, sent, rows)
+    distcomm.all_to_all_single(x, x, splits, splits)
+    expect_values(x, want, f"uneven all_to_all_single(x, x) {what}")
+
+    full = reduction_input(ReduceOp.SUM, dtype, rank, world, n * world)
+    want = reduction_result(ReduceOp.SUM, dtype, world, n * world)[rank * n : (rank + 1) * n]
+    distcomm.reduce_scatter_tensor(empty(lib, dtype, (n,)), make(lib, dtype, full))
+    for async_op in (False, True):
+        inp = make(lib, dtype, full)
+        mine = inp[rank * n : (rank + 1) * n]
+        work = distcomm.reduce_scatter_tensor(mine, inp, async_op=async_op)
+        if work is not None:
+            _wait(work, f"reduce_scatter_tensor {what}")
+        expect_values(mine, want, f"in-place reduce_scatter_tensor(async_op={async_op}) {what}")
 
 
 @check
