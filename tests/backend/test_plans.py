@@ -873,11 +873,13 @@ def _bad_messages(comm: Any) -> dict[str, Callable[[], Any]]:
         "send: dst=-1": lambda: comm.send(x, -1),
         "send: dst=True": lambda: comm.send(x, True),
         "send: dst=1.0": lambda: comm.send(x, 1.0),
+        "send: dst=an array": lambda: comm.send(x, np.array([peer, peer])),
         "send: tag=-1": lambda: comm.send(x, peer, -1),
         "send: tag=True": lambda: comm.send(x, peer, True),
         "send: tag=2**30": lambda: comm.send(x, peer, 2**30),
         "recv: src=world_size": lambda: comm.recv(x, n),
         "recv: src=True": lambda: comm.recv(x, True),
+        "recv: tag=an array": lambda: comm.recv(x, None, np.array([0, 0])),
         "recv: tag=-1": lambda: comm.recv(x, None, -1),
         "recv: tag=2**30": lambda: comm.recv(x, peer, 2**30),
     }

@@ -20,7 +20,7 @@ from distcomm._unpickling import Refused
 from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.object_collectives import refusal
 from distcomm.backend._pipeline.steps import Steps
-from distcomm.backend.arrays import cached_adapter
+from distcomm.backend.arrays import adapter_for
 from distcomm.backend.engine import INTERNAL_TAG, NotPlanned
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
 from distcomm.protocol import P2POp, Work
@@ -168,8 +168,8 @@ class PointToPoint(Steps):
         A kind is remembered only for arguments that fit: a known one needs only its classes
         checked (``True`` is equal to ``1``, but no rank)."""
         try:
-            entry = self._plans.kinds.get((op, x.__class__, x.dtype, x.nbytes, peer, tag))
-        except (AttributeError, TypeError):  # not an array
+            entry = self._plans.find_message(op, x, peer, tag)
+        except (AttributeError, TypeError, ValueError):  # not an array; a peer or tag no key
             return None
         if entry is not None:
             if (
@@ -182,8 +182,11 @@ class PointToPoint(Steps):
             return None
         if not self._message_fits(peer, tag):
             return None
-        adapter = cached_adapter(x)
-        if adapter is None or adapter.dtype(x) not in self._native_dtypes:
+        try:  # (made here for the process's first array of its class: its first message plans)
+            adapter = adapter_for(x)
+        except InvalidArgumentError:
+            return None  # the pipeline explains
+        if adapter.dtype(x) not in self._native_dtypes:
             return None
         entry = self._plans.learn_message(op, x, peer, tag)
         return entry if entry[0] is not None else None

@@ -98,8 +98,8 @@ class Plans:
         #: op -> (class, dtype, byte size, root, the entry in :attr:`kinds`): the kind of the
         #: op's latest planned call, found without hashing a key (a numpy dtype's hash is
         #: computed on every call); under :data:`UNEVEN`, the uneven all-to-all's latest
-        #: (class, dtype, 0, None, entry). Emptied whenever :attr:`kinds` changes (the same
-        #: dict for the object's life, as :attr:`kinds`).
+        #: (class, dtype, 0, None, entry); a message's root is (peer, tag). Emptied whenever
+        #: :attr:`kinds` changes (the same dict for the object's life, as :attr:`kinds`).
         self.last: dict[str, tuple[Any, Any, int, Any, tuple[Any, int, Any, Any]]] = {}
         self._group = group  # the communicator's global ranks, for the recorder's kinds
         self._rank = rank  # its rank in them, for the check of a rooted call's list
@@ -173,6 +173,28 @@ class Plans:
         entry = self.kinds.get((UNEVEN, "all_to_all_single", cls, dtype))
         if entry is not None:
             self.last[UNEVEN] = (cls, dtype, 0, None, entry)
+        return entry
+
+    def find_message(
+        self, op: str, x: Any, peer: Any, tag: Any
+    ) -> tuple[Any, int, Any, Any] | None:
+        """The entry of message ``op`` of ``x``'s kind with ``peer`` and ``tag``, kept as the
+        op's latest (:attr:`last`, its root ``(peer, tag)``); None: a kind not taken before.
+        Raises AttributeError or TypeError for an ``x`` that is no array, a ``peer`` or ``tag``
+        that is no key."""
+        cls, dtype, nbytes, to = x.__class__, x.dtype, x.nbytes, (peer, tag)
+        last = self.last.get(op)
+        if (
+            last is not None
+            and last[0] is cls
+            and last[1] is dtype
+            and last[2] == nbytes
+            and last[3] == to
+        ):
+            return last[4]  # type: ignore[no-any-return]
+        entry = self.kinds.get((op, cls, dtype, nbytes, peer, tag))
+        if entry is not None:
+            self.last[op] = (cls, dtype, nbytes, to, entry)
         return entry
 
     def learn_message(
