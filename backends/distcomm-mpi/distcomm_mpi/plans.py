@@ -219,7 +219,9 @@ def _numpy_buffer(nbytes: int) -> Callable[[Any], Any]:
 
 def _numpy(x: Any) -> Any:
     """A numpy array for MPI, in C order (mpi4py would take a Fortran-ordered one too, in
-    memory order; one that is not contiguous it refuses with BufferError)."""
+    memory order; one that is not contiguous it refuses with BufferError). The plans pass an
+    array of one dimension as it is, without this call (``as_is``: a call's frame is a
+    measurable part of a small message's time)."""
     if x.ndim > 1 and not x.flags.c_contiguous:
         raise NotPlanned
     return x
@@ -241,10 +243,11 @@ def _tensor_buffer(mpi_type: Any) -> Callable[[int], Callable[[Any], Any]]:
 
 def _all_reduce(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     allreduce = comm._allreduce
+    as_is = of is _numpy
 
     def run(x: Any, y: Any) -> None:
         try:
-            allreduce(_IN_PLACE, of(x), _MPI_SUM)
+            allreduce(_IN_PLACE, x if as_is and x.ndim < 2 else of(x), _MPI_SUM)
         except BufferError:  # raised before anything is sent
             raise NotPlanned from None
 
@@ -253,10 +256,11 @@ def _all_reduce(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> An
 
 def _broadcast(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     bcast, root = comm._bcast, kind.root
+    as_is = of is _numpy
 
     def run(x: Any, y: Any) -> None:
         try:
-            bcast(of(x), root)
+            bcast(x if as_is and x.ndim < 2 else of(x), root)
         except BufferError:
             raise NotPlanned from None
 
@@ -265,14 +269,15 @@ def _broadcast(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any
 
 def _reduce(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     reduce, root = comm._reduce_call, kind.root
+    as_is = of is _numpy
     mine = comm.rank == root
 
     def run(x: Any, y: Any) -> None:
         try:
             if mine:
-                reduce(_IN_PLACE, of(x), _MPI_SUM, root)
+                reduce(_IN_PLACE, x if as_is and x.ndim < 2 else of(x), _MPI_SUM, root)
             else:
-                reduce(of(x), None, _MPI_SUM, root)
+                reduce(x if as_is and x.ndim < 2 else of(x), None, _MPI_SUM, root)
         except BufferError:
             raise NotPlanned from None
 
@@ -284,12 +289,13 @@ def _pair(
 ) -> Callable[[Any, Any], Any]:
     """The plan of ``call(send, recv)`` on two arrays that do not overlap (MPI forbids aliased
     buffers; the pipeline handles a call in place)."""
+    as_is = of is _numpy
 
     def run(x: Any, y: Any) -> None:
-        if _overlap(x, y):
-            raise NotPlanned
+        if (not as_is or x is y or x.base is not None or y.base is not None) and _overlap(x, y):
+            raise NotPlanned  # (two numpy arrays that own their memory never share it)
         try:
-            call(of(x), of_out(y))
+            call(x if as_is and x.ndim < 2 else of(x), y if as_is and y.ndim < 2 else of_out(y))
         except BufferError:
             raise NotPlanned from None
 
@@ -300,7 +306,7 @@ def _rooted(gather: bool) -> Any:
     """gather's or scatter's plan: off the root, the tensor alone; on it, :class:`_Root`."""
 
     def make(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
-        root = kind.root
+        root, as_is = kind.root, of is _numpy
         call = comm._gather_call if gather else comm._scatter_call
         if comm.rank == root:
             return _Root(comm, gather, root).run
@@ -308,7 +314,7 @@ def _rooted(gather: bool) -> Any:
 
             def send(x: Any, y: Any) -> None:
                 try:
-                    call(of(x), None, root)
+                    call(x if as_is and x.ndim < 2 else of(x), None, root)
                 except BufferError:
                     raise NotPlanned from None
 
@@ -316,7 +322,7 @@ def _rooted(gather: bool) -> Any:
 
         def receive(x: Any, y: Any) -> None:
             try:
-                call(None, of(x), root)
+                call(None, x if as_is and x.ndim < 2 else of(x), root)
             except BufferError:
                 raise NotPlanned from None
 
@@ -400,10 +406,11 @@ class _Root:
 
 def _send(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     send, dst, tag = comm._send, kind.root, kind.tag
+    as_is = of is _numpy
 
     def run(x: Any, y: Any) -> None:
         try:
-            send(of(x), dst, tag)
+            send(x if as_is and x.ndim < 2 else of(x), dst, tag)
         except BufferError:
             raise NotPlanned from None
 
@@ -412,11 +419,12 @@ def _send(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
 
 def _recv(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     recv, src, tag = comm._recv, kind.root, kind.tag
+    as_is = of is _numpy
     if src is not None:
 
         def run(x: Any, y: Any) -> None:
             try:
-                recv(of(x), src, tag)
+                recv(x if as_is and x.ndim < 2 else of(x), src, tag)
             except BufferError:
                 raise NotPlanned from None
 
@@ -425,7 +433,7 @@ def _recv(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     def run_any(x: Any, y: Any) -> int:
         status = MPI.Status()
         try:
-            recv(of(x), _ANY_SOURCE, tag, status)
+            recv(x if as_is and x.ndim < 2 else of(x), _ANY_SOURCE, tag, status)
         except BufferError:
             raise NotPlanned from None
         return int(status.Get_source())
