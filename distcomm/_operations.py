@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "OPERATIONS", "Operation", "by_name", "named"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "OPERATIONS", "Operation", "named"]
 
 #: all_reduce_coalesced's default size of a bucket: 25 MiB, as torch's DDP.
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -98,9 +98,6 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("new_subgroups", "split"),
     Operation("mesh", "split"),
 )
-
-#: Each operation by its name.
-by_name: dict[str, Operation] = {op.name: op for op in OPERATIONS}
 
 
 def named(**where: bool) -> tuple[str, ...]:

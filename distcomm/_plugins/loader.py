@@ -31,7 +31,6 @@ __all__ = [
     "PluginRegistry",
     "check_backend",
     "get_registry",
-    "reload_registry",
     "set_registry",
 ]
 
@@ -187,14 +186,6 @@ def get_registry() -> PluginRegistry:
     with _lock:
         if _registry is None:
             _registry = PluginRegistry.load()
-        return _registry
-
-
-def reload_registry() -> PluginRegistry:
-    """Forget the loaded plugins and load them again (after installing one at run time)."""
-    global _registry
-    with _lock:
-        _registry = PluginRegistry.load()
         return _registry
 
 

@@ -81,8 +81,9 @@ def test_by_default_every_mismatch_is_caught_before_it_runs() -> None:
     # between them, a call the ranks never agreed on is confirmed by a vote before it is issued
     assert set(sizes_at(65, None)) == {"mismatch"}
     assert set(sizes_at(64 + 1023, None)) == {"mismatch"}
-    assert mismatch_check.is_checked(64 + 2 * 1024, *mismatch_check.limits("sample"))
-    assert not mismatch_check.is_checked(64 + 1023, *mismatch_check.limits("sample"))
+    sample = mismatch_check.limits("sample")
+    assert mismatch_check.next_checked(64 + 2 * 1024, *sample) == 64 + 2 * 1024
+    assert mismatch_check.next_checked(64 + 1023, *sample) == 64 + 1024
 
 
 def test_check_catches_every_call_and_off_none() -> None:

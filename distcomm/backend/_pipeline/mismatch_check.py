@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
 
 __all__ = [
-    "POLICIES",
     "SAMPLED_FIRST",
     "SAMPLE_EVERY",
     "agree",
@@ -63,8 +62,6 @@ __all__ = [
     "vote_buffer",
 ]
 
-#: The values of ``DISTCOMM_DEBUG`` and ``init(debug=...)`` (unset: ``"sample"``).
-POLICIES = _settings.CHECK_POLICIES
 #: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
 SAMPLED_FIRST = 64
 SAMPLE_EVERY = 1024
@@ -74,7 +71,7 @@ def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
     """The check policy: ``value`` (from ``init(debug=...)``), else ``DISTCOMM_DEBUG``.
 
     Raises:
-        InvalidArgumentError: a value that is not one of :data:`POLICIES`.
+        InvalidArgumentError: a value that is not one of :data:`~distcomm._settings.CHECK_POLICIES`.
     """
     if value is None:
         return str(_settings.read("DISTCOMM_DEBUG", environ))
@@ -88,11 +85,6 @@ def limits(name: str) -> tuple[int, bool]:
     if name == "off":
         return 0, False
     return SAMPLED_FIRST, True
-
-
-def is_checked(seq: int, until: int, sampling: bool) -> bool:
-    """Whether collective ``seq`` is checked under ``limits``."""
-    return seq <= until or (sampling and not (seq - SAMPLED_FIRST) % SAMPLE_EVERY)
 
 
 def next_checked(seq: int, until: int, sampling: bool) -> int:

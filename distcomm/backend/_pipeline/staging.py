@@ -7,7 +7,6 @@ case: a contiguous CPU tensor of a native dtype) nothing is copied and there is 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +14,6 @@ from distcomm.backend.arrays import Adapter
 from distcomm.errors import InvalidArgumentError
 
 __all__ = ["BRIDGES", "Staged", "stage"]
-
-logger = logging.getLogger("distcomm")
 
 #: Wider dtypes used where an engine lacks one, in order of preference.
 BRIDGES: dict[str, tuple[str, ...]] = {
