@@ -27,32 +27,25 @@ from distcomm.protocol import P2POp, Work
 
 __all__ = ["PointToPoint"]
 
+#: What :meth:`PointToPoint._planned_message` returns when nothing moved.
+_NOT_RUN = object()
+
 
 class PointToPoint(Steps):
     """send, recv, isend, irecv (module docstring)."""
 
     def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``dst`` (a rank of this communicator)."""
-        entry = self._message_plan("send", tensor, dst, tag)
-        if entry is not None:
-            try:
-                self._message(entry, tensor)
-                return
-            except NotPlanned:
-                pass  # nothing was sent: the pipeline takes it
-        self.isend(tensor, dst, tag).wait()
+        if self._planned_message("send", tensor, dst, tag) is _NOT_RUN:
+            self.isend(tensor, dst, tag).wait()
 
     def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from ``src`` (None: any rank); return the sender's rank."""
-        entry = self._message_plan("recv", tensor, src, tag)
-        if entry is not None:
-            try:
-                source = self._message(entry, tensor)
-                rank = src if source is None else source  # any rank: the plan says
-                assert rank is not None, "a plan of a receive from any rank names the sender"
-                return int(rank)
-            except NotPlanned:
-                pass  # nothing was received: the pipeline takes it
+        source = self._planned_message("recv", tensor, src, tag)
+        if source is not _NOT_RUN:
+            rank = src if source is None else source  # any rank: the plan says
+            assert rank is not None, "a plan of a receive from any rank names the sender"
+            return int(rank)
         work = self.irecv(tensor, src, tag)
         work.wait()
         source = getattr(work, "source", None)
@@ -159,27 +152,59 @@ class PointToPoint(Steps):
         self._check_p2p(op)
         self._check_tag_matched(op, tag)
 
-    def _message_plan(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
-        """The kind's entry of blocking message ``op`` of ``x`` to or from ``peer`` (a rank;
-        None: any, for a receive) with ``tag`` (:meth:`Plans.learn_message
-        <distcomm.backend._pipeline.plans.Plans.learn_message>`: the engine's plan and the
-        message's label) when the engine has a plan for it and the pipeline would take the
-        arguments as they are (it explains anything else) on a usable communicator; else None.
-        A kind is remembered only for arguments that fit: a known one needs only its classes
-        checked (``True`` is equal to ``1``, but no rank)."""
+    def _planned_message(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
+        """Run blocking message ``op`` of ``x`` to or from ``peer`` (a rank; None: any, for a
+        receive) with ``tag`` through the engine's plan for its kind, under a "blocked in" mark
+        of its own (the kind's label), as a waited-for Work's; an engine's exception becomes
+        EngineError. Returns what the plan returned (a receive from any rank: the sender), or
+        :data:`_NOT_RUN`: nothing moved (no plan, arguments the pipeline must explain, or the
+        plan declined), and the pipeline takes the message. A kind is remembered only for
+        arguments that fit: a known one needs only its classes checked (``True`` is equal to
+        ``1``, but no rank)."""
+        last = self._last_kind.get(op)
         try:
-            entry = self._plans.find_message(op, x, peer, tag)
-        except (AttributeError, TypeError, ValueError):  # not an array; a peer or tag no key
-            return None
-        if entry is not None:
             if (
-                self.unusable is None
-                and tag.__class__ is int
-                and (peer is None or peer.__class__ is int)
-                and entry[0] is not None
+                last is not None
+                and last[0] is x.__class__
+                and last[1] is x.dtype
+                and last[2] == x.nbytes
+                and last[3] == (peer, tag)
             ):
-                return entry
-            return None
+                entry = last[4]
+            else:
+                entry = self._message_kind(op, x, peer, tag)
+        except (AttributeError, TypeError, ValueError):  # not an array; a peer or tag no key
+            return _NOT_RUN
+        if (
+            entry is None
+            or entry[0] is None
+            or self.unusable is not None
+            or tag.__class__ is not int
+            or (peer is not None and peer.__class__ is not int)
+        ):
+            return _NOT_RUN
+        label = entry[3]
+        self.blocked_op, self.blocked_seq = label, -next(self.p2p_marks)
+        try:
+            return entry[0](x, None)
+        except NotPlanned:
+            return _NOT_RUN
+        except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists
+            raise
+        except self.engine_errors as exc:
+            raise self.engine_failed(label, None, exc) from exc
+        finally:
+            self.blocked_seq, self.blocked_op = 0, ""
+
+    def _message_kind(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
+        """The entry of a message's kind not the op's latest (:meth:`Plans.find_message
+        <distcomm.backend._pipeline.plans.Plans.find_message>`), learnt (the engine asked for
+        its plan: :meth:`Plans.learn_message
+        <distcomm.backend._pipeline.plans.Plans.learn_message>`) where the pipeline would take
+        the arguments as they are; None where it would not (it explains them)."""
+        entry = self._plans.find_message(op, x, peer, tag)
+        if entry is not None:
+            return entry
         if not self._message_fits(peer, tag):
             return None
         try:  # (made here for the process's first array of its class: its first message plans)
@@ -188,8 +213,7 @@ class PointToPoint(Steps):
             return None  # the pipeline explains
         if adapter.dtype(x) not in self._native_dtypes:
             return None
-        entry = self._plans.learn_message(op, x, peer, tag)
-        return entry if entry[0] is not None else None
+        return self._plans.learn_message(op, x, peer, tag)
 
     def _message_fits(self, peer: Any, tag: Any) -> bool:
         """Whether a message to or from ``peer`` with ``tag`` has arguments the pipeline takes
@@ -204,23 +228,6 @@ class PointToPoint(Steps):
             and 0 <= tag < INTERNAL_TAG
             and (tag == 0 or self.capabilities.p2p_tags)
         )
-
-    def _message(self, entry: Any, tensor: Any) -> Any:
-        """The plan of ``entry`` (:meth:`_message_plan`) on ``tensor``, blocking under a
-        "blocked in" mark of its own (the entry's label), as a waited-for Work's; an engine's
-        exception becomes EngineError (NotPlanned passes: nothing moved)."""
-        label = entry[3]
-        self.blocked_op, self.blocked_seq = label, -next(self.p2p_marks)
-        try:
-            return entry[0](tensor, None)
-        except NotPlanned:
-            raise
-        except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists
-            raise
-        except self.engine_errors as exc:
-            raise self.engine_failed(label, None, exc) from exc
-        finally:
-            self.blocked_seq, self.blocked_op = 0, ""
 
     def _start(self, primitive: Any, op: str, *args: Any) -> Work:
         """Start a message; an engine exception becomes EngineError."""

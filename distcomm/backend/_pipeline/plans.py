@@ -179,22 +179,13 @@ class Plans:
         self, op: str, x: Any, peer: Any, tag: Any
     ) -> tuple[Any, int, Any, Any] | None:
         """The entry of message ``op`` of ``x``'s kind with ``peer`` and ``tag``, kept as the
-        op's latest (:attr:`last`, its root ``(peer, tag)``); None: a kind not taken before.
-        Raises AttributeError or TypeError for an ``x`` that is no array, a ``peer`` or ``tag``
-        that is no key."""
-        cls, dtype, nbytes, to = x.__class__, x.dtype, x.nbytes, (peer, tag)
-        last = self.last.get(op)
-        if (
-            last is not None
-            and last[0] is cls
-            and last[1] is dtype
-            and last[2] == nbytes
-            and last[3] == to
-        ):
-            return last[4]  # type: ignore[no-any-return]
+        op's latest (:attr:`last`, its root ``(peer, tag)``, which the caller compares first);
+        None: a kind not taken before. Raises TypeError for a ``peer`` or ``tag`` that is no
+        key."""
+        cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
         entry = self.kinds.get((op, cls, dtype, nbytes, peer, tag))
         if entry is not None:
-            self.last[op] = (cls, dtype, nbytes, to, entry)
+            self.last[op] = (cls, dtype, nbytes, (peer, tag), entry)
         return entry
 
     def learn_message(

@@ -234,7 +234,7 @@ def outputs_over_their_inputs() -> None:
     kind on arrays of their own, so that an engine's plan for the kind is reached (it must
     leave such a call to the pipeline, which hands the engine a copy of the input)."""
     rank, world = distcomm.get_rank(), distcomm.get_world_size()
-    for lib, dtype in cases(lambda d: d in ("float32", "int64")):
+    for lib, dtype in cases(lambda d: d == "float32"):  # (aliasing is no matter of dtype)
         for step in range(3):
             if step == 0:
                 _over_inputs(lib, dtype, rank, world, step)
