@@ -67,6 +67,11 @@ class Adapter:
     def numel(self, x: Any) -> int:
         raise NotImplementedError
 
+    def is_writable(self, x: Any) -> bool:
+        """Whether ``x``'s memory may be written (a numpy array's ``flags.writeable``: False for
+        a read-only memory map, ``np.frombuffer`` of bytes, a broadcast view)."""
+        return True
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         """Whether ``a`` and ``b`` may share memory (False only where they surely do not): an
         engine reading one while it writes the other must get a copy (MPI refuses aliased
@@ -257,6 +262,9 @@ class NumpyAdapter(Adapter):
     def numel(self, x: Any) -> int:
         return int(x.size)
 
+    def is_writable(self, x: Any) -> bool:
+        return bool(x.flags.writeable)
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         if a is b:
             return True
@@ -325,6 +333,9 @@ class BytesAdapter(Adapter):
     def is_contiguous(self, x: Any) -> bool:
         return isinstance(x, bytearray) or memoryview(x).c_contiguous
 
+    def is_writable(self, x: Any) -> bool:
+        return not memoryview(x).readonly
+
     def numel(self, x: Any) -> int:
         return memoryview(x).nbytes
 
@@ -360,7 +371,9 @@ def _span(t: Any) -> tuple[int, int]:
 
 def as_torch(x: Any) -> Any:
     """``x`` as a torch tensor sharing its memory (numpy arrays, byte buffers, tensors), for
-    engines that take torch tensors only. Imports torch (call it where torch is in use)."""
+    engines that take torch tensors only; a read-only numpy array as a copy (torch has no
+    read-only tensors; the kit refuses read-only arrays it would write into, so such an array
+    is an input). Imports torch (call it where torch is in use)."""
     import torch
 
     if isinstance(x, torch.Tensor):
@@ -370,7 +383,7 @@ def as_torch(x: Any) -> Any:
         if not view.nbytes:
             return torch.empty(0, dtype=torch.uint8)
         return torch.frombuffer(view, dtype=torch.uint8)
-    return torch.from_numpy(x)
+    return torch.from_numpy(x if x.flags.writeable else x.copy())
 
 
 def _as_bytes_view(src: Any) -> Any:

@@ -153,7 +153,8 @@ def _converter(engine: TorchEngine, x: Any, dtypes: frozenset[torch.dtype]) -> O
         return None
 
     def array(a: Any) -> torch.Tensor:
-        if not a.flags.c_contiguous:
+        flags = a.flags  # (read-only memory: the pipeline refuses an output in it)
+        if not flags.c_contiguous or not flags.writeable:
             raise NotPlanned
         try:
             return _from_numpy(a)

@@ -13,11 +13,22 @@ from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.engine import INTERNAL_TAG
 from distcomm.errors import InvalidArgumentError
 
-__all__ = ["ArgumentChecks"]
+__all__ = ["ArgumentChecks", "read_only"]
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_only(what: str) -> InvalidArgumentError:
+    """The error of an array the call would write its result into that may not be written
+    (before, a torch engine wrote through it: a read-only memory map ended the process with
+    SIGSEGV; mpi4py refused it with a BufferError of its own)."""
+    return InvalidArgumentError(
+        f"{what} is read-only (flags.writeable is False: a read-only memory map, np.frombuffer "
+        "of bytes, a broadcast view), but the call writes its result into it. HINT: pass a "
+        "writable array, such as a copy (x.copy())."
+    )
 
 
 class ArgumentChecks:
@@ -63,8 +74,19 @@ class ArgumentChecks:
             )
         return members
 
+    def _check_written(self, adapter: Adapter, x: Any, what: str) -> None:
+        """Refuse ``x``, which the call writes its result into, where it may not be written."""
+        if not adapter.is_writable(x):
+            raise read_only(what)
+
     def _check_pair(
-        self, x: Any, what: str, adapter: Adapter, dtype: str, numel: int | None
+        self,
+        x: Any,
+        what: str,
+        adapter: Adapter,
+        dtype: str,
+        numel: int | None,
+        written: bool = False,
     ) -> None:
         if adapter_for(x, what).kind != adapter.kind:
             raise InvalidArgumentError(
@@ -78,9 +100,17 @@ class ArgumentChecks:
             )
         if numel is not None and adapter.numel(x) != numel:
             raise self._size_error(what, adapter.numel(x), "", numel)
+        if written:
+            self._check_written(adapter, x, what)
 
     def _check_list(
-        self, parts: Any, what: str, adapter: Adapter, dtype: str, numel: int | None
+        self,
+        parts: Any,
+        what: str,
+        adapter: Adapter,
+        dtype: str,
+        numel: int | None,
+        written: bool = False,
     ) -> None:
         if not isinstance(parts, (list, tuple)) or len(parts) != self._world_size:
             got = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
@@ -90,7 +120,7 @@ class ArgumentChecks:
                 "HINT: [torch.empty_like(t) for _ in range(world_size)]."
             )
         for i, part in enumerate(parts):
-            self._check_pair(part, f"{what}[{i}]", adapter, dtype, numel)
+            self._check_pair(part, f"{what}[{i}]", adapter, dtype, numel, written)
 
     def _check_root_list(
         self,
@@ -101,6 +131,7 @@ class ArgumentChecks:
         adapter: Adapter,
         dtype: str,
         numel: int,
+        written: bool = False,
     ) -> None:
         if self._rank == root:
             if parts is None:
@@ -109,7 +140,7 @@ class ArgumentChecks:
                     f"{self._world_size} tensors like the input on the rank where rank == "
                     f"{root_name}, None elsewhere."
                 )
-            self._check_list(parts, what, adapter, dtype, numel)
+            self._check_list(parts, what, adapter, dtype, numel, written)
         elif parts is not None:
             raise InvalidArgumentError(
                 f"{what} must be None on rank {self._rank}: only {root_name}={root} passes it, "

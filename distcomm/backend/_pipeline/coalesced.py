@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from distcomm._operations import DEFAULT_BUCKET_BYTES
+from distcomm.backend._pipeline.arguments import read_only
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import InvalidArgumentError
@@ -194,6 +195,8 @@ def _groups(tensors: Sequence[Any]) -> _Groups:
     tensor_type = None if torch is None else torch.Tensor
     for index, tensor in enumerate(tensors):
         if tensor.__class__ is ndarray:  # the common cases without the adapter: a few attributes
+            if not tensor.flags.writeable:
+                raise read_only(f"tensors[{index}]")
             key: Any = ("numpy", tensor.dtype.str)
             numel = tensor.size
         elif tensor_type is not None and isinstance(tensor, tensor_type):
@@ -201,6 +204,8 @@ def _groups(tensors: Sequence[Any]) -> _Groups:
             numel = tensor.numel()
         else:
             adapter = adapter_for(tensor, f"tensors[{index}]")
+            if not adapter.is_writable(tensor):
+                raise read_only(f"tensors[{index}]")
             key = (adapter.kind, adapter.dtype(tensor), adapter.device(tensor))
             numel = adapter.numel(tensor)
         group = groups.get(key)

@@ -42,7 +42,7 @@ class ListForms(Steps):
         first = input_list[0]
         adapter, dtype = self._begin(first, "input_list[0]")
         self._check_list(input_list, "input_list", adapter, dtype, None)
-        self._check_list(output_list, "output_list", adapter, dtype, None)
+        self._check_list(output_list, "output_list", adapter, dtype, None, written=True)
         sent = [adapter.numel(t) for t in input_list]
         expected = [adapter.numel(t) for t in output_list]
         joined_in = adapter.empty(first, sum(sent))
@@ -74,7 +74,7 @@ class ListForms(Steps):
         """Reduce ``input_list[r]`` across ranks into rank r's ``output``. The entries may
         differ in size (torchcomms' ``reduce_scatter_v``): every rank passes the same sizes,
         and ``output`` has this rank's entry's."""
-        adapter, dtype = self._begin(output, "output")
+        adapter, dtype = self._begin(output, "output", written=True)
         self._check_list(input_list, "input_list", adapter, dtype, None)
         sizes = [adapter.numel(t) for t in input_list]
         rank, numel = self._rank, adapter.numel(output)

@@ -31,6 +31,8 @@ class Movement(Steps):
         """broadcast past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._begin(tensor, "tensor")
         self._check_rank(src, "src")
+        if self._rank != src:
+            self._check_written(adapter, tensor, "tensor")
         self._count("broadcast", tensor, adapter, src)
         if self._solo:
             return DONE if async_op else None
@@ -48,7 +50,8 @@ class Movement(Steps):
     ) -> Work | None:
         """Gather every rank's ``tensor`` into ``tensor_list`` (one per rank) on every rank."""
         adapter, dtype = self._begin(tensor, "tensor")
-        self._check_list(tensor_list, "tensor_list", adapter, dtype, adapter.numel(tensor))
+        numel = adapter.numel(tensor)
+        self._check_list(tensor_list, "tensor_list", adapter, dtype, numel, written=True)
         self._count("all_gather", tensor, adapter)
         if self._solo:
             adapter.copy_(tensor_list[0], tensor)
@@ -75,7 +78,7 @@ class Movement(Steps):
         """all_gather_into_tensor past its plan (every call is numbered; the hooks see it)."""
         adapter, dtype = self._begin(input_tensor, "input_tensor")
         expected = adapter.numel(input_tensor) * self._world_size
-        self._check_pair(output_tensor, "output_tensor", adapter, dtype, expected)
+        self._check_pair(output_tensor, "output_tensor", adapter, dtype, expected, written=True)
         self._count("all_gather_into_tensor", input_tensor, adapter)
         if self._solo:
             adapter.copy_(output_tensor, input_tensor)
@@ -171,7 +174,7 @@ class Movement(Steps):
         numel = adapter.numel(input)
         if numel % self._world_size:
             raise self._size_error("input", numel, "a multiple of world_size", self._world_size)
-        self._check_pair(output, "output", adapter, dtype, numel)
+        self._check_pair(output, "output", adapter, dtype, numel, written=True)
         self._count("all_to_all_single", input, adapter)
         if self._solo:
             adapter.copy_(output, input)
@@ -191,7 +194,7 @@ class Movement(Steps):
     ) -> Work | None:
         """The uneven all-to-all (:mod:`~distcomm.backend._pipeline.routing`)."""
         adapter, dtype = self._begin(input, "input")
-        self._check_pair(output, "output", adapter, dtype, None)
+        self._check_pair(output, "output", adapter, dtype, None, written=True)
         world = self._world_size
         rows_in, row = routing.rows_of(tuple(input.shape), "input")
         rows_out, row_out = routing.rows_of(tuple(output.shape), "output")

@@ -64,7 +64,7 @@ class PointToPoint(Steps):
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's ``source`` is the sender once complete."""
-        adapter, dtype = self._begin(tensor, "tensor")
+        adapter, dtype = self._begin(tensor, "tensor", written=True)
         if src is not None:
             self._check_rank(src, "src")
         elif not self.capabilities.any_source:
@@ -141,7 +141,7 @@ class PointToPoint(Steps):
                 f"batch_isend_irecv: op {index} is on {op.group!r}, not on {self.describe()}: "
                 "one batch is on one communicator. HINT: one batch_isend_irecv per group."
             )
-        self._begin(op.tensor, f"op {index}'s tensor")
+        self._begin(op.tensor, f"op {index}'s tensor", written=kind == "irecv")
         self._check_rank(op.peer, f"op {index}'s peer")
         self._check_tag(op.tag)
         self._check_tag_matched(f"op {index} ({kind})", op.tag)

@@ -60,7 +60,7 @@ class Reductions(Steps):
         adapter = cached_adapter(tensor)
         if adapter is None and isinstance(tensor, (int, float)):
             return self._all_reduce_number(tensor, op)
-        adapter, dtype = self._begin(tensor, "tensor", adapter)
+        adapter, dtype = self._begin(tensor, "tensor", adapter, written=True)
         if op in _TYPED_OPS:
             check_op_dtype(op, dtype)
         self._count("all_reduce", tensor, adapter, None, op)
@@ -96,6 +96,8 @@ class Reductions(Steps):
         adapter, dtype = self._begin(tensor, "tensor")
         check_op_dtype(op, dtype)
         self._check_rank(dst, "dst")
+        if self._rank == dst:
+            self._check_written(adapter, tensor, "tensor")
         self._count("reduce", tensor, adapter, dst, op)
         if self._solo:
             return DONE if async_op else None
@@ -129,7 +131,7 @@ class Reductions(Steps):
         op = op if op.__class__ is ReduceOp else ReduceOp.coerce(op)
         adapter, dtype = self._begin(input, "input")
         check_op_dtype(op, dtype)
-        self._check_pair(output, "output", adapter, dtype, None)
+        self._check_pair(output, "output", adapter, dtype, None, written=True)
         if adapter.numel(input) != adapter.numel(output) * self._world_size:
             raise self._size_error(
                 "input",

@@ -96,10 +96,13 @@ class Rooted(Steps):
         root_name: str,
     ) -> tuple[Adapter, str]:
         """Validate a rooted call (the root, and its list: given on the root only, one tensor
-        like ``tensor`` per rank) and count it."""
-        adapter, dtype = self._begin(tensor, "tensor")
+        like ``tensor`` per rank; a gather writes the list, a scatter the tensor) and count it."""
+        gathering = op == "gather"
+        adapter, dtype = self._begin(tensor, "tensor", written=not gathering)
         self._check_rank(root, root_name)
         numel = adapter.numel(tensor)
-        self._check_root_list(parts, parts_name, root, root_name, adapter, dtype, numel)
+        self._check_root_list(
+            parts, parts_name, root, root_name, adapter, dtype, numel, written=gathering
+        )
         self._count(op, tensor, adapter, root)
         return adapter, dtype

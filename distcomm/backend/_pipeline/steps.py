@@ -269,12 +269,19 @@ class Steps(ArgumentChecks, Failures, Defaults):
                 "HINT: create a new one with distcomm.init() after distcomm.finalize()."
             )
 
-    def _begin(self, x: Any, what: str, adapter: Adapter | None = None) -> tuple[Adapter, str]:
+    def _begin(
+        self, x: Any, what: str, adapter: Adapter | None = None, written: bool = False
+    ) -> tuple[Adapter, str]:
+        """The usable communicator's adapter and dtype of ``x`` (an array the call writes its
+        result into where ``written``: refused where it may not be written)."""
         if self.unusable is not None:
             self._check_usable()
         if adapter is None:
             adapter = adapter_for(x, what)
-        return adapter, adapter.dtype(x)
+        dtype = adapter.dtype(x)
+        if written:
+            self._check_written(adapter, x, what)
+        return adapter, dtype
 
     def _count(
         self,

@@ -15,6 +15,7 @@ from distcomm.protocol import Communicator
 from distcomm.testing.conformance.registry import check
 from distcomm.testing.conformance.support import (
     cases,
+    check_policy,
     comm,
     empty,
     expect,
@@ -167,6 +168,77 @@ def mismatched_outputs() -> None:
             empty(libs[0], "float32", (world,)),
             make(libs[1], "float32", [1.0]),
         )
+
+
+@check
+def read_only_outputs() -> None:
+    """A numpy array the call writes its result into that is read-only (``flags.writeable``
+    False: a read-only memory map, ``np.frombuffer`` of bytes) is refused with
+    InvalidArgumentError naming it, before anything is sent: on every rank where every rank's
+    is written (all_reduce, the outputs, scatter's tensor, a recv's buffer). A read-only array
+    the call only reads is taken (broadcast's at src, inputs, reduce's off dst, gather's
+    tensor, scatter's list). Twice, with the check off, after calls of each kind on writable
+    arrays: an engine's plan for the kind is reached and must leave the call to the pipeline."""
+    if "numpy" not in libraries():
+        return
+    import numpy as np
+
+    rank, world = distcomm.get_rank(), distcomm.get_world_size()
+    n = 2 * world
+
+    def ro(values: list[float]) -> Any:
+        a = np.array(values, np.float32)
+        a.flags.writeable = False
+        return a
+
+    def rw(size: int) -> Any:
+        return np.zeros(size, np.float32)
+
+    mine = [float(rank + 1)] * n
+    everyone = [float(r + 1) for r in range(world) for _ in range(n)]
+    refused: dict[str, Callable[[Any], Any]] = {
+        "all_reduce": lambda out: distcomm.all_reduce(out),
+        "all_gather_into_tensor": lambda out: distcomm.all_gather_into_tensor(out, rw(n)),
+        "reduce_scatter_tensor": lambda out: distcomm.reduce_scatter_tensor(out, rw(n * world)),
+        "all_to_all_single": lambda out: distcomm.all_to_all_single(out, rw(n)),
+        "scatter": lambda out: distcomm.scatter(out, [rw(n)] * world if rank == 0 else None),
+        "all_gather": lambda out: distcomm.all_gather([out] * world, rw(n)),
+    }
+    sizes = {"all_gather_into_tensor": n * world}
+    if world > 1 and comm().capabilities.p2p:
+        refused["recv"] = lambda out: distcomm.recv(out, (rank + 1) % world)
+    with check_policy("off"):
+        for step in range(2):
+            for name, call in refused.items():
+                size = sizes.get(name, n)
+                if name != "recv":
+                    call(rw(size))  # the kind known: its plan (if any) is reached next
+                exc = raises(InvalidArgumentError, call, ro([0.0] * size))
+                expect(
+                    "read-only" in str(exc) and "HINT:" in str(exc),
+                    f"{name} into a read-only array (round {step}): {exc}",
+                )
+            for src in range(world):
+                t = ro(mine) if rank == src else rw(n)
+                distcomm.broadcast(t, src=src)
+                expect(
+                    values_of(t) == [float(src + 1)] * n,
+                    f"broadcast from a read-only array at src={src}: {values_of(t)}",
+                )
+            out = rw(n * world)
+            distcomm.all_gather_into_tensor(out, ro(mine))
+            expect(values_of(out) == everyone, f"all_gather of a read-only input: {values_of(out)}")
+            t = rw(n) if rank == 0 else ro(mine)
+            distcomm.reduce(t, dst=0)
+            if rank == 0:
+                want = [float(sum(range(2, world + 1)))] * n
+                expect(values_of(t) == want, f"reduce of read-only inputs: {values_of(t)}")
+            parts = [rw(n) for _ in range(world)] if rank == 0 else None
+            distcomm.gather(ro(mine), parts, dst=0)
+            if parts is not None:
+                got = [v for p in parts for v in values_of(p)]
+                expect(got == everyone, f"gather of read-only inputs: {got}")
+    expect(distcomm.all_reduce(1) == world, "the ranks are out of step after refused calls")
 
 
 @check
