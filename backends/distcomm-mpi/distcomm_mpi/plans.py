@@ -388,8 +388,11 @@ class _Root:
         return (own, whole, root) if self.gather else (whole, own, root)
 
     def _through_scratch(self, tensor: Any, parts: Any) -> None:
-        if tensor.__class__ is not _ndarray and not all(p.is_cpu for p in parts):
-            raise NotPlanned  # the pipeline copies across devices
+        if tensor.__class__ is not _ndarray:
+            if not all(p.is_cpu for p in parts):
+                raise NotPlanned  # the pipeline copies across devices
+        elif self.gather and not all(p.flags.writeable for p in parts):
+            raise NotPlanned  # a read-only part: the pipeline refuses it, before anything moves
         mpi_type = _mpi_type(tensor)
         address = _address(tensor, not self.gather)
         if mpi_type is None or address is None:

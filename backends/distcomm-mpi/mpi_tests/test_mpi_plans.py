@@ -607,6 +607,42 @@ def test_an_in_place_gather_goes_through_the_pipeline_and_is_right(group: Any, l
     assert counted.taken["all_gather_into_tensor"] == if_planned(group, 3), counted.taken
 
 
+@pytest.mark.parametrize("how", ["chunks", "separate"])
+def test_a_read_only_gather_list_is_refused_on_the_root_before_anything_moves(
+    group: Any, how: str
+) -> None:
+    """After gathers of the kind (the plan open), the root's read-only list (chunks of one
+    read-only buffer, or read-only arrays of their own) reaches the plan, which leaves it to the
+    pipeline: InvalidArgumentError naming the list, nothing sent (the other ranks call
+    nothing), ``seq`` unchanged; the next gather is right on every rank."""
+    n, r = group.world_size, group.rank
+    counted = Counted(group)
+    for step in range(3):
+        parts = [np.zeros(K, np.float32) for _ in range(n)] if r == 0 else None
+        group.gather(values("float32", r, step), parts, 0)
+    seq, reached = group.seq, counted.calls["gather"]
+    refused = ""
+    if r == 0:
+        full = np.zeros(K * n, np.float32)
+        ro = np.split(full, n) if how == "chunks" else [np.zeros(K, np.float32) for _ in range(n)]
+        for p in (full, *ro):
+            p.flags.writeable = False
+        try:
+            group.gather(values("float32", 0, 9), ro, 0)
+        except InvalidArgumentError as exc:
+            refused = str(exc)
+    after = (group.seq, counted.calls["gather"] - reached)
+    parts = [np.zeros(K, np.float32) for _ in range(n)] if r == 0 else None
+    group.gather(values("float32", r, 5), parts, 0)
+    right = parts is None or all(
+        np.array_equal(p, values("float32", s, 5)) for s, p in enumerate(parts)
+    )
+    if r == 0:
+        assert "gather_list[0] is read-only" in refused and "HINT" in refused, refused
+        assert after == (seq, if_planned(group, 1)), f"seq, plans reached: {after}"
+    assert right, f"rank {r}: the gather after the refused one: {parts}"
+
+
 @pytest.mark.parametrize("how", ["chunks", "separate", "strided"])
 @pytest.mark.parametrize("root", ["first", "last"])
 def test_gather_and_scatter_take_the_plan_for_every_list_and_root(
