@@ -75,7 +75,8 @@ class Adapter:
     def shares_memory(self, a: Any, b: Any) -> bool:
         """Whether ``a`` and ``b`` may share memory (False only where they surely do not): an
         engine reading one while it writes the other must get a copy (MPI refuses aliased
-        buffers; Gloo's all-to-all would race with itself)."""
+        buffers; Gloo's all-to-all would race with itself). This default knows identity only:
+        an adapter of a library with views (numpy's, torch's) compares their memory."""
         return a is b
 
     def empty(

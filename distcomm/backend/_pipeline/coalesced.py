@@ -172,8 +172,8 @@ def _one_group(tensors: Sequence[Any]) -> _Groups | None:
     classes = {t.__class__ for t in tensors}  # (sets of one attribute: tuples cost twice)
     if numpy is not None and classes == {numpy.ndarray}:
         dtypes = {t.dtype for t in tensors}
-        if len(dtypes) != 1:
-            return None
+        if len(dtypes) != 1 or not all(t.flags.writeable for t in tensors):
+            return None  # (_groups names a read-only one)
         dtype = dtypes.pop()
         return {("numpy", dtype.str): (dtype.itemsize, list(tensors), [t.size for t in tensors])}
     if torch is None or not all(issubclass(c, torch.Tensor) for c in classes):

@@ -41,6 +41,8 @@ class Movement(Steps):
             work = self._call(self._broadcast, async_op, tensor, src)
             return self._complete(work, async_op, tensor)
         staged = self._stage(adapter, tensor, dtype)
+        if self._rank == src:
+            staged.copied = False  # the source is read, never written (it may be read-only)
         work = self._call(self._broadcast, async_op, staged.engine, src)
         return self._finish(work, async_op, staged)
 

@@ -76,9 +76,10 @@ _REMEMBERED = 256
 class Plans:
     """The kinds of call a communicator took through its pipeline: each kind's plan (None: the
     engine has none) and fingerprint in the mismatch check's history. Its communicator reads
-    :attr:`last` on every planned call, and :attr:`kinds` for messages, object collectives and
-    uneven all-to-alls (the same dicts for the object's life: they are cleared, never
-    replaced); only this object writes them (:meth:`find` keeps an op's latest kind)."""
+    :attr:`last` on every planned call and blocking message, and :attr:`kinds` for object
+    collectives (the same dicts for the object's life: they are cleared, never replaced);
+    only this object writes them (:meth:`find`, :meth:`find_uneven` and :meth:`find_message`
+    keep an op's latest kind)."""
 
     __slots__ = ("_barrier", "_engine_plan", "_group", "_rank", "_warned", "kinds", "last")
 

@@ -104,8 +104,9 @@ class Reductions(Steps):
         staged, engine_op, divide = self._stage_reduction(adapter, tensor, dtype, op)
         if engine_op in self._native_ops:
             work = self._call(self._reduce, async_op, staged.engine, dst, engine_op)
-        else:
-            self._reduce_by_gathering(staged.engine, engine_op)
+        else:  # off dst on a copy: the tensor there is read, never written (it may be read-only)
+            mine = staged.engine if self._rank == dst else adapter.clone(staged.engine)
+            self._reduce_by_gathering(mine, engine_op)
             work = None
         if self._rank != dst:
             staged.copied, divide = False, None

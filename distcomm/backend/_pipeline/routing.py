@@ -145,6 +145,7 @@ def row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any)
         not adapter.is_plain(input, devices, bound)
         or not adapter.is_plain(output, devices, bound)
         or adapter.shares_memory(input, output)  # the pipeline copies the input
+        or not adapter.is_writable(output)  # the pipeline refuses it
     ):
         return -1
     shape, rows_out = input.shape, output.shape

@@ -6,6 +6,7 @@ anything is sent, so every check here may call with bad arguments on some ranks 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -175,10 +176,12 @@ def read_only_outputs() -> None:
     """A numpy array the call writes its result into that is read-only (``flags.writeable``
     False: a read-only memory map, ``np.frombuffer`` of bytes) is refused with
     InvalidArgumentError naming it, before anything is sent: on every rank where every rank's
-    is written (all_reduce, the outputs, scatter's tensor, a recv's buffer). A read-only array
-    the call only reads is taken (broadcast's at src, inputs, reduce's off dst, gather's
-    tensor, scatter's list). Twice, with the check off, after calls of each kind on writable
-    arrays: an engine's plan for the kind is reached and must leave the call to the pipeline."""
+    is written (all_reduce, all_reduce_coalesced, the outputs, the uneven all-to-all's,
+    scatter's tensor, a recv's buffer). A read-only array the call only reads is taken
+    (broadcast's at src, also one the pipeline stages; inputs; reduce's off dst, also with an
+    op an engine emulates; gather's tensor; scatter's list). Twice, with the check off, after
+    calls of each kind on writable arrays: an engine's plan for the kind (or the uneven
+    all-to-all's shortcut) is reached and must leave the call to the pipeline."""
     if "numpy" not in libraries():
         return
     import numpy as np
@@ -196,8 +199,13 @@ def read_only_outputs() -> None:
 
     mine = [float(rank + 1)] * n
     everyone = [float(r + 1) for r in range(world) for _ in range(n)]
+    splits = [1] * world  # the uneven all-to-all's rows, the same on every rank
     refused: dict[str, Callable[[Any], Any]] = {
         "all_reduce": lambda out: distcomm.all_reduce(out),
+        "all_reduce_coalesced": lambda out: distcomm.all_reduce_coalesced([rw(n), out]),
+        "uneven all_to_all_single": lambda out: distcomm.all_to_all_single(
+            out.reshape(world, 2), rw(n).reshape(world, 2), splits, splits
+        ),
         "all_gather_into_tensor": lambda out: distcomm.all_gather_into_tensor(out, rw(n)),
         "reduce_scatter_tensor": lambda out: distcomm.reduce_scatter_tensor(out, rw(n * world)),
         "all_to_all_single": lambda out: distcomm.all_to_all_single(out, rw(n)),
@@ -218,6 +226,12 @@ def read_only_outputs() -> None:
                     "read-only" in str(exc) and "HINT:" in str(exc),
                     f"{name} into a read-only array (round {step}): {exc}",
                 )
+            # a read-only source the pipeline stages (not contiguous: a copy is moved)
+            strided = np.array(mine * 2, np.float32)[::2]
+            strided.flags.writeable = False
+            t = strided if rank == 0 else rw(n)
+            distcomm.broadcast(t, src=0)
+            expect(values_of(t) == [1.0] * n, f"broadcast of a strided read-only source: {t}")
             for src in range(world):
                 t = ro(mine) if rank == src else rw(n)
                 distcomm.broadcast(t, src=src)
@@ -233,6 +247,11 @@ def read_only_outputs() -> None:
             if rank == 0:
                 want = [float(sum(range(2, world + 1)))] * n
                 expect(values_of(t) == want, f"reduce of read-only inputs: {values_of(t)}")
+            t = np.ones(n, np.float32) if rank == 0 else ro(mine)  # (an op emulated on some)
+            distcomm.reduce(t, dst=0, op="product")
+            if rank == 0:
+                want = [float(math.prod(range(2, world + 1)))] * n
+                expect(values_of(t) == want, f"product of read-only inputs: {values_of(t)}")
             parts = [rw(n) for _ in range(world)] if rank == 0 else None
             distcomm.gather(ro(mine), parts, dst=0)
             if parts is not None:
