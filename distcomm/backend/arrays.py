@@ -166,7 +166,7 @@ class TorchAdapter(Adapter):
         return int(x.numel())
 
     def shares_memory(self, a: Any, b: Any) -> bool:
-        if a.device != b.device:
+        if a.get_device() != b.get_device():  # (an int, -1 on the CPU: no device object made)
             return False
         start, end = _span(a)
         other, other_end = _span(b)
