@@ -1091,11 +1091,18 @@ def test_an_ops_latest_kind_goes_with_its_entry_and_no_further() -> None:
 
 def test_the_flight_recorder_names_the_users_line_of_a_planned_call() -> None:
     """A planned call's flight-recorder entry names the line that made it, called through the
-    module function or the method, with and without a hook watching, the first of a run of
-    calls of its kind or a later one (the plan's two paths through the kit)."""
+    module function or the method, from one function or another, with and without a hook
+    watching, the first of a run of calls of its kind or a later one (the plan's two paths
+    through the kit; the recorder remembers the last caller's code: a caller that changes
+    is looked for again)."""
     import inspect
 
     from distcomm._runtime.flight_recorder import FlightRecorder
+    from distcomm.compat import ding
+
+    def elsewhere(x: Any) -> int:
+        distcomm.all_reduce(x)
+        return inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
 
     def body() -> tuple[list[tuple[str | None, str]], int]:
         comm: Any = distcomm.get_communicator()
@@ -1106,22 +1113,27 @@ def test_the_flight_recorder_names_the_users_line_of_a_planned_call() -> None:
         x = np.ones(K, np.float32)
         here = inspect.currentframe()
         assert here is not None
-        lines = []
+        wanted = []
         for watched in (False, True, False):
             handle = distcomm.add_hook(after=lambda event: None) if watched else None
             for _ in range(3):  # runs of a kind: the plain path past each run's first
                 distcomm.all_reduce(x)
-                lines.append(here.f_lineno - 1)
+                wanted.append(f"{__file__}:{here.f_lineno - 1} in body")
+                line = elsewhere(x)
+                wanted.append(f"{__file__}:{line} in elsewhere")
             for _ in range(3):
                 comm.broadcast(x, 0)
-                lines.append(here.f_lineno - 1)
+                wanted.append(f"{__file__}:{here.f_lineno - 1} in body")
+                distcomm.broadcast(x, 0)
+                wanted.append(f"{__file__}:{here.f_lineno - 1} in body")
+                ding.broadcast(x, 0)  # two of distcomm's frames: the module function's too
+                wanted.append(f"{__file__}:{here.f_lineno - 1} in body")
             if handle is not None:
                 handle.remove()
         sites = [record["site"] for record in recorder.records()]
-        wanted = [f"{__file__}:{line} in body" for line in lines]
         return list(zip(sites, wanted, strict=True)), len(planner.taken)
 
     for pairs, taken in run_threads(body, 2):
-        assert taken == 16, f"{taken} of the 18 calls took their plan (want all but the first two)"
+        assert taken == 43, f"{taken} of the 45 calls took their plan (want all but the first two)"
         wrong = [(site, want) for site, want in pairs if site != want]
         assert not wrong, f"recorded sites (got, wanted): {wrong}"

@@ -21,6 +21,7 @@ import itertools
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from sys import _getframe
 from time import time as _wall
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,8 @@ class Steps(ArgumentChecks, Failures, Defaults):
         "_plans",
         "_rank",
         "_recorder",
+        "_site_code",
+        "_site_via",
         "_solo",
         "_thread",
         "_vote",
@@ -141,6 +144,11 @@ class Steps(ArgumentChecks, Failures, Defaults):
     _entry: list[Any] | None
     _entry_device: str | None
     _entry_seq: int
+    #: What the flight recorder's planned calls learnt of their callers: the code of the user's
+    #: function that made the last one, and of the distcomm module function it went through
+    #: (None: none) (:meth:`_user_site`).
+    _site_code: Any
+    _site_via: Any
     #: Which communicator this is among those of the same members: "" for a world, then
     #: "/n.i" per generation (the n-th group made from its parent, its i-th part).
     _lineage: str
@@ -162,6 +170,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
     ) -> None:
         self._event = self._vote = self._history = self._recorder = None
         self._entry = self._entry_device = None
+        self._site_code = self._site_via = None
         self._entry_seq = self._children = 0
         self._lineage = ""
         #: The engine this communicator drives (:mod:`distcomm.backend.engine`).
@@ -511,14 +520,20 @@ class Steps(ArgumentChecks, Failures, Defaults):
         record = None
         try:
             if rec is not None:  # the flight recorder's entry (recording: the kind's ``name``,
-                bound = self.bound_device  # then the call's own; the site: past user_site,
-                # this, and the public method that called this, a frame Python need make no
-                # object of)
+                bound = self.bound_device  # then the call's own; the site: the caller of the
+                # public method that called this, or of the module function that called it,
+                # where its code is the one the last such call found the user's; else found
+                # by user_site, past this and the public method)
+                frame = _getframe(2)
+                code = frame.f_code
+                if code is self._site_via:  # a module function's
+                    frame = frame.f_back  # type: ignore[assignment]
+                    code = frame.f_code
                 record = [
                     name,
                     seq,
                     x.shape,
-                    user_site(3),
+                    (code, frame.f_lasti) if code is self._site_code else self._user_site(),
                     _wall() if bound is None else recording.stamp(bound),
                     None,
                     None,
@@ -546,6 +561,21 @@ class Steps(ArgumentChecks, Failures, Defaults):
             self._event = None
             observing.ended(event, None)
         return True
+
+    def _user_site(self) -> Any:
+        """The flight recorder's site of the planned call in progress, found by
+        :func:`~distcomm._call_sites.user_site` (past :meth:`_planned` and the public method);
+        its code, and the module function's between them (if one), become :attr:`_site_code`
+        and :attr:`_site_via`."""
+        site = user_site(4)
+        frame = _getframe(3)
+        if site is None:
+            self._site_code = self._site_via = None
+        elif frame.f_code is site[0]:
+            self._site_code, self._site_via = site[0], None
+        elif frame.f_back is not None and frame.f_back.f_code is site[0]:
+            self._site_code, self._site_via = site[0], frame.f_code
+        return site
 
     def _planned_opening(self, op: str, x: Any, root: Any, seq: int, fp: int) -> Any:
         """The start of :meth:`_planned`'s call where the hooks see it, or where its kind
