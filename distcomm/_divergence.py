@@ -5,8 +5,8 @@ A rank's calls are a :class:`Timeline`: runs of equal keys (a fingerprint, an op
 ranks' timelines from the first operation all of them still hold and returns the first one at
 which two ranks made different calls; a rank that has not reached it yet is not a difference,
 one that ended (``finalize``) before it is. Used with the histories the ranks exchange after a
-disagreement (:mod:`~distcomm.backend._pipeline.history`) and with the flight recorder's dumps
-(``distcomm trace``). :func:`mismatch_error` writes the
+disagreement (:mod:`~distcomm.backend._pipeline.mismatch_check`) and with the flight
+recorder's dumps (``distcomm trace``). :func:`mismatch_error` writes the
 :class:`~distcomm.errors.CollectiveMismatchError` of a divergence found in histories.
 """
 
@@ -96,7 +96,9 @@ def find(dumps: Mapping[int, Mapping[str, Any]]) -> Divergence | None:
 
 
 def timeline(dump: Mapping[str, Any]) -> Timeline:
-    """The timeline of a history's dump (:meth:`CallHistory.dump`), keyed by fingerprint."""
+    """The timeline of a history's dump
+    (:meth:`~distcomm.backend._pipeline.mismatch_check.MismatchCheck.dump`), keyed by
+    fingerprint."""
     runs, start = [], int(dump["first"])
     for index, length in dump["runs"]:
         runs.append((start, dump["fps"][index]))

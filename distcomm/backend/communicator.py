@@ -156,7 +156,7 @@ class BaseCommunicator(
         channel = self._object_channel()
         if channel is not self:
             channel._lend_entry(None)
-        h = self._history
+        h = self._mismatch_check
         if h is None:
             return None
         h.end()

@@ -7,9 +7,9 @@ backend answers such a question with :func:`answer` (from its monitor thread: it
 the rank's own thread is doing, asleep, computing or blocked in another collective) and
 implements ``_peer_stacks`` to ask; :func:`describe` writes the stacks, identical ones once.
 An answer is the stack (:func:`where`) and what the rank called on its communicators since the
-ranks last agreed (their histories, :mod:`distcomm.backend._pipeline.history`), which the rank
-that asked compares with its own to find a collective mismatch; :func:`split` takes an answer
-apart.
+ranks last agreed (their histories, :mod:`distcomm.backend._pipeline.mismatch_check`), which
+the rank that asked compares with its own to find a collective mismatch; :func:`split` takes
+an answer apart.
 
 A stack shows the frames of the program, innermost last: a call into distcomm shows as its
 outermost distcomm frame (``all_reduce``), not as the engine's wait loop inside it.
@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
-from distcomm.backend._pipeline import history
+from distcomm.backend._pipeline import history_dumps
 
 __all__ = ["MAX_FRAMES", "MAX_HISTORIES", "MAX_TEXT", "answer", "describe", "split", "where"]
 
@@ -69,8 +69,8 @@ def answer(comm: Any = None) -> str:
 
 def split(answer: str) -> tuple[str, list[dict[str, Any]]]:
     """An answer (:func:`answer`) taken apart: the stack's text, and the histories it carries
-    (:meth:`~distcomm.backend._pipeline.history.CallHistory.dump`; none if it carries none or
-    they do not parse)."""
+    (:meth:`~distcomm.backend._pipeline.mismatch_check.MismatchCheck.dump`; none if it
+    carries none or they do not parse)."""
     text, _, calls = answer.partition(_SEPARATOR)
     try:
         dumps = json.loads(calls)["histories"] if calls else []
@@ -83,14 +83,14 @@ def _histories(comm: Any) -> str:
     """What this process called on its communicators, ``comm``'s first (its current call only
     when it keeps no history), as JSON of at most :data:`MAX_HISTORIES` characters (the newest
     calls of each kept); "" if there is nothing to say."""
-    mine = getattr(comm, "_history", None)
+    mine = getattr(comm, "_mismatch_check", None)
     first: list[Any] = [mine] if mine is not None else []
     if mine is None and isinstance(getattr(comm, "seq", None), int):
-        first = [history.minimal_dump(comm)]
+        first = [history_dumps.minimal_dump(comm)]
     dumps: list[str] = []
     room = MAX_HISTORIES
-    for h in first + [h for h in history.histories() if h is not mine]:
-        keep = history.RING + 1
+    for h in first + [h for h in history_dumps.live_checks() if h is not mine]:
+        keep = history_dumps.RING + 1
         site = None if isinstance(h, dict) else _current_site(h.owner())
         while True:
             data = h if isinstance(h, dict) else h.dump(keep=keep, site=site)
@@ -108,7 +108,7 @@ def _histories(comm: Any) -> str:
 def _current_site(comm: Any) -> str | None:
     """``file:line`` of the program's call that ``comm``'s thread is making now, if it is in
     one of ``comm``'s collectives (blocked in the engine, or voting before one), else None."""
-    h = getattr(comm, "_history", None)
+    h = getattr(comm, "_mismatch_check", None)
     seq = getattr(comm, "seq", 0)
     if comm is None or not seq or seq not in (getattr(comm, "blocked_seq", 0), h and h.voting):
         return None

@@ -77,7 +77,7 @@ def test_one_rank_or_equal_calls_are_no_divergence() -> None:
 
 
 def dump(seq: int, first: int, runs: list[list[int]], issued: int | None = None) -> dict[str, Any]:
-    """A history dump (CallHistory.dump's shape) over two known calls: 0 is 4 float32 elements,
+    """A history dump (MismatchCheck.dump's shape) over two known calls: 0 is 4 float32 elements,
     1 is 6."""
     return {
         "ranks": [0, 1],

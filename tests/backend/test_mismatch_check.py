@@ -222,3 +222,44 @@ def test_a_rank_in_the_engine_and_a_rank_that_votes_both_name_the_mismatch() -> 
         return "returned", None
 
     assert run_threads(body, 4, timeout=30) == [("CollectiveMismatchError", 100)] * 4
+
+
+def test_changing_the_policy_keeps_one_check_and_its_history() -> None:
+    """The check is one object per communicator: "sample" to "check" mid-job keeps it and its
+    history (its running value unchanged, the next call checked); "off" drops it, and a check
+    made again later starts at the communicator's ``seq`` and still catches a mismatch."""
+
+    def body() -> tuple[bool, bool, bool, bool, str]:
+        comm: Any = distcomm.get_communicator()
+        x = np.ones(2, np.float32)
+        for _ in range(mismatch_check.SAMPLED_FIRST + 6):  # past the sampled first calls
+            distcomm.all_reduce(x)
+        check = comm._mismatch_check
+        value = check.value(comm.seq)
+        comm.debug = "check"
+        kept = comm._mismatch_check is check and check.value(comm.seq) == value
+        checks_next = check.next_point(comm.seq + 1) == comm.seq + 1
+        distcomm.all_reduce(x)
+        comm.debug = "off"
+        dropped = comm._mismatch_check is None
+        for _ in range(3):
+            distcomm.all_reduce(x)
+        comm.debug = "check"
+        fresh = comm._mismatch_check
+        restarted = fresh is not check and fresh.agreed_seq == comm.seq
+        y = np.ones(6 if comm.rank == 0 else 4, np.float32)
+        try:
+            distcomm.all_reduce(y)
+        except CollectiveMismatchError as exc:
+            return kept, checks_next, dropped, restarted, f"mismatch at #{exc.seq}"
+        return kept, checks_next, dropped, restarted, "returned"
+
+    results = run_threads(body, 2, timeout=60)
+    for rank, (kept, checks_next, dropped, restarted, outcome) in enumerate(results):
+        assert kept, f"rank {rank}: the check or its history changed with the policy"
+        assert checks_next, f"rank {rank}: debug='check' did not make the next call a check point"
+        assert dropped, f"rank {rank}: debug='off' kept a check"
+        assert restarted, f"rank {rank}: the check made again did not start at the current seq"
+        assert outcome == f"mismatch at #{mismatch_check.SAMPLED_FIRST + 11}", (
+            f"rank {rank}: {outcome}"
+        )

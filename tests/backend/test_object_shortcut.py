@@ -81,7 +81,7 @@ def program() -> tuple[bool, tuple[Any, ...]]:
             right &= gathered is None
         parts = [payload(r, step) for r in range(world)] if rank == root else None
         right &= same(distcomm.scatter_object(parts, src=root), payload(rank, step))
-    h = comm._history
+    h = comm._mismatch_check
     return right, (comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs))
 
 

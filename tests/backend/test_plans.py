@@ -399,7 +399,7 @@ def test_a_kind_whose_agreement_was_forgotten_is_confirmed_again_first() -> None
         past_the_first_checks(comm)
         kinds = (KINDS[0], KINDS[6])  # a broadcast and a reduce in turn
         path = [_path(comm, planner, kind, step) for step in range(2) for kind in kinds]
-        comm._history.agreed.clear()
+        comm._mismatch_check.agreed.clear()
         path += [_path(comm, planner, kinds[1], 2)]  # the run in progress: the reduce's
         path += [_path(comm, planner, kind, step) for step in (3, 4) for kind in kinds]
         return path
@@ -510,7 +510,7 @@ def program(comm: Any) -> bool:
 
 def _state(comm: Any) -> tuple[Any, ...]:
     """What the mismatch check knows of ``comm``'s calls: its running value and the runs."""
-    h = comm._history
+    h = comm._mismatch_check
     return comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs), h.agreed_seq
 
 
@@ -644,7 +644,7 @@ def test_a_refused_bad_call_leaves_the_history_as_the_pipeline_would(who: str) -
             out = np.zeros(K * comm.world_size - 1, np.float32)
             with pytest.raises(InvalidArgumentError):
                 comm.all_gather_into_tensor(out, np.ones(K, np.float32))
-        value = comm._history.value(comm.seq)
+        value = comm._mismatch_check.value(comm.seq)
         try:
             while comm.seq < NEXT_CHECK:
                 fill(comm)

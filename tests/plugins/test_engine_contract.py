@@ -49,7 +49,7 @@ STATE = (
     "_launch",
     "_global_ranks",
     "_pending",
-    "_history",
+    "_mismatch_check",
     "_debug",
     "_plans",
     "_kinds",

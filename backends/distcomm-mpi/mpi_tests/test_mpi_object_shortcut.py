@@ -40,7 +40,7 @@ def _program(group: Any, rounds: int) -> tuple[bool, tuple[Any, ...]]:
             big = np.full(5000, rank, dtype=np.int64) if rank == world - 1 else rank
             got = group.all_gather_object(big)
             right &= bool((got[-1] == world - 1).all()) and got[:-1] == list(range(world - 1))
-    h = group._history  # None in a world of 1: nothing to check
+    h = group._mismatch_check  # None in a world of 1: nothing to check
     state = None if h is None else (h.value(group.seq), h.run_fp, h.run_start, list(h.runs))
     return right, (group.seq, state)
 

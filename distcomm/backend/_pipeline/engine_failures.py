@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _divergence as divergence
 from distcomm._call_sites import call_site
 from distcomm.backend import aborts, stacks
-from distcomm.backend._pipeline.history import minimal_dump, same_communicator
+from distcomm.backend._pipeline.history_dumps import minimal_dump, same_communicator
 from distcomm.backend.engine_messages import engine_said, lost_peer
 from distcomm.backend.stacks import split
 from distcomm.errors import CollectiveMismatchError, DistTimeoutError, EngineError
 
 if TYPE_CHECKING:
-    from distcomm.backend._pipeline.history import CallHistory
+    from distcomm.backend._pipeline.mismatch_check import MismatchCheck
 
 __all__ = [
     "Diagnosis",
@@ -55,7 +55,7 @@ class Failures:
     _world_size: int
     unusable: str | None
     timeout: float
-    _history: CallHistory | None
+    _mismatch_check: MismatchCheck | None
     #: The communicator whose collective this one (its object channel: NCCL's Gloo side
     #: group) checks now: a failure here is that collective's, told and diagnosed there.
     _checking_for: Any = None
@@ -335,7 +335,7 @@ def compare(
 
 def current_dump(comm: Any) -> dict[str, Any]:
     """This rank's dump of ``comm``'s history; without one (policy off), its current call."""
-    history = comm._history
+    history = comm._mismatch_check
     if history is not None:
         return dict(history.dump(site=call_site()))
     return minimal_dump(comm)

@@ -1,13 +1,25 @@
 """The mismatch check: the ranks of a group agree that they make the same collectives.
 
-Every collective folds its signature (op, dtype, element count, root, reduce op) into the
-communicator's running value (:mod:`~distcomm.backend._pipeline.history`; shapes are shown,
-never compared: torch accepts (2, 3) on one rank and (6,) on another). The ranks compare
-running values, so that nothing slips through:
+It is one object per communicator, :class:`MismatchCheck` (``comm._mismatch_check``; None where the
+policy is off or in a world of 1), and nothing else changes its state: the history of this
+rank's calls and its running value, the fingerprints the ranks agreed on, the split tables'
+ledger, the check points of the policy. The communicator keeps only a copy of the next check
+point (``_next_check``, from :meth:`MismatchCheck.next_point`), so that a call that is not
+checked tests one integer.
 
-- at the check points of the policy, before the collective is issued: one int64 all-reduce of
-  16 bytes, ``MIN`` of ``[v, -v]`` (:func:`agree`), at the same ``seq`` on every rank, so that
-  the checks' collectives always meet each other in the engine;
+Every collective has a *signature*: op, dtype, element count, root and reduce op (shapes are
+shown, never compared: torch accepts (2, 3) on one rank and (6,) on another). Its fingerprint
+is 62 bits of blake2b over the signature's text, the same in every process. Consecutive calls
+with one fingerprint form a *run*, and the running value folds each run (fingerprint and
+length) into one integer: two ranks have equal values when they made the same calls in the
+same order (barring an accident of 2**-62), and a call like the one before it costs nothing to
+record (:meth:`MismatchCheck.record`). The ranks compare running values, so that nothing slips
+through:
+
+- at the check points of the policy, before the collective is issued
+  (:meth:`MismatchCheck.check`): one int64 all-reduce of 16 bytes, ``MIN`` of ``[v, -v]``
+  (:func:`agree`), at the same ``seq`` on every rank, so that the checks' collectives always
+  meet each other in the engine;
 - before a call whose signature the ranks have never agreed on (a new size, dtype, op, root; a
   communicator's first ``barrier``), at a ``barrier`` after uneven all-to-alls whose split
   tables wait to be compared, and in ``finalize()``: a vote of point-to-point messages
@@ -16,11 +28,15 @@ running values, so that nothing slips through:
 - when an operation times out or its engine fails: out of band
   (:mod:`~distcomm.backend._pipeline.engine_failures`);
 - the split tables of uneven all-to-alls, which differ from rank to rank by design and stay out
-  of the running value: compared at a check point, kept between check points and settled at
-  the next one, barrier or ``finalize()`` (:mod:`~distcomm.backend._pipeline.routing_ledger`).
+  of the running value: compared at a check point, kept between check points in the check's
+  ledger and settled at the next one, barrier or ``finalize()``
+  (:mod:`~distcomm.backend._pipeline.routing_ledger`).
 
-Where the values differ, the ranks' histories say which operation came first where they parted
-(:mod:`~distcomm._divergence`), and
+Where the values differ, the ranks' histories say which operation came first where they parted:
+the runs since the last agreement (a ring of at most :data:`RING`) and the signature of each
+fingerprint with the call site where it was first seen (:meth:`MismatchCheck.dump`; a peer
+asked out of band, the answer of :func:`distcomm.backend.stacks.where`, sends it too).
+:mod:`~distcomm._divergence` finds the first operation where they parted, and
 :class:`~distcomm.errors.CollectiveMismatchError` names it with each rank's call there. Found
 before any rank ran it, the operation is not run and the communicator stays usable; otherwise
 the error says which operations ran with mismatched calls, and the communicator is retired.
@@ -33,31 +49,37 @@ k), decided from ``seq`` so that every rank decides alike; ``"check"`` at every 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import sys
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _divergence as divergence
 from distcomm import _settings
 from distcomm._call_sites import call_site
+from distcomm.backend._pipeline import history_dumps, p2p_vote, routing_ledger
 from distcomm.backend._pipeline import object_transport as objects
-from distcomm.backend._pipeline import p2p_vote, routing_ledger
+from distcomm.backend._pipeline.history_dumps import RING
+from distcomm.backend._pipeline.routing_ledger import Kept, Ledger
 from distcomm.protocol import ReduceOp
 
 if TYPE_CHECKING:
-    from distcomm.backend._pipeline.history import CallHistory
     from distcomm.backend._pipeline.steps import Steps
     from distcomm.backend.arrays import Adapter
     from distcomm.backend.communicator import BaseCommunicator
 
 __all__ = [
+    "NEUTRAL",
     "SAMPLED_FIRST",
     "SAMPLE_EVERY",
+    "MismatchCheck",
     "agree",
-    "check",
+    "fingerprint",
     "limits",
+    "next_checked",
     "policy",
-    "record",
     "shape_of",
     "vote_buffer",
 ]
@@ -65,6 +87,11 @@ __all__ = [
 #: The default checks collectives 1..SAMPLED_FIRST, then every SAMPLE_EVERY-th after it.
 SAMPLED_FIRST = 64
 SAMPLE_EVERY = 1024
+#: Fingerprints remembered as agreed, and signatures remembered as described, per communicator.
+_REMEMBERED = 4096
+_BITS = (1 << 62) - 1
+_MULTIPLIER = 0x9E3779B97F4A7C15 & _BITS | 1
+_NO_RUN = -1
 
 
 def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
@@ -97,69 +124,249 @@ def next_checked(seq: int, until: int, sampling: bool) -> int:
     return SAMPLED_FIRST + -(-(seq - SAMPLED_FIRST) // SAMPLE_EVERY) * SAMPLE_EVERY
 
 
-def check(comm: Steps, x: Any = None) -> None:
-    """At a check point (the same ``seq`` on every rank): agree with the other ranks of ``comm``
-    on the running value, before the collective (its argument ``x``) is issued.
-
-    Raises:
-        CollectiveMismatchError: the ranks' calls differ (every rank raises it).
-    """
-    h = comm._history
-    if h is None:
-        return
-    seq = comm.seq
-    channel = comm._object_channel()
-    with channel._checking(comm), h.voting_on(seq):
-        if agree(channel, h.value(seq)):
-            h.agree(seq)
-            routing_ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
-            return
-        mine = h.dump(None if x is None else shape_of(x), site=call_site())
-        dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
-    found = divergence.find(dumps)
-    if found is None:  # older than every history kept
-        found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
-    error = divergence.mismatch_error(comm.describe(), found, dumps)
-    comm._after_mismatch(error)
-    raise error
+def fingerprint(signature: tuple[Any, ...]) -> int:
+    """62 bits of blake2b over ``signature``'s canonical text (stable across processes)."""
+    text = "|".join(map(str, signature)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & _BITS
 
 
-def record(
-    comm: Steps,
-    h: CallHistory,
-    seq: int,
-    op: str,
-    x: Any,
-    adapter: Adapter | None,
-    root: int | None,
-    reduce_op: ReduceOp | None,
-    varies: bool = False,
-    layout: tuple[int, ...] | None = None,
-) -> int:
-    """Fold collective ``seq`` into ``comm``'s history ``h``; returns its fingerprint. A call
-    unlike the one before it starts a run; one whose signature the ranks have never agreed on
-    is confirmed with them before it is issued (unless ``seq`` is a check point, where it is
-    checked anyway).
-    ``varies``: the element count may differ from rank to rank (an uneven all-to-all), so it
-    is left out of the signature; ``layout`` (the sizes every rank gives an uneven operation
-    alike) stands in its place."""
-    dtype: str | None = None
-    numel: int | tuple[int, ...] | None = layout
-    if x is not None and adapter is not None:
-        dtype = adapter.dtype(x)
-        if layout is None and not varies:
-            numel = adapter.numel(x)
-    signature = (op, dtype, numel, root, None if reduce_op is None else reduce_op.name)
-    fp = h.fingerprint(signature)
-    if fp == h.run_fp:
+#: The fingerprint a call takes when the ranks found it mismatched before any of them ran it,
+#: so that their histories agree again and the communicator stays usable.
+NEUTRAL = fingerprint(("not run: the ranks disagreed",))
+
+
+def _mix(value: int, fp: int, length: int) -> int:
+    return ((value ^ fp) * _MULTIPLIER + length) & _BITS
+
+
+class MismatchCheck:
+    """The mismatch check of one rank's communicator ``comm`` under check ``policy`` (module
+    docstring): what this rank called on it since the ranks last agreed, the fingerprints they
+    agreed on, the split tables kept since the last check point, and the check points."""
+
+    __slots__ = (
+        "__weakref__",
+        "agreed",
+        "agreed_seq",
+        "closed",
+        "described",
+        "ended",
+        "fps",
+        "ledger",
+        "limits",
+        "owner",
+        "run_fp",
+        "run_start",
+        "runs",
+        "voting",
+    )
+
+    def __init__(self, comm: Any, policy: str) -> None:
+        self.owner = weakref.ref(comm)
+        #: ``(checked up to seq, sampled after it)``: the policy's check points (:func:`limits`).
+        self.limits = limits(policy)
+        self.closed = 0  # the running value of the runs before the current one
+        self.run_fp, self.run_start = _NO_RUN, 1
+        self.runs: list[tuple[int, int]] = []  # closed runs since the last agreement
+        #: The latest ``seq`` the ranks agreed on (a check made mid-way starts at its ``seq``).
+        self.agreed_seq = comm.seq
+        self.agreed: set[int] = set()
+        self.fps: dict[tuple[Any, ...], int] = {}  # signature -> fingerprint
+        self.described: dict[int, tuple[Any, ...]] = {}  # fingerprint -> signature and site
+        self.ended = False
+        #: The ``seq`` of the call whose vote this rank is in, before it reaches the engine.
+        self.voting = 0
+        #: The uneven all-to-alls' split tables since the last check point
+        #: (:class:`~distcomm.backend._pipeline.routing_ledger.Ledger`).
+        self.ledger = Ledger(comm.rank, comm.world_size)
+        history_dumps.register(self)
+
+    def keep_tables(self, seq: int, sent: list[int], expected: list[int]) -> None:
+        """Keep the split tables of uneven all-to-all ``seq`` (not a check point) until the
+        next settlement (:mod:`~distcomm.backend._pipeline.routing_ledger`)."""
+        self.ledger.keep(seq, sent, expected)
+
+    def take_tables(self) -> tuple[int, Kept]:
+        """This rank's balance of the split tables kept, and the tables, which the ledger
+        forgets (a settlement's)."""
+        return self.ledger.take()
+
+    def set_policy(self, policy: str) -> None:
+        """Check at the check points of ``policy`` from now on (the history goes on)."""
+        self.limits = limits(policy)
+
+    def next_point(self, seq: int) -> int:
+        """The first call from ``seq`` on that is a check point (``sys.maxsize``: none)."""
+        return next_checked(seq, *self.limits)
+
+    def record(
+        self,
+        comm: Steps,
+        seq: int,
+        op: str,
+        x: Any,
+        adapter: Adapter | None,
+        root: int | None,
+        reduce_op: ReduceOp | None,
+        varies: bool = False,
+        layout: tuple[int, ...] | None = None,
+    ) -> int:
+        """Fold collective ``seq`` of ``comm`` (this check's communicator) into the history;
+        returns its fingerprint. A call unlike the one before it starts a run; one whose
+        signature the ranks have never agreed on is confirmed with them before it is issued
+        (unless ``seq`` is a check point, where it is checked anyway). ``varies``: the element
+        count may differ from rank to rank (an uneven all-to-all), so it is left out of the
+        signature; ``layout`` (the sizes every rank gives an uneven operation alike) stands in
+        its place."""
+        dtype: str | None = None
+        numel: int | tuple[int, ...] | None = layout
+        if x is not None and adapter is not None:
+            dtype = adapter.dtype(x)
+            if layout is None and not varies:
+                numel = adapter.numel(x)
+        signature = (op, dtype, numel, root, None if reduce_op is None else reduce_op.name)
+        fp = self.fingerprint(signature)
+        if fp == self.run_fp:
+            return fp
+        novel = self.start_run(seq, fp)
+        if novel:
+            shape = None if x is None else shape_of(x)
+            self.describe(fp, signature, call_site(), shape)
+            if self.next_point(seq) != seq and comm._can_confirm():
+                p2p_vote.vote(comm, p2p_vote.CALL, shape)
         return fp
-    novel = h.start_run(seq, fp)
-    if novel:
-        shape = None if x is None else shape_of(x)
-        h.describe(fp, signature, call_site(), shape)
-        if seq < comm._next_check and comm._can_confirm():
-            p2p_vote.vote(comm, p2p_vote.CALL, shape)
-    return fp
+
+    def check(self, comm: Steps, x: Any = None) -> None:
+        """At a check point (the same ``seq`` on every rank): agree with the other ranks of
+        ``comm`` (this check's communicator) on the running value, before the collective (its
+        argument ``x``) is issued.
+
+        Raises:
+            CollectiveMismatchError: the ranks' calls differ (every rank raises it).
+        """
+        seq = comm.seq
+        channel = comm._object_channel()
+        with channel._checking(comm), self.voting_on(seq):
+            if agree(channel, self.value(seq)):
+                self.agree(seq)
+                routing_ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
+                return
+            mine = self.dump(None if x is None else shape_of(x), site=call_site())
+            dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
+        found = divergence.find(dumps)
+        if found is None:  # older than every history kept
+            found = divergence.Divergence(seq, dict.fromkeys(dumps), exact=False)
+        error = divergence.mismatch_error(comm.describe(), found, dumps)
+        comm._after_mismatch(error)
+        raise error
+
+    @contextlib.contextmanager
+    def voting_on(self, seq: int) -> Iterator[None]:
+        """While this rank is in the vote on call ``seq``, before the call reaches the engine
+        (a peer asking where it is hears that ``seq`` was not issued)."""
+        self.voting = seq
+        try:
+            yield
+        finally:
+            self.voting = 0
+
+    def end(self) -> None:
+        """finalize began: the calls end here."""
+        self.ended = True
+
+    def fingerprint(self, signature: tuple[Any, ...]) -> int:
+        """``signature``'s fingerprint (remembered)."""
+        fp = self.fps.get(signature)
+        if fp is None:
+            if len(self.fps) >= _REMEMBERED:
+                self.fps.clear()
+            fp = self.fps[signature] = fingerprint(signature)
+        return fp
+
+    def start_run(self, seq: int, fp: int) -> bool:
+        """Call ``seq`` has fingerprint ``fp``, unlike the one before: close that run, start
+        one. Returns whether the ranks have never agreed on ``fp`` (a call to confirm)."""
+        if self.run_fp != _NO_RUN:
+            self.closed = _mix(self.closed, self.run_fp, seq - self.run_start)
+            self.runs.append((self.run_start, self.run_fp))
+            if len(self.runs) > RING:
+                del self.runs[: len(self.runs) - RING]
+        self.run_fp, self.run_start = fp, seq
+        return fp not in self.agreed
+
+    def describe(self, fp: int, signature: tuple[Any, ...], site: str, shape: Any) -> None:
+        """Remember what ``fp`` is (the first time it is seen), for the table of a mismatch."""
+        if fp not in self.described:
+            if len(self.described) >= _REMEMBERED:
+                self.described.clear()
+            self.described[fp] = (*signature, site, shape)
+
+    def value(self, seq: int) -> int:
+        """The running value of calls 1 to ``seq`` (``seq`` is the latest)."""
+        if self.run_fp == _NO_RUN:
+            return self.closed
+        return _mix(self.closed, self.run_fp, seq - self.run_start + 1)
+
+    def agree(self, seq: int) -> None:
+        """The ranks agreed on calls 1 to ``seq``: their fingerprints are known good."""
+        if len(self.agreed) >= _REMEMBERED:
+            self.agreed.clear()
+        self.agreed.update(fp for _, fp in self.runs)
+        self.agreed.add(self.run_fp)
+        self.runs.clear()
+        self.agreed_seq = seq
+
+    def neutralise(self, seq: int) -> None:
+        """Call ``seq`` (the latest) was found mismatched before any rank ran it: it counts as
+        :data:`NEUTRAL` on every rank, so that the ranks' histories agree again."""
+        if self.run_start != seq:
+            self.start_run(seq, NEUTRAL)
+        self.run_fp = NEUTRAL
+
+    def dump(
+        self, shape: Any = None, keep: int = RING + 1, site: str | None = None
+    ) -> dict[str, Any]:
+        """What this rank called since the last agreement, as plain data (JSON, compact: a peer
+        sends it out of band): the communicator (``ranks``, ``name``, ``lineage``), its
+        ``seq``, current ``op``, ``agreed`` (the last agreement's seq), ``issued`` (the latest
+        call that reached the engine) and ``ended`` (finalize began); ``first``, the seq the
+        first run starts at, and ``runs``, ``[index, length]`` each (the current run last, up
+        to ``seq``), where ``index`` picks the fingerprint in ``fps`` and its call in
+        ``calls``: ``[op, dtype, numel, root, reduce_op, site, shape]`` (site: where it was
+        first made; shape: the current call's, when given), and ``site``, where the current
+        call is being made (when known: the rank is in it). Only the newest ``keep`` runs are
+        in it."""
+        comm = self.owner()
+        seq, op = (0, "") if comm is None else (comm.seq, comm.op)
+        runs = [*self.runs, (self.run_start, self.run_fp)] if self.run_fp != _NO_RUN else []
+        runs = runs[-keep:] if keep > 0 else []
+        fps: list[int] = []
+        index: dict[int, int] = {}
+        encoded = []
+        for i, (start, fp) in enumerate(runs):
+            end = runs[i + 1][0] if i + 1 < len(runs) else seq + 1
+            if fp not in index:
+                index[fp] = len(fps)
+                fps.append(fp)
+            encoded.append([index[fp], end - start])
+        calls = [list(self.described.get(fp) or (None,) * 7) for fp in fps]
+        if shape is not None and calls:
+            calls[index[runs[-1][1]]][6] = list(shape)
+        return {
+            "ranks": [] if comm is None else list(comm.global_ranks),
+            "name": "" if comm is None else comm.name,
+            "lineage": "" if comm is None else getattr(comm, "_lineage", ""),
+            "seq": seq,
+            "op": op,
+            "agreed": self.agreed_seq,
+            "issued": seq - 1 if self.voting == seq else seq,
+            "ended": self.ended,
+            "first": runs[0][0] if runs else seq + 1,
+            "runs": encoded,
+            "fps": fps,
+            "calls": calls,
+            "site": site,
+        }
 
 
 def agree(channel: BaseCommunicator, fingerprint: int) -> bool:

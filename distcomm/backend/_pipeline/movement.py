@@ -132,7 +132,7 @@ class Movement(Steps):
             entry = self._plans.find_uneven(input)
         except (AttributeError, TypeError):  # not an array, or a dtype that is no key
             return False
-        h = self._history
+        h = self._mismatch_check
         if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
             return False
         row = routing.row_of_plain(self, output, input, expected, sent)
@@ -208,12 +208,12 @@ class Movement(Steps):
             )
         sent = routing.sizes(input_split_sizes, "input_split_sizes", rows_in, world)
         expected = routing.sizes(output_split_sizes, "output_split_sizes", rows_out, world)
-        checked = self.seq + 1 >= self._next_check and self._history is not None
+        checked = self.seq + 1 >= self._next_check and self._mismatch_check is not None
         self._count("all_to_all_single", input, adapter, varies=True)
         if checked and world > 1:
             routing.agree(self, sent, expected)
-        elif world > 1 and self._history is not None:
-            routing.keep(self, self._history, sent, expected)
+        elif world > 1 and self._mismatch_check is not None:
+            routing.keep(self, self._mismatch_check, sent, expected)
         elif world == 1 and sent != expected:
             raise InvalidArgumentError(
                 f"all_to_all_single: in a world of 1 the only rank sends itself {sent[0]} rows "
@@ -249,7 +249,7 @@ class Movement(Steps):
         self._count("barrier", NO_ARRAY)
         if self._solo:
             return DONE if async_op else None
-        h = self._history
+        h = self._mismatch_check
         if h is not None and h.ledger:
             if async_op or not self._can_confirm():
                 self._plans.drop_barrier()  # the tables still wait: no plan until settled

@@ -116,7 +116,7 @@ class ObjectCollectives(Steps):
         ):
             return None
         entry = self._plans.kinds.get((op, None, None, None, root))
-        h = self._history
+        h = self._mismatch_check
         channel = self._object_channel()
         if entry is None or channel is not self:
             return None

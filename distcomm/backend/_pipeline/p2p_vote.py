@@ -10,8 +10,8 @@ point-to-point messages of distcomm's own
 store), which never meet a collective. Every member sends (kind, ``seq``, running value) to
 member 0 of the communicator, which compares and answers each; a vote is also a barrier. When
 the messages differ, every member sends its history
-(:meth:`~distcomm.backend._pipeline.history.CallHistory.dump`) to member 0, which finds where
-they parted and sends every member the same error to raise.
+(:meth:`~distcomm.backend._pipeline.mismatch_check.MismatchCheck.dump`) to member 0, which
+finds where they parted and sends every member the same error to raise.
 
 A member that does not take part (it called a collective whose signature the others had
 agreed on, so it is in the engine while the others vote) is found out of band while they wait:
@@ -64,7 +64,7 @@ def vote(comm: Steps, kind: int, shape: Any = None) -> None:
         CollectiveMismatchError: they did not (every member that votes raises the same).
         DistTimeoutError: not every member voted within the communicator's timeout.
     """
-    h = comm._history
+    h = comm._mismatch_check
     assert h is not None, "a vote needs the call history (a policy other than off)"
     seq = comm.seq
     mine = _VOTE.pack(kind, seq, h.value(seq))
@@ -129,7 +129,7 @@ class _Lookout:
             self._stop.set()
 
     def _run(self) -> None:
-        h = self.comm._history
+        h = self.comm._mismatch_check
         stop = self._stop
         if h is None or stop is None:
             return

@@ -29,7 +29,7 @@ from distcomm.backend.arrays import cached_adapter
 from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from distcomm.backend._pipeline.history import CallHistory
+    from distcomm.backend._pipeline.mismatch_check import MismatchCheck
     from distcomm.backend._pipeline.steps import Steps
 
 __all__ = ["agree", "keep", "row_of_plain", "rows_of", "sizes"]
@@ -114,9 +114,9 @@ def agree(comm: Steps, sent: list[int], expected: list[int]) -> None:
     )
 
 
-def keep(comm: Steps, h: CallHistory, sent: list[int], expected: list[int]) -> None:
+def keep(comm: Steps, h: MismatchCheck, sent: list[int], expected: list[int]) -> None:
     """Keep the tables of call ``comm.seq`` (not a check point) in ``h``'s ledger."""
-    h.ledger.keep(comm.seq, sent, expected)
+    h.keep_tables(comm.seq, sent, expected)
     comm._plans.drop_barrier()  # the next barrier settles them
 
 

@@ -101,11 +101,11 @@ def settle(comm: Steps, last: int, where: str) -> None:
         CollectiveMismatchError: the balances do not cancel: the first call whose tables
             disagree, with every rank's lists; the communicator is retired.
     """
-    h = comm._history
+    h = comm._mismatch_check
     if h is None or not h.ledger:
         return
     channel = comm._object_channel()
-    mine, kept = h.ledger.take()
+    mine, kept = h.take_tables()
     if sum(objects.all_gather_object(channel, mine)) % _P == 0:
         return
     every = objects.all_gather_object(channel, kept)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -30,10 +31,9 @@ from distcomm.backend._pipeline import mismatch_check, observing, recording
 from distcomm.backend._pipeline.arguments import ArgumentChecks
 from distcomm.backend._pipeline.defaults import Defaults
 from distcomm.backend._pipeline.engine_failures import Failures
-from distcomm.backend._pipeline.history import CallHistory
+from distcomm.backend._pipeline.mismatch_check import MismatchCheck
 from distcomm.backend._pipeline.plans import Plans
 from distcomm.backend._pipeline.recording import COMPLETED, ISSUED, Recorder
-from distcomm.backend._pipeline.routing_ledger import Ledger
 from distcomm.backend._pipeline.staging import Staged, stage
 from distcomm.backend.arrays import Adapter, adapter_for
 from distcomm.backend.engine import ATTRIBUTES, OPTIONAL, REQUIRED, NotPlanned
@@ -82,11 +82,10 @@ class Steps(ArgumentChecks, Failures, Defaults):
         "_entry_seq",
         "_event",
         "_global_ranks",
-        "_history",
         "_last_kind",
         "_launch",
-        "_limits",
         "_lineage",
+        "_mismatch_check",
         "_native_avg",
         "_native_dtypes",
         "_native_ops",
@@ -136,8 +135,8 @@ class Steps(ArgumentChecks, Failures, Defaults):
     _event: Any
     #: The mismatch check's 16-byte buffer on this channel (made at the first check).
     _vote: Any
-    #: What this rank called (None: the policy is off, or a world of 1).
-    _history: CallHistory | None
+    #: The mismatch check (None: the policy is off, or a world of 1).
+    _mismatch_check: MismatchCheck | None
     #: The flight recorder this communicator's calls go to (None: none records them), and the
     #: entry of the call the pipeline numbered last (:mod:`~distcomm.backend._pipeline.recording`).
     _recorder: Recorder | None
@@ -168,7 +167,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         timeout: float = 1800.0,
         name: str = "world",
     ) -> None:
-        self._event = self._vote = self._history = self._recorder = None
+        self._event = self._vote = self._mismatch_check = self._recorder = None
         self._entry = self._entry_device = None
         self._site_code = self._site_via = None
         self._entry_seq = self._children = 0
@@ -321,20 +320,17 @@ class Steps(ArgumentChecks, Failures, Defaults):
             if self._solo:  # answered without the engine: issued and completed now
                 entry[ISSUED] = recording.stamp(self._entry_device)
                 entry[COMPLETED] = recording.stamp(self._entry_device)
-        h = self._history
+        check = self._mismatch_check
         fp = 0
         try:
-            if h is not None:
-                fp = mismatch_check.record(
-                    self, h, seq, op, x, adapter, root, reduce_op, varies, layout
-                )
+            if check is not None:
+                fp = check.record(self, seq, op, x, adapter, root, reduce_op, varies, layout)
             if x is not None and not self._solo:  # a world of 1 calls no engine
                 moved = self._native_dtypes if reduce_op is None else self._direct_dtypes
                 self._plans.learn(op, x, adapter, root, reduce_op, fp, moved, varies)
-            if seq >= self._next_check:
-                self._next_check = mismatch_check.next_checked(seq + 1, *self._limits)
-                if self._world_size > 1:
-                    mismatch_check.check(self, x)
+            if seq >= self._next_check and check is not None:
+                self._next_check = check.next_point(seq + 1)
+                check.check(self, x)
         except BaseException as exc:
             if rec is not None:
                 rec.failed(entry, exc)
@@ -350,13 +346,14 @@ class Steps(ArgumentChecks, Failures, Defaults):
     @debug.setter
     def debug(self, value: str) -> None:
         self._debug = mismatch_check.policy(value)
-        self._limits = mismatch_check.limits(self._debug)
-        self._next_check = mismatch_check.next_checked(self.seq + 1, *self._limits)
         if self._debug == "off" or self._world_size == 1:
-            self._history = None
-        elif self._history is None:
-            self._history = CallHistory(self, Ledger(self._rank, self._world_size))
-            self._history.agreed_seq = self.seq
+            self._mismatch_check = None
+        elif self._mismatch_check is None:
+            self._mismatch_check = MismatchCheck(self, self._debug)
+        else:
+            self._mismatch_check.set_policy(self._debug)
+        check = self._mismatch_check
+        self._next_check = sys.maxsize if check is None else check.next_point(self.seq + 1)
         self._plans.forget()
 
     @contextlib.contextmanager
@@ -365,14 +362,14 @@ class Steps(ArgumentChecks, Failures, Defaults):
         of torch's group beside it): not the program's operations. Hooks do not see them, the
         mismatch check does not record them, and afterwards ``seq`` is what it was, so that the
         program's first collective is #1. Every rank makes the same calls here."""
-        saved = (self.seq, self.op, self._next_check, self._history, self._recorder)
+        saved = (self.seq, self.op, self._next_check, self._mismatch_check, self._recorder)
         event, self._event = self._event, observing.UNSEEN
-        self._history = self._recorder = self._entry = None
+        self._mismatch_check = self._recorder = self._entry = None
         try:
             yield
         finally:
             self._event = event
-            self.seq, self.op, self._next_check, self._history, self._recorder = saved
+            self.seq, self.op, self._next_check, self._mismatch_check, self._recorder = saved
             self._entry = None
             self._plans.forget()  # its calls were not recorded: no plan from them
 
@@ -381,7 +378,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         (this rank's latest), it counts as not made on every rank: the histories agree again,
         no kind is planned from what it described and the communicator
         stays usable. Otherwise it is retired."""
-        h = self._history
+        h = self._mismatch_check
         if self._recorder is not None and self._entry is not None:
             self._recorder.failed(self._entry, error)
         if error.ran is not None:
@@ -506,7 +503,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
             or (fits is not None and not fits(y))
         ):
             return False
-        h = self._history
+        h = self._mismatch_check
         event = None
         if _hooks or (h is not None and fp != h.run_fp):
             event = self._planned_opening(op, x, root, seq, fp)
@@ -585,7 +582,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         if _hooks and self._event is observing.PENDING:
             return _DECLINED  # part of an observed public call (reduce_scatter's
             # reduce_scatter_tensor): the pipeline numbers it and makes its event
-        h = self._history
+        h = self._mismatch_check
         new_run = h is not None and fp != h.run_fp
         if new_run and fp not in h.agreed:  # type: ignore[union-attr]
             return _DECLINED  # the pipeline confirms a kind first
@@ -768,7 +765,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         self._count(op, root=root)
         if self._solo:
             return None
-        h = self._history
+        h = self._mismatch_check
         self._plans.learn_objects(op, root, 0 if h is None else h.run_fp)
         channel = self._object_channel()
         if channel is not self:
