@@ -98,14 +98,14 @@ class NotPlanned(Exception):
 
 class CallKind(NamedTuple):
     """The kind of call an engine is asked to plan (:meth:`Engine.plan`): every later call of
-    the kind has an ``x`` of ``array``'s class, dtype and byte size, and the same root and
-    tag."""
+    the kind has an ``x`` of ``array``'s class, dtype and byte size (of its class and dtype
+    only for ``all_to_all_v``, whose sizes vary), and the same root and tag."""
 
     #: The operation: one of :data:`PLANNED`.
     op: str
-    #: The first call's array (the tensor; for all_gather_into_tensor, reduce_scatter_tensor and
-    #: all_to_all_single the input): an example of the kind, not to be kept; a placeholder for
-    #: the barrier, whose kind is its op alone.
+    #: The first call's array (the tensor; for all_gather_into_tensor, reduce_scatter_tensor,
+    #: all_to_all_single and all_to_all_v the input): an example of the kind, not to be kept; a
+    #: placeholder for the barrier, whose kind is its op alone.
     array: Any
     #: The root (broadcast's src, reduce's and gather's dst, scatter's src), a message's peer
     #: (None: a receive from any rank), None for the others.
@@ -123,6 +123,7 @@ PLANNED = frozenset(
         "all_gather_into_tensor",
         "reduce_scatter_tensor",
         "all_to_all_single",
+        "all_to_all_v",
         "gather",
         "scatter",
         "send",
@@ -247,6 +248,14 @@ class Engine(Protocol):
         looks only at what its engine needs: memory that is contiguous and on a device it
         moves, else it raises :class:`NotPlanned` before moving anything. Results are the
         pipeline's: entry r of a gathered list is rank r's tensor.
+
+        ``all_to_all_v`` is the uneven ``all_to_all_single`` (split sizes given), planned per
+        class and dtype: ``x`` is the input and ``y`` is ``(output, output_splits,
+        input_splits)``, the caller's arrays (of any shape) and the splits in elements, as
+        :meth:`all_to_all_v` counts them. The kit has checked the call as for
+        ``all_to_all_v`` (both arrays contiguous on a device the engine moves, not sharing
+        memory, the output writable, the splits ints summing to the arrays' elements). An
+        engine that does not know an op of :data:`PLANNED` returns None for it.
         """
 
     # -- optional: life ----------------------------------------------------------------------------

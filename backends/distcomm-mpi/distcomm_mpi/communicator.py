@@ -165,6 +165,7 @@ class MpiEngine:
         self._reduce_scatter_block, self._alltoall = comm.Reduce_scatter_block, comm.Alltoall
         self._send, self._recv = comm.Send, comm.Recv
         self._gather_call, self._scatter_call = comm.Gather, comm.Scatter
+        self._alltoallv = comm.Alltoallv
         self._scratch = plans.Scratch(self.world_size)
         self._side = side
         self._blocked_since: tuple[int, float] | None = None

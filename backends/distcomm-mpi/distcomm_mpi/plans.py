@@ -5,7 +5,8 @@ as a buffer at its address with its MPI type (not ``.numpy()``), bound once per 
 mpi4py refuses a numpy array that is not contiguous with BufferError, before anything is sent: a
 plan then raises NotPlanned and the kit stages the call. gather and scatter on the root take the
 list as one buffer where its parts are consecutive (``big.chunk(n)``), else copy through the
-communicator's scratch buffer (:class:`Scratch`).
+communicator's scratch buffer (:class:`Scratch`). The uneven all-to-all of numpy arrays is
+``Alltoallv`` with the kit's element counts.
 """
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ def plan(comm: MpiEngine, kind: CallKind) -> Callable[[Any, Any], Any] | None:
         out = _OUTPUTS[kind.op](x.nbytes, comm.world_size)
         call = getattr(comm, _OUTPUTS_CALLS[kind.op])
         return _pair(call, buffer(x.nbytes), buffer(out), adapter_for(x).shares_memory)
-    return _PLANS[kind.op](comm, kind, buffer(x.nbytes))
+    make = _PLANS.get(kind.op)
+    return None if make is None else make(comm, kind, buffer(x.nbytes))
 
 
 def _numpy_buffer(nbytes: int) -> Callable[[Any], Any]:
@@ -404,6 +406,24 @@ class _Root:
             self.call(scratch.buf, own, self.root)
 
 
+def _all_to_all_v(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
+    """The uneven all-to-all of numpy arrays: ``Alltoallv`` with the counts alone (mpi4py makes
+    the packed displacements, in C). A torch tensor's buffer is made for a byte size, which
+    varies here: None, the kit calls the engine's ``all_to_all_v``."""
+    if of is not _numpy:
+        return None
+    alltoallv = comm._alltoallv
+
+    def run(x: Any, y: Any) -> None:
+        output, output_splits, input_splits = y
+        try:
+            alltoallv([x, input_splits], [output, output_splits])
+        except BufferError:
+            raise NotPlanned from None
+
+    return run
+
+
 def _send(comm: MpiEngine, kind: CallKind, of: Callable[[Any], Any]) -> Any:
     send, dst, tag = comm._send, kind.root, kind.tag
     as_is = of is _numpy
@@ -453,13 +473,14 @@ _OUTPUTS_CALLS = {
     "all_to_all_single": "_alltoall",
 }
 _PLANS: dict[
-    str, Callable[[MpiEngine, CallKind, Callable[[Any], Any]], Callable[[Any, Any], Any]]
+    str, Callable[[MpiEngine, CallKind, Callable[[Any], Any]], Callable[[Any, Any], Any] | None]
 ] = {
     "all_reduce": _all_reduce,
     "broadcast": _broadcast,
     "reduce": _reduce,
     "gather": _rooted(True),
     "scatter": _rooted(False),
+    "all_to_all_v": _all_to_all_v,
     "send": _send,
     "recv": _recv,
 }

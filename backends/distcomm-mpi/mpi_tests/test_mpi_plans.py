@@ -4,9 +4,9 @@
 Past the mismatch check's check points (the default policy checks collectives 1..64, then every
 1024th), a blocking call of a kind the pipeline took goes to the plan the engine gave for that
 kind (``MpiEngine.plan``, :mod:`distcomm_mpi.plans`: broadcast, reduce,
-all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, all_reduce, gather, scatter;
-counted here by wrapping the plans where the kit keeps the engine's ``plan``). As a careless
-user would call them:
+all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, all_reduce, gather, scatter,
+and the uneven all-to-all of numpy arrays, ``all_to_all_v``; counted here by wrapping the plans
+where the kit keeps the engine's ``plan``). As a careless user would call them:
 
 - every op's plan taken, counted, with the right results (numpy and torch, five dtypes,
   rank-dependent values, a root that is not 0), in runs of one op and interleaved, under the
@@ -23,7 +23,10 @@ user would call them:
   right (:func:`plans_taken` says which groups plan; each count expected comes from it); with
   ``world_of_one_shortcut = False`` it calls its engine and takes the plans like any group;
 - a mismatch between check points named at the next one (seq 1088), on every rank;
-- hooks see every call: the plans are bypassed while hooks are registered.
+- hooks see every call: the plans are bypassed while hooks are registered;
+- uneven all-to-alls whose routing changes on every call take the plan, right; torch tensors
+  (no such plan) right too; a plan that declines on one rank leaves its calls to the pipeline
+  there, with the split tables kept once (the barrier that settles them finds no mismatch).
 
 And the plans of blocking messages (send, recv, counted alike): rings of numpy arrays and torch
 tensors of five dtypes on three tags (the largest this MPI takes), from a given rank and from
@@ -1103,3 +1106,66 @@ def test_the_roots_list_of_views_is_found_once_and_found_again_when_it_changes(
         root_plan = getattr(plan[0], "__self__", None) if plan is not None else None
         assert isinstance(root_plan, mpi_plans._Root), plan
         assert root_plan.memo is not None, "the root's plan remembered no list of views"
+
+
+@pytest.mark.parametrize("declining", [False, True], ids=["taking", "declining"])
+@pytest.mark.parametrize("policy", ["sample", "off"])
+@pytest.mark.parametrize("lib", LIBS)
+def test_uneven_all_to_alls_whose_routing_changes_take_the_plan_and_are_right(
+    group: Any, lib: str, policy: str, declining: bool
+) -> None:
+    """An uneven all-to-all of numpy arrays whose routing changes on every call (rows of 3
+    elements, each rank sending each rank a number of rows that depends on both and on the
+    step) runs mpi's plan of the kind (``all_to_all_v``, asked once) on every call past the
+    first, with the right rows; torch tensors have no such plan (their buffer is made per byte
+    size) and go through the engine's ``all_to_all_v``, right too. Where rank 0's plan declines
+    every other call (NotPlanned), rank 0 makes those through the pipeline, right, and its split
+    tables are kept once a call: the barrier that settles them finds no mismatch (kept twice on
+    one rank, they would not cancel)."""
+    size, rank, row = group.world_size, group.rank, 3
+    group.debug = policy
+    ran = {"asked": 0, "calls": 0, "taken": 0}
+
+    def wrap(kind: CallKind, run: Run) -> Run:
+        if kind.op != "all_to_all_v":
+            return run
+        ran["asked"] += 1
+
+        def counted(x: Any, y: Any) -> Any:
+            ran["calls"] += 1
+            if declining and rank == 0 and ran["calls"] % 2:
+                raise NotPlanned
+            result = run(x, y)
+            ran["taken"] += 1
+            return result
+
+        return counted
+
+    wrap_plans(group, wrap)
+
+    def rows(src: int, dst: int, step: int) -> int:
+        return (src + 2 * dst + step) % 4
+
+    wrong, steps = [], 12
+    for step in range(steps):
+        sent = [rows(rank, dst, step) for dst in range(size)]
+        expected = [rows(src, rank, step) for src in range(size)]
+        x = np.array(
+            [[100 * rank + 10 * dst + i] * row for dst in range(size) for i in range(sent[dst])],
+            np.float32,
+        ).reshape(-1, row)
+        out = np.full((sum(expected), row), -1.0, np.float32)
+        group.all_to_all_single(make(lib, out), make(lib, x), expected, sent)
+        want = [
+            [100 * src + 10 * rank + i] * row for src in range(size) for i in range(expected[src])
+        ]
+        if out.tolist() != want:
+            wrong.append((step, out.tolist(), want))
+    assert not wrong, f"rank {rank}: wrong rows (step, got, wanted): {wrong}"
+    group.barrier()  # settles the split tables kept since the last check point
+    planned = plans_taken(group) and lib == "numpy"
+    assert ran["asked"] == int(planned), f"rank {rank}: plans given {ran}"
+    reached = steps - 1 if planned else 0
+    taken = reached // 2 if declining and rank == 0 else reached
+    want = {"asked": int(planned), "calls": reached, "taken": taken}
+    assert ran == want, f"rank {rank}: plans {ran}, want {want}"

@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from distcomm.backend._pipeline import observing, p2p_vote, routing, routing_ledger
+from distcomm.backend._pipeline import observing, p2p_vote, recording, routing, routing_ledger
 from distcomm.backend._pipeline.observing import observed
 from distcomm.backend._pipeline.plans import NO_ARRAY
+from distcomm.backend._pipeline.recording import COMPLETED, ISSUED
 from distcomm.backend._pipeline.steps import DONE, Steps
 from distcomm.backend.arrays import cached_adapter
+from distcomm.backend.engine import NotPlanned
 from distcomm.errors import InvalidArgumentError
 from distcomm.protocol import Work
 
@@ -102,8 +104,8 @@ class Movement(Steps):
 
         With split sizes (rows of the first dimension, as torch's), the chunks may differ:
         ``input_split_sizes[r]`` rows go to rank r, ``output_split_sizes[s]`` come from rank s.
-        A blocking call like the ones before it runs the engine's plan for its kind (even), or
-        skips the record-keeping (uneven: :meth:`_uneven_planned`).
+        A blocking call like the ones before it runs the engine's plan for its kind (uneven: of
+        its class and dtype, :meth:`_uneven_planned`).
         """
         if input_split_sizes is None and output_split_sizes is None:
             if not async_op and self._planned("all_to_all_single", input, None, output):
@@ -120,11 +122,12 @@ class Movement(Steps):
 
     def _uneven_planned(self, output: Any, input: Any, expected: Any, sent: Any) -> bool:
         """Run a blocking uneven all-to-all of a class and dtype the pipeline took before (and
-        the ranks agreed on), outside the check points, straight through the engine's
-        ``_all_to_all_v`` when its arguments need nothing more than a look
-        (:func:`~distcomm.backend._pipeline.routing.row_of_plain`), its split tables kept in the
-        ledger. Returns whether it ran; False: nothing was sent, and the pipeline takes the call
-        (and explains what is wrong)."""
+        the ranks agreed on), outside the check points, when its arguments need nothing more
+        than a look (:func:`~distcomm.backend._pipeline.routing.row_of_plain`): through the
+        engine's plan for the kind (``y = (output, output_splits, input_splits)`` in elements),
+        else its ``_all_to_all_v``; the split tables kept in the ledger once it ran. Returns
+        whether it ran; False: nothing was sent, and the pipeline takes the call (and explains
+        what is wrong)."""
         seq = self.seq + 1
         if seq >= self._next_check or observing.registered:  # hooks: the pipeline's event
             return False
@@ -140,21 +143,38 @@ class Movement(Steps):
             return False
         self.op = "all_to_all_single"
         self.seq = seq
-        if h is not None:
-            if entry[1] != h.run_fp:
-                h.start_run(seq, entry[1])
-            routing.keep(self, h, sent, expected)
+        if h is not None and entry[1] != h.run_fp:
+            h.start_run(seq, entry[1])
+        record = None
         if self._recorder is not None:
-            self._open_entry("all_to_all_single", seq, input, cached_adapter(input))
+            record = self._open_entry("all_to_all_single", seq, input, cached_adapter(input))
         times = row.__mul__  # (map, not a comprehension: no frame of its own)
-        self._call(
-            self._all_to_all_v,
-            False,
-            output,
-            list(map(times, expected)),
-            input,
-            list(map(times, sent)),
-        )
+        splits = list(map(times, expected)), list(map(times, sent))
+        plan = entry[0]
+        if plan is None:
+            self._call(self._all_to_all_v, False, output, splits[0], input, splits[1])
+        else:
+            self.blocked_seq = seq
+            try:
+                if record is not None:
+                    record[ISSUED] = recording.stamp(self._entry_device)
+                plan(input, (output, *splits))
+            except NotPlanned:
+                self.seq = seq - 1  # nothing moved: the pipeline counts the call
+                if record is not None:
+                    self._recorder.retract(record)  # type: ignore[union-attr]
+                return False
+            except BaseException as exc:
+                error = self._plan_failed("all_to_all_single", seq, exc, record, None)
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                self.blocked_seq = 0
+            if record is not None:
+                record[COMPLETED] = recording.stamp(self._entry_device)
+        if h is not None:
+            routing.keep(self, h, sent, expected)
         return True
 
     @observed

@@ -23,10 +23,12 @@ SUM only; ``all_reduce``'s plan runs in place.
 The barrier's plan is the engine's (its kind's array is :data:`NO_ARRAY`), else its
 ``_barrier``; it is dropped while split tables of uneven all-to-alls wait to be settled, which
 the next barrier's pipeline does (:meth:`~distcomm.backend._pipeline.movement.Movement.barrier`).
-The uneven all-to-all (sizes differ from call to call) has no plan: a blocking one of a
-remembered class and dtype the engine moves skips the record-keeping but not the engine's
-``_all_to_all_v`` (:meth:`~distcomm.backend._pipeline.movement.Movement._uneven_planned`);
-object collectives likewise skip the kit's steps for a kind (op, root) taken before.
+The uneven all-to-all (sizes differ from call to call) is planned per class and dtype (the
+op :data:`UNEVEN`): a blocking one of a remembered class and dtype, whose arrays and split
+lists need no more than a look, runs the engine's plan with ``y = (output, output_splits,
+input_splits)`` in elements, else the engine's ``_all_to_all_v``
+(:meth:`~distcomm.backend._pipeline.movement.Movement._uneven_planned`); object collectives
+skip the kit's steps for a kind (op, root) taken before.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ OUTPUTS: dict[str, Callable[[int, int], int]] = {
     "reduce_scatter_tensor": lambda n, world: n // world if n % world == 0 else -1,
     "all_to_all_single": lambda n, world: n,
 }
-#: The kind of the uneven all-to-alls of a class and dtype (they have no plan).
+#: The kind of the uneven all-to-alls of a class and dtype (the op their plan is asked for).
 UNEVEN = "all_to_all_v"
 _PLANNED_REDUCE_OPS = (None, ReduceOp.SUM)
 #: How many kinds of call a communicator remembers (then it starts over).
@@ -93,8 +95,8 @@ class Plans:
         #: (op, class, dtype, byte size, root[, tag]) -> (plan or None, fingerprint, the check
         #: of ``y`` or None, what names a call of the kind: its flight recorder entry's kind
         #: (:func:`~distcomm.backend._pipeline.recording.head`), a message's label for the
-        #: "blocked in" mark); an object collective's kind is (op, None, None, None, root), an
-        #: uneven call's (:data:`UNEVEN`, op, class, dtype), with no plan.
+        #: "blocked in" mark); an object collective's kind is (op, None, None, None, root), with
+        #: no plan; an uneven call's (:data:`UNEVEN`, op, class, dtype).
         self.kinds: dict[tuple[Any, ...], tuple[Any, int, Any, Any]] = {}
         #: op -> (class, dtype, byte size, root, the entry in :attr:`kinds`): the kind of the
         #: op's latest planned call, found without hashing a key (a numpy dtype's hash is
@@ -138,7 +140,10 @@ class Plans:
         native = adapter.dtype(x) in native_dtypes
         if varies:
             if native:
-                self._keep((UNEVEN, op, x.__class__, x.dtype), None, fp, None, None)
+                key = (UNEVEN, op, x.__class__, x.dtype)
+                known = self.kinds.get(key)
+                plan = self._ask(CallKind(UNEVEN, x, None)) if known is None else known[0]
+                self._keep(key, plan, fp, None, None)
             return
         if op not in PLANNED:
             return

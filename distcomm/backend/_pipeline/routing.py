@@ -14,7 +14,8 @@ Between check points each rank keeps its tables in a ledger, settled at the next
 The commonest call, blocking, with lists of ints, contiguous arrays the engine moves as they are
 (:func:`row_of_plain`) and a dtype like the calls before it (nothing new to record), goes from
 :meth:`Movement._uneven_planned <distcomm.backend._pipeline.movement.Movement._uneven_planned>`
-straight to the engine's ``all_to_all_v`` (or the kit's).
+straight to the engine's plan for its class and dtype (where it has none, its ``all_to_all_v``
+or the kit's).
 """
 
 from __future__ import annotations
