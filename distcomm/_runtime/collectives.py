@@ -277,7 +277,7 @@ def all_to_all_single(
             retired).
     """
     return resolve_group(group).all_to_all_single(
-        output, input, output_split_sizes, input_split_sizes, async_op=async_op
+        output, input, output_split_sizes, input_split_sizes, async_op
     )
 
 

@@ -64,6 +64,19 @@ class Adapter:
         (and, for an engine bound to one accelerator, ``bound`` such as ``"cuda:0"``, on it)."""
         return "cpu" in devices and self.is_contiguous(x)
 
+    def plain_pair(
+        self, output: Any, input: Any, devices: frozenset[str], bound: str | None
+    ) -> bool:
+        """Whether an engine moving ``devices`` writes ``output`` from ``input`` as they are:
+        both plain (:meth:`is_plain`), the output writable, the two sharing no memory (one
+        look for a call with an output, such as an uneven all-to-all's)."""
+        return (
+            self.is_plain(input, devices, bound)
+            and self.is_plain(output, devices, bound)
+            and self.is_writable(output)
+            and not self.shares_memory(input, output)
+        )
+
     def numel(self, x: Any) -> int:
         raise NotImplementedError
 
@@ -263,6 +276,19 @@ class NumpyAdapter(Adapter):
     def is_plain(self, x: Any, devices: frozenset[str], bound: str | None = None) -> bool:
         # the base's test without its call of is_contiguous (a frame less on every call)
         return "cpu" in devices and x.flags.c_contiguous
+
+    def plain_pair(
+        self, output: Any, input: Any, devices: frozenset[str], bound: str | None
+    ) -> bool:
+        # the base's four looks in one frame, each array's flags read once
+        out = output.flags
+        if not ("cpu" in devices and out.c_contiguous and out.writeable):
+            return False
+        if not input.flags.c_contiguous or input is output:
+            return False
+        if input.base is None and output.base is None:  # two arrays that own their memory
+            return True
+        return not self.np.may_share_memory(input, output)
 
     def numel(self, x: Any) -> int:
         return int(x.size)

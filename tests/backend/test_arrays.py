@@ -350,3 +350,38 @@ def test_a_tensor_on_another_gpu_than_the_bound_one_is_not_plain() -> None:
     assert adapter.is_plain(x, cuda) and adapter.is_plain(x, cuda, "cuda:1")
     assert not adapter.is_plain(x, cuda, "cuda:0")
     assert adapter.is_plain(torch.ones(1), cuda, "cuda:0"), "CPU tensors are not bound"
+
+
+def test_numpy_plain_pair_answers_as_the_four_looks_it_stands_for() -> None:
+    """NumpyAdapter.plain_pair (one look, each array's flags read once) says what the base's
+    composition of is_plain, is_writable and shares_memory says, for every pair a careless
+    caller passes: contiguous or strided, read-only, the same array, views that overlap or not,
+    arrays of their own, and an engine that moves no CPU memory."""
+    from distcomm.backend.arrays import Adapter, NumpyAdapter
+
+    adapter = NumpyAdapter()
+    big = np.arange(24, dtype=np.float32)
+    read_only = np.arange(8, dtype=np.float32)
+    read_only.flags.writeable = False
+    arrays = {
+        "own": np.zeros(8, np.float32),
+        "other own": np.ones(8, np.float32),
+        "first half": big[:12],
+        "second half": big[12:],
+        "overlapping": big[6:18],
+        "strided": big[::2],
+        "read-only": read_only,
+        "2-D": np.zeros((4, 2), np.float32),
+        "transposed": np.zeros((2, 4), np.float32).T,
+    }
+    wrong = []
+    for devices in (frozenset({"cpu"}), frozenset({"cuda"})):
+        for out_name, output in arrays.items():
+            for in_name, input in arrays.items():
+                want = Adapter.plain_pair(adapter, output, input, devices, None)
+                got = adapter.plain_pair(output, input, devices, None)
+                if got != want:
+                    wrong.append((sorted(devices), out_name, in_name, got, want))
+    assert not wrong, f"(devices, output, input, got, wanted): {wrong}"
+    assert adapter.plain_pair(arrays["own"], arrays["other own"], frozenset({"cpu"}), None)
+    assert not adapter.plain_pair(big[:12], big[6:18], frozenset({"cpu"}), None)

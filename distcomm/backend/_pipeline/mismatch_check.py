@@ -152,6 +152,7 @@ class MismatchCheck:
         "described",
         "ended",
         "fps",
+        "keep_tables",
         "ledger",
         "limits",
         "owner",
@@ -179,12 +180,11 @@ class MismatchCheck:
         #: The uneven all-to-alls' split tables since the last check point
         #: (:class:`~distcomm.backend._pipeline.routing_ledger.Ledger`).
         self.ledger = Ledger(comm.rank, comm.world_size)
+        #: ``keep_tables(seq, sent, expected)``: keep the split tables of uneven all-to-all
+        #: ``seq`` (not a check point) until the next settlement (the ledger's own ``keep``,
+        #: bound: an uneven call between check points makes one call for it).
+        self.keep_tables = self.ledger.keep
         history_dumps.register(self)
-
-    def keep_tables(self, seq: int, sent: list[int], expected: list[int]) -> None:
-        """Keep the split tables of uneven all-to-all ``seq`` (not a check point) until the
-        next settlement (:mod:`~distcomm.backend._pipeline.routing_ledger`)."""
-        self.ledger.keep(seq, sent, expected)
 
     def take_tables(self) -> tuple[int, Kept]:
         """This rank's balance of the split tables kept, and the tables, which the ledger

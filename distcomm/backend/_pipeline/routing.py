@@ -128,8 +128,8 @@ def row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any)
     more than one rank; else -1."""
     world = comm._world_size
     if (
-        type(sent) is not list
-        or type(expected) is not list
+        sent.__class__ is not list
+        or expected.__class__ is not list
         or len(sent) != world
         or len(expected) != world
         or output.__class__ is not input.__class__
@@ -141,26 +141,21 @@ def row_of_plain(comm: Steps, output: Any, input: Any, expected: Any, sent: Any)
     adapter = cached_adapter(input)
     if adapter is None:
         return -1
-    devices, bound = comm.devices, comm.bound_device
-    if (
-        not adapter.is_plain(input, devices, bound)
-        or not adapter.is_plain(output, devices, bound)
-        or adapter.shares_memory(input, output)  # the pipeline copies the input
-        or not adapter.is_writable(output)  # the pipeline refuses it
-    ):
+    # (an input over the output: the pipeline copies it; a read-only output: it refuses it)
+    if not adapter.plain_pair(output, input, comm.devices, comm.bound_device):
         return -1
     shape, rows_out = input.shape, output.shape
     if len(shape) == 2 and len(rows_out) == 2 and shape[1] == rows_out[1]:
-        row = int(shape[1])
+        row = shape[1]  # (an int: numpy's shapes and torch.Size hold ints)
     elif shape and rows_out and rows_out[1:] == shape[1:]:
         row = math.prod(shape[1:])
     else:
         return -1
     for n in sent:
-        if type(n) is not int or n < 0:
+        if n.__class__ is not int or n < 0:
             return -1
     for n in expected:
-        if type(n) is not int or n < 0:
+        if n.__class__ is not int or n < 0:
             return -1
     if sum(sent) != shape[0] or sum(expected) != rows_out[0]:
         return -1
