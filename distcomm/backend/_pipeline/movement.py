@@ -160,15 +160,9 @@ class Movement(Steps):
                     record[ISSUED] = recording.stamp(self._entry_device)
                 plan(input, (output, *splits))
             except NotPlanned:
-                self.seq = seq - 1  # nothing moved: the pipeline counts the call
-                if record is not None:
-                    self._recorder.retract(record)  # type: ignore[union-attr]
-                return False
+                return self._plan_declined(seq, record, None)
             except BaseException as exc:
-                error = self._plan_failed("all_to_all_single", seq, exc, record, None)
-                if error is exc:
-                    raise
-                raise error from exc
+                raise self._plan_failed("all_to_all_single", seq, exc, record, None)  # noqa: B904
             finally:
                 self.blocked_seq = 0
             if record is not None:

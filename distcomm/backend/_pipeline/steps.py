@@ -539,17 +539,9 @@ class Steps(ArgumentChecks, Failures, Defaults):
                 self._entry = None  # no later engine call stamps an earlier call's entry
             plan(x, y)
         except NotPlanned:
-            self.seq = seq - 1  # nothing moved: the pipeline counts the call
-            if record is not None:
-                rec.retract(record)  # type: ignore[union-attr]
-            if event is not None:
-                self._event = observing.Carried(event)  # the pipeline takes it
-            return False
+            return self._plan_declined(seq, record, event)
         except BaseException as exc:
-            error = self._plan_failed(op, seq, exc, record, event)
-            if error is exc:
-                raise
-            raise error from exc
+            raise self._plan_failed(op, seq, exc, record, event)  # noqa: B904 (its cause set)
         finally:
             self.blocked_seq = 0
         if record is not None:
@@ -609,15 +601,27 @@ class Steps(ArgumentChecks, Failures, Defaults):
             raise
         return event
 
+    def _plan_declined(self, seq: int, record: list[Any] | None, event: Any) -> bool:
+        """A plan raised NotPlanned for call ``seq``: nothing moved, so the call is not counted
+        (the pipeline counts it), the flight recorder forgets its ``record`` and the pipeline
+        takes the hooks' ``event`` (None: none). Returns False: the plan did not run."""
+        self.seq = seq - 1
+        if record is not None:
+            self._recorder.retract(record)  # type: ignore[union-attr]
+        if event is not None:
+            self._event = observing.Carried(event)
+        return False
+
     def _plan_failed(
         self, op: str, seq: int, exc: BaseException, record: list[Any] | None, event: Any
     ) -> BaseException:
         """What a plan's exception ``exc`` raises: distcomm's own as it is, the engine's as
-        :class:`~distcomm.errors.EngineError`, anything else as it is; the flight recorder's
-        ``record`` and the hooks' ``event`` (None: none) get it."""
+        :class:`~distcomm.errors.EngineError` (caused by ``exc``), anything else as it is; the
+        flight recorder's ``record`` and the hooks' ``event`` (None: none) get it."""
         error = exc
         if not isinstance(exc, DistcommError) and isinstance(exc, self.engine_errors):
             error = self.engine_failed(op, seq, exc)
+            error.__cause__ = exc
         if record is not None:
             assert self._recorder is not None
             self._recorder.failed(record, error)
