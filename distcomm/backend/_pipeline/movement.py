@@ -167,9 +167,8 @@ class Movement(Steps):
                 self.blocked_seq = 0
             if record is not None:
                 record[COMPLETED] = recording.stamp(self._entry_device)
-        if h is not None:  # (routing.keep, inlined: a frame less on every call)
-            h.keep_tables(seq, sent, expected)
-            self._plans.drop_barrier()
+        if h is not None:
+            routing.keep(self, h, sent, expected)
         return True
 
     @observed
