@@ -12,6 +12,9 @@ NotPlanned leaves ``seq`` alone and the pipeline answers, and a kind the engine 
 refuse (its length, an entry's dtype, class or size, a list off the root, none on it) never reaches
 their plans. Reductions other than SUM and calls with ``async_op`` are never planned.
 
+Each test runs twice: on the planned path's compiled common case and on the Python alone; the
+compiled one is shown to run the calls it takes without the Python, and to be built in CI.
+
 The plans of blocking messages alike (``send``, ``recv``, here built on the communicator's own
 ``_isend`` / ``_irecv`` waited for): asked on the first message of a kind (op, class, dtype, byte
 size, peer, tag) and taken for every good message, under a "blocked in" mark of its own that is
@@ -33,6 +36,7 @@ import distcomm
 from distcomm.backend import CallKind, NotPlanned
 from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
 from distcomm.backend._pipeline.plans import NO_ARRAY, OUTPUTS, Plans
+from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import (
     CollectiveMismatchError,
@@ -42,6 +46,22 @@ from distcomm.errors import (
 )
 from distcomm.protocol import ReduceOp
 from distcomm.testing import run_threads
+
+#: The Python of Steps._planned (its compiled common case, where built, hands it every other call).
+PYTHON_PLANNED = getattr(Steps._planned, "__wrapped__", Steps._planned)
+COMPILED = PYTHON_PLANNED is not Steps._planned
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def planned_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both ways of a planned call: the compiled common case
+    (``_planned_path.c``, built at install where a C compiler is) and the Python alone."""
+    if request.param == "python":
+        monkeypatch.setattr(Steps, "_planned", PYTHON_PLANNED)
+    elif not COMPILED:
+        pytest.skip("distcomm was installed without its compiled planned path (no C compiler)")
+    return str(request.param)
+
 
 SUM = ReduceOp.SUM
 OPS = (
@@ -1137,3 +1157,143 @@ def test_the_flight_recorder_names_the_users_line_of_a_planned_call() -> None:
         assert taken == 43, f"{taken} of the 45 calls took their plan (want all but the first two)"
         wrong = [(site, want) for site, want in pairs if site != want]
         assert not wrong, f"recorded sites (got, wanted): {wrong}"
+
+
+def test_the_compiled_path_is_built_in_ci() -> None:
+    """CI installs with a C compiler: a build that fell back to the Python must fail there,
+    not pass on the slower path unnoticed."""
+    import os
+
+    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
+        pytest.skip("only CI promises a C compiler")
+    assert COMPILED, "distcomm.backend._pipeline._planned_path was not built: see pip's output"
+
+
+def _python_planned_calls(run: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``run()`` returns, and how many times the Python of Steps._planned ran in it (on
+    this thread: each thread-rank counts its own)."""
+    import sys
+
+    code = PYTHON_PLANNED.__code__
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event == "call" and frame.f_code is code:
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return result, count
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["no recorder", "recorder"])
+def test_the_compiled_path_takes_a_run_of_a_known_kind_without_the_python(
+    planned_path: str, recorded: bool
+) -> None:
+    """Runs of calls of one kind (all_reduce, a rooted broadcast, all_gather_into_tensor with
+    its output, gather with its list on the root), each kind taken once before: the compiled
+    path hands the Python only the first call of each run (a new run of its fingerprint in the
+    mismatch check's history), and with the flight recorder on, the first of each site too; the
+    plan takes every call, numbered in turn, the recorder keeping each with its seq and site."""
+    from distcomm._runtime.flight_recorder import FlightRecorder
+
+    def body() -> tuple[int, list[tuple[str, int]], list[Any], int]:
+        comm: Any = distcomm.get_communicator()
+        planner = Planner(comm)
+        past_the_first_checks(comm)
+        x = np.ones(K, np.float32)
+        out = np.zeros(K * comm.world_size, np.float32)
+        parts = (
+            [np.zeros(K, np.float32) for _ in range(comm.world_size)] if comm.rank == 0 else None
+        )
+        calls = [
+            lambda: comm.all_reduce(x),
+            lambda: comm.broadcast(x, 1),
+            lambda: comm.all_gather_into_tensor(out, x),
+            lambda: comm.gather(x, parts, 0),
+        ]
+        for call in calls:  # each kind taken once by the pipeline
+            call()
+        recorder = None
+        if recorded:
+            recorder = FlightRecorder(1000, "/nonexistent/never-dumped", comm.rank, 2)
+            comm._record_into(recorder)
+        first = comm.seq
+
+        def runs() -> None:
+            for call in calls:
+                for _ in range(40):
+                    call()
+
+        _, python = _python_planned_calls(runs)
+        records = [] if recorder is None else recorder.records()
+        return first, planner.taken[-160:], records, python
+
+    for rank, (first, taken, records, python) in enumerate(run_threads(body, 2)):
+        ops = [op for op, _ in taken]
+        want = [op for op in OPS_IN_RUNS for _ in range(40)]
+        assert ops == want, f"rank {rank}: the plans took {ops[:3]}... (want 40 of each in turn)"
+        assert [seq for _, seq in taken] == list(range(first + 1, first + 161)), f"rank {rank}"
+        runs_started = len(OPS_IN_RUNS)  # the first call of each run: a new fingerprint's run
+        if planned_path == "compiled":
+            assert python == runs_started, (
+                f"rank {rank}: the Python ran {python} times in 160 calls of 4 runs "
+                f"(want {runs_started}: the first of each run)"
+            )
+        else:
+            assert python == 160, f"rank {rank}: the Python ran {python} times, not each call"
+        if recorded:
+            assert [r["seq"] for r in records[-160:]] == list(range(first + 1, first + 161))
+            assert all(r["site"] and r["site"].endswith(" in <lambda>") for r in records[-160:])
+
+
+#: The ops of the runs of test_the_compiled_path_takes_a_run_of_a_known_kind_without_the_python.
+OPS_IN_RUNS = ("all_reduce", "broadcast", "all_gather_into_tensor", "gather")
+
+
+def test_a_collective_plans_engine_error_becomes_engine_error_and_the_mark_is_cleared() -> None:
+    """A plan of a known kind raising one of the engine's errors (a link that went down): the
+    call raises EngineError naming the operation, caused by the engine's error; the "blocked
+    in" mark is cleared and the communicator retired, on the compiled path and the Python."""
+
+    def body() -> tuple[str, Any, int, str | None]:
+        comm: Any = distcomm.get_communicator()
+        Planner(comm)
+        past_the_first_checks(comm)
+        x = np.ones(K, np.float32)
+        comm.all_reduce(x)
+        comm.all_reduce(x)  # the kind's run started: the next call is the plain one
+
+        def broken(kind: CallKind) -> Callable[[Any, Any], None]:
+            def run(x: Any, y: Any) -> None:
+                raise OSError("link down")
+
+            return run
+
+        kinds = comm._plans.kinds
+        for key, entry in list(kinds.items()):
+            if key[0] == "all_reduce":
+                kinds[key] = (broken(None), *entry[1:])  # type: ignore[arg-type]
+        comm._plans.last.clear()
+        comm.engine_errors = (OSError,)
+        try:
+            comm.all_reduce(x)
+            error: Any = None
+        except EngineError as exc:
+            error = exc
+        return (
+            "" if error is None else str(error),
+            None if error is None else error.__cause__,
+            comm.blocked_seq,
+            comm.unusable,
+        )
+
+    for rank, (message, cause, mark, unusable) in enumerate(run_threads(body, 2, timeout=30)):
+        assert "all_reduce" in message and "link down" in message, f"rank {rank}: {message!r}"
+        assert isinstance(cause, OSError), f"rank {rank}: caused by {cause!r}"
+        assert mark == 0, f"rank {rank}: blocked_seq {mark} left set"
+        assert unusable is not None, f"rank {rank}: the communicator is still usable"

@@ -61,6 +61,21 @@ _ABSENT = object()
 #: What :meth:`Steps._planned_opening` returns for a call the pipeline must take.
 _DECLINED = object()
 
+try:  # the common case of a planned call compiled (built at install where a C compiler is)
+    from distcomm.backend._pipeline._planned_path import accelerate as _accelerate
+except ImportError:  # none: the Python runs every call
+    _accelerate = None
+
+
+def _compiled(planned: Callable[..., bool]) -> Any:
+    """:meth:`Steps._planned` with its common case compiled (``_planned_path.c``: a known kind
+    of call, no hook, the mismatch check's current run, no recorder or one at a site it knows)
+    and every other call handed to the Python, untouched, as its ``__wrapped__``; the Python
+    alone where the extension was not built."""
+    if _accelerate is None:
+        return planned
+    return _accelerate(planned, _hooks, NotPlanned, COMPLETED)
+
 
 class Steps(ArgumentChecks, Failures, Defaults):
     """The state of a communicator and the steps its pipelines share (module docstring).
@@ -470,13 +485,15 @@ class Steps(ArgumentChecks, Failures, Defaults):
         entry[COMPLETED] = recording.stamp(device)
         return result
 
+    @_compiled
     def _planned(self, op: str, x: Any, root: Any = None, y: Any = None) -> bool:
         """Run a blocking call of a kind the pipeline took before through the engine's plan for
         it (:mod:`~distcomm.backend._pipeline.plans`), under the call's ``seq`` and "blocked in"
         mark, seen by the hooks and the flight recorder. Returns whether it ran; False: nothing
         moved, nothing was counted, and the pipeline takes the call (and says what is wrong
         with it). A call that no hook observes, of the kind of the call before it, is numbered
-        here; the others by :meth:`_planned_opening`."""
+        here; the others by :meth:`_planned_opening`. Where the extension was built, its common
+        case runs compiled (:func:`_compiled`) and this is its ``__wrapped__``."""
         seq = self.seq + 1
         if seq >= self._next_check or self.unusable is not None:
             return False

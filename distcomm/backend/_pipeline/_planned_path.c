@@ -1,0 +1,478 @@
+/* The planned path compiled: Steps._planned's common case in C (issue 43).
+ *
+ * accelerate(function, hooks, not_planned, completed) wraps Steps._planned (the Python
+ * function, ``function``) in a PlannedPath: a method descriptor (Python's LOAD_METHOD calls it
+ * with the communicator first, making no bound method) that runs a call itself where it is
+ * the common case, and hands every other call to ``function``, untouched, before it changes
+ * anything:
+ *
+ *   - a call of the kind of its op's latest planned call (``_last_kind``: the class, the dtype
+ *     object, the byte size, the root as it was or an equal int), whose kind has a plan, whose
+ *     ``y`` fits (``fits`` None or true), on a usable communicator, short of the next check
+ *     point (``_next_check``);
+ *   - no hook registered (``hooks``, observing.registered, is empty) and the kind's fingerprint
+ *     the mismatch check's current run (or no check);
+ *   - no flight recorder, or one on the CPU clock (``bound_device`` None) whose caller is the
+ *     site the last recorded call found (``_site_code``, through ``_site_via``).
+ *
+ * There it does what the Python does: numbers the call (``op``, ``seq``), marks it "blocked
+ * in" (``blocked_seq``), adds the recorder's entry, runs the plan, stamps the entry; a plan's
+ * exception goes to the communicator's ``_plan_declined`` (NotPlanned) or ``_plan_failed``.
+ * The communicator's slots are read at their offsets, found once per class from its member
+ * descriptors (a class whose attribute is no slot takes the Python for every call).
+ * test_plans.py runs the same calls through both and compares what they leave.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+/* The communicator's slots the path reads or writes (index into Offsets.at). */
+enum { SEQ, NEXT_CHECK, UNUSABLE, LAST_KIND, CHECK, RECORDER, BOUND_DEVICE, BLOCKED_SEQ, OP,
+       SITE_CODE, SITE_VIA, ENTRY, N_SLOTS };
+static const char *slot_names[N_SLOTS] = {
+    "seq", "_next_check", "unusable", "_last_kind", "_mismatch_check", "_recorder",
+    "bound_device", "blocked_seq", "op", "_site_code", "_site_via", "_entry"};
+
+typedef struct {
+    PyTypeObject *type; /* the class they were found for (borrowed: compared, never used) */
+    int usable;         /* 0: a name is no slot of it */
+    Py_ssize_t at[N_SLOTS];
+} Offsets;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *function;    /* Steps._planned, the Python */
+    PyObject *hooks;       /* observing.registered (a list, changed in place) */
+    PyObject *not_planned; /* engine.NotPlanned */
+    Py_ssize_t completed;  /* recording.COMPLETED */
+    Offsets comm;          /* the communicator's class */
+    PyTypeObject *check_type;
+    Py_ssize_t run_fp;     /* MismatchCheck.run_fp's offset (-1: no slot) */
+} PlannedPath;
+
+static PyObject *s_dtype, *s_nbytes, *s_shape, *s_add, *s_declined, *s_failed, *zero;
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
+    PyObject *key = PyUnicode_InternFromString(name);
+    if (key == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *found = _PyType_Lookup(type, key); /* borrowed; never raises */
+    Py_DECREF(key);
+    if (found == NULL || !Py_IS_TYPE(found, &PyMemberDescr_Type))
+        return -1;
+    PyMemberDef *member = ((PyMemberDescrObject *)found)->d_member;
+    return member->type == T_OBJECT_EX || member->type == T_OBJECT ? member->offset : -1;
+}
+
+static int find_offsets(Offsets *o, PyTypeObject *type) {
+    o->type = type;
+    o->usable = 0;
+    for (int i = 0; i < N_SLOTS; i++) {
+        o->at[i] = slot_offset(type, slot_names[i]);
+        if (o->at[i] < 0)
+            return 0;
+    }
+    o->usable = 1;
+    return 1;
+}
+
+/* A slot's value (borrowed), or NULL when it is unset. */
+static inline PyObject *get(PyObject *obj, Py_ssize_t off) { return SLOT(obj, off); }
+
+static inline void set(PyObject *obj, Py_ssize_t off, PyObject *value) {
+    PyObject *old = SLOT(obj, off);
+    Py_INCREF(value);
+    SLOT(obj, off) = value;
+    Py_XDECREF(old);
+}
+
+static PyObject *wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return PyFloat_FromDouble((double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+}
+
+/* x's attribute ``name`` as a Py_ssize_t (-1 and no error: not there, or no int). */
+static Py_ssize_t size_attr(PyObject *x, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(x, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = PyLong_Check(v) ? PyLong_AsSsize_t(v) : -1;
+    Py_DECREF(v);
+    if (n == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return n;
+}
+
+/* The recorder's site of a call made from the frame below the current one (the public
+ * method's caller, or its module function's), or NULL: not the site the last recorded call
+ * found (the Python finds it). A new reference. */
+static PyObject *known_site(PyObject *comm, const Offsets *o) {
+#if PY_VERSION_HEX >= 0x030B0000
+    PyFrameObject *here = PyEval_GetFrame(); /* the public method's (borrowed) */
+    if (here == NULL)
+        return NULL;
+    PyFrameObject *frame = PyFrame_GetBack(here);
+    if (frame == NULL)
+        return NULL;
+    PyCodeObject *code = PyFrame_GetCode(frame);
+    if ((PyObject *)code == get(comm, o->at[SITE_VIA])) {
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        Py_DECREF(code);
+        if (back == NULL)
+            return NULL;
+        frame = back;
+        code = PyFrame_GetCode(frame);
+    }
+    PyObject *site = NULL;
+    if ((PyObject *)code == get(comm, o->at[SITE_CODE])) {
+        PyObject *lasti = PyLong_FromLong(PyFrame_GetLasti(frame));
+        if (lasti != NULL) {
+            site = PyTuple_Pack(2, (PyObject *)code, lasti);
+            Py_DECREF(lasti);
+        }
+        if (site == NULL)
+            PyErr_Clear();
+    }
+    Py_DECREF(code);
+    Py_DECREF(frame);
+    return site;
+#else
+    (void)comm;
+    (void)o;
+    return NULL; /* Python 3.10: the Python records */
+#endif
+}
+
+/* The plan raised (the error set): the communicator's handlers, as the Python's except
+ * clauses call them; ``record`` or NULL. */
+static PyObject *plan_raised(PlannedPath *self, PyObject *comm, PyObject *op, PyObject *seq,
+                             PyObject *record) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *rec = record != NULL ? record : Py_None;
+    PyObject *result = NULL;
+    if (PyObject_IsInstance(value, self->not_planned) == 1) {
+        result = PyObject_CallMethodObjArgs(comm, s_declined, seq, rec, Py_None, NULL);
+    } else {
+        PyObject *error = PyObject_CallMethodObjArgs(comm, s_failed, op, seq, value, rec, Py_None,
+                                                     NULL);
+        if (error != NULL) {
+            if (error == value) {
+                PyErr_Restore(type, value, tb); /* raised as it is */
+                type = value = tb = NULL;
+            } else {
+                Py_INCREF(value);
+                PyException_SetContext(error, value); /* steals the reference */
+                PyErr_SetObject((PyObject *)Py_TYPE(error), error);
+            }
+            Py_DECREF(error);
+        }
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return result;
+}
+
+static PyObject *fallback(PlannedPath *self, PyObject *const *args, size_t nargsf) {
+    return PyObject_Vectorcall(self->function, args, nargsf, NULL);
+}
+
+/* self._planned(op, x, root=None, y=None), the communicator first. */
+static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    PlannedPath *self = (PlannedPath *)callable;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || n < 3 || n > 5)
+        return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    PyObject *comm = args[0], *op = args[1], *x = args[2];
+    PyObject *root = n > 3 ? args[3] : Py_None, *y = n > 4 ? args[4] : Py_None;
+    Offsets *o = &self->comm;
+    if (Py_TYPE(comm) != o->type)
+        find_offsets(o, Py_TYPE(comm));
+    if (!o->usable)
+        return fallback(self, args, nargsf);
+
+    PyObject *seq_now = get(comm, o->at[SEQ]), *next = get(comm, o->at[NEXT_CHECK]);
+    PyObject *kinds = get(comm, o->at[LAST_KIND]);
+    if (seq_now == NULL || next == NULL || kinds == NULL || !PyLong_CheckExact(seq_now) ||
+        !PyLong_CheckExact(next) || !PyDict_CheckExact(kinds) ||
+        get(comm, o->at[UNUSABLE]) != Py_None)
+        return fallback(self, args, nargsf);
+    Py_ssize_t seq = PyLong_AsSsize_t(seq_now);
+    if (seq == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    seq += 1;
+    Py_ssize_t next_check = PyLong_AsSsize_t(next);
+    if (next_check == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    if (seq >= next_check || PyList_GET_SIZE(self->hooks) != 0)
+        return fallback(self, args, nargsf);
+
+    /* the kind: the op's latest, (class, dtype, byte size, root, entry) */
+    PyObject *last = PyDict_GetItemWithError(kinds, op);
+    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 5) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    PyObject *last_root = PyTuple_GET_ITEM(last, 3);
+    if ((root != Py_None && !PyLong_CheckExact(root)) || /* True is no rank */
+        PyTuple_GET_ITEM(last, 0) != (PyObject *)Py_TYPE(x) ||
+        (last_root != root &&
+         !(PyLong_CheckExact(root) && PyLong_CheckExact(last_root) &&
+           PyObject_RichCompareBool(root, last_root, Py_EQ) == 1)))
+        return fallback(self, args, nargsf);
+    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
+    if (dtype == NULL) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    Py_DECREF(dtype); /* compared by identity only (the kind holds the dtype) */
+    if (dtype != PyTuple_GET_ITEM(last, 1))
+        return fallback(self, args, nargsf);
+    Py_ssize_t nbytes = size_attr(x, s_nbytes);
+    PyObject *entry = PyTuple_GET_ITEM(last, 4);
+    if (nbytes < 0 || !PyLong_CheckExact(PyTuple_GET_ITEM(last, 2)) ||
+        PyLong_AsSsize_t(PyTuple_GET_ITEM(last, 2)) != nbytes || !PyTuple_CheckExact(entry) ||
+        PyTuple_GET_SIZE(entry) != 4) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    PyObject *plan = PyTuple_GET_ITEM(entry, 0), *fp = PyTuple_GET_ITEM(entry, 1);
+    PyObject *fits = PyTuple_GET_ITEM(entry, 2), *name = PyTuple_GET_ITEM(entry, 3);
+    if (plan == Py_None)
+        return fallback(self, args, nargsf);
+
+    /* the mismatch check's current run */
+    PyObject *check = get(comm, o->at[CHECK]);
+    if (check == NULL)
+        return fallback(self, args, nargsf);
+    if (check != Py_None) {
+        if (Py_TYPE(check) != self->check_type) {
+            self->check_type = Py_TYPE(check);
+            self->run_fp = slot_offset(self->check_type, "run_fp");
+        }
+        PyObject *run_fp = self->run_fp < 0 ? NULL : get(check, self->run_fp);
+        if (run_fp == NULL)
+            return fallback(self, args, nargsf);
+        if (run_fp != fp) {
+            int same = PyObject_RichCompareBool(fp, run_fp, Py_EQ);
+            if (same != 1) {
+                PyErr_Clear();
+                return fallback(self, args, nargsf);
+            }
+        }
+    }
+
+    /* the flight recorder: a known site on the CPU clock, else the Python */
+    PyObject *recorder = get(comm, o->at[RECORDER]), *site = NULL;
+    if (recorder == NULL)
+        return fallback(self, args, nargsf);
+    if (recorder != Py_None) {
+        if (get(comm, o->at[BOUND_DEVICE]) != Py_None)
+            return fallback(self, args, nargsf);
+        site = known_site(comm, o);
+        if (site == NULL)
+            return fallback(self, args, nargsf);
+    }
+
+    if (fits != Py_None) { /* y checked (it may raise: nothing has changed) */
+        PyObject *ok = PyObject_CallOneArg(fits, y);
+        int fit = ok == NULL ? -1 : PyObject_IsTrue(ok);
+        Py_XDECREF(ok);
+        if (fit != 1) {
+            Py_XDECREF(site);
+            return fit < 0 ? NULL : fallback(self, args, nargsf);
+        }
+    }
+
+    /* the call, numbered */
+    PyObject *seq_obj = PyLong_FromSsize_t(seq);
+    if (seq_obj == NULL) {
+        Py_XDECREF(site);
+        return NULL;
+    }
+    set(comm, o->at[OP], op);
+    set(comm, o->at[SEQ], seq_obj);
+    set(comm, o->at[BLOCKED_SEQ], seq_obj);
+    PyObject *record = NULL, *result = NULL;
+    if (site != NULL) {
+        PyObject *shape = PyObject_GetAttr(x, s_shape);
+        PyObject *issued = shape == NULL ? NULL : wall();
+        if (issued != NULL)
+            record = PyList_New(7);
+        if (record != NULL) {
+            PyObject *items[7] = {name, seq_obj, shape, site, issued, Py_None, Py_None};
+            for (int i = 0; i < 7; i++) {
+                Py_INCREF(items[i]);
+                PyList_SET_ITEM(record, i, items[i]);
+            }
+            PyObject *added = PyObject_CallMethodOneArg(recorder, s_add, record);
+            if (added == NULL)
+                Py_CLEAR(record);
+            Py_XDECREF(added);
+        }
+        Py_XDECREF(shape);
+        Py_XDECREF(issued);
+        Py_DECREF(site);
+        if (record == NULL)
+            goto raised; /* as the Python's: the error goes through the plan's handlers */
+        set(comm, o->at[ENTRY], Py_None); /* no later engine call stamps this entry */
+    }
+    PyObject *plan_args[2] = {x, y};
+    PyObject *moved = PyObject_Vectorcall(plan, plan_args, 2, NULL);
+    if (moved == NULL)
+        goto raised;
+    Py_DECREF(moved);
+    set(comm, o->at[BLOCKED_SEQ], zero);
+    if (record != NULL) {
+        PyObject *done = wall();
+        if (done == NULL || PyList_SetItem(record, self->completed, done) < 0) {
+            Py_DECREF(record);
+            Py_DECREF(seq_obj);
+            return NULL;
+        }
+        Py_DECREF(record);
+    }
+    Py_DECREF(seq_obj);
+    Py_RETURN_TRUE;
+
+raised:
+    result = plan_raised(self, comm, op, seq_obj, record);
+    set(comm, o->at[BLOCKED_SEQ], zero);
+    Py_XDECREF(record);
+    Py_DECREF(seq_obj);
+    return result;
+}
+
+static PyObject *path_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static int path_traverse(PlannedPath *self, visitproc visit, void *arg) {
+    Py_VISIT(self->function);
+    Py_VISIT(self->hooks);
+    Py_VISIT(self->not_planned);
+    return 0;
+}
+
+static int path_clear(PlannedPath *self) {
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->hooks);
+    Py_CLEAR(self->not_planned);
+    return 0;
+}
+
+static void path_dealloc(PlannedPath *self) {
+    PyObject_GC_UnTrack(self);
+    path_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *path_wrapped(PlannedPath *self, void *closure) {
+    Py_INCREF(self->function);
+    return self->function;
+}
+
+static PyGetSetDef path_getset[] = {
+    {"__wrapped__", (getter)path_wrapped, NULL, "the Python it runs the common case of", NULL},
+    {NULL}};
+
+static PyTypeObject PlannedPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "distcomm.backend._pipeline._planned_path.PlannedPath",
+    .tp_basicsize = sizeof(PlannedPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Steps._planned's common case compiled; every other call runs __wrapped__.",
+    .tp_vectorcall_offset = offsetof(PlannedPath, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = path_get,
+    .tp_traverse = (traverseproc)path_traverse,
+    .tp_clear = (inquiry)path_clear,
+    .tp_dealloc = (destructor)path_dealloc,
+    .tp_getset = path_getset,
+};
+
+static PyObject *accelerate(PyObject *module, PyObject *args) {
+    PyObject *function, *hooks, *not_planned;
+    Py_ssize_t completed;
+    if (!PyArg_ParseTuple(args, "OO!On", &function, &PyList_Type, &hooks, &not_planned,
+                          &completed))
+        return NULL;
+    if (completed < 0 || completed >= 7) {
+        PyErr_Format(PyExc_ValueError, "completed is %zd; an entry has 7 fields", completed);
+        return NULL;
+    }
+#ifdef Py_GIL_DISABLED
+    /* free-threaded Python: the slots are written without the lock the Python's stores take */
+    Py_INCREF(function);
+    return function;
+#endif
+    PlannedPath *self = PyObject_GC_New(PlannedPath, &PlannedPathType);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = planned_call;
+    Py_INCREF(function);
+    self->function = function;
+    Py_INCREF(hooks);
+    self->hooks = hooks;
+    Py_INCREF(not_planned);
+    self->not_planned = not_planned;
+    self->completed = completed;
+    self->comm.type = NULL;
+    self->comm.usable = 0;
+    self->check_type = NULL;
+    self->run_fp = -1;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static PyMethodDef module_methods[] = {
+    {"accelerate", accelerate, METH_VARARGS,
+     "accelerate(function, hooks, not_planned, completed): Steps._planned with its common case "
+     "compiled."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_planned_path",
+    .m_doc = "Steps._planned's common case compiled.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__planned_path(void) {
+    if (PyType_Ready(&PlannedPathType) < 0)
+        return NULL;
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_nbytes = PyUnicode_InternFromString("nbytes");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_add = PyUnicode_InternFromString("add");
+    s_declined = PyUnicode_InternFromString("_plan_declined");
+    s_failed = PyUnicode_InternFromString("_plan_failed");
+    zero = PyLong_FromLong(0);
+    if (!s_dtype || !s_nbytes || !s_shape || !s_add || !s_declined || !s_failed || !zero)
+        return NULL;
+    return PyModule_Create(&module_def);
+}
