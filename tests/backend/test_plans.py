@@ -35,7 +35,8 @@ import torch
 import distcomm
 from distcomm.backend import CallKind, NotPlanned
 from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
-from distcomm.backend._pipeline.plans import NO_ARRAY, OUTPUTS, Plans
+from distcomm.backend._pipeline.p2p import PointToPoint
+from distcomm.backend._pipeline.plans import NO_ARRAY, OUTPUTS, Fits, Plans
 from distcomm.backend._pipeline.steps import Steps
 from distcomm.backend.arrays import adapter_for
 from distcomm.errors import (
@@ -49,15 +50,20 @@ from distcomm.testing import run_threads
 
 #: The Python of Steps._planned (its compiled common case, where built, hands it every other call).
 PYTHON_PLANNED = getattr(Steps._planned, "__wrapped__", Steps._planned)
+#: The Python of PointToPoint._planned_message alike.
+PYTHON_PLANNED_MESSAGE = getattr(
+    PointToPoint._planned_message, "__wrapped__", PointToPoint._planned_message
+)
 COMPILED = PYTHON_PLANNED is not Steps._planned
 
 
 @pytest.fixture(autouse=True, params=["compiled", "python"])
 def planned_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs on both ways of a planned call: the compiled common case
-    (``_planned_path.c``, built at install where a C compiler is) and the Python alone."""
+    """Every test here runs on both ways of a planned call and message: the compiled common
+    case (``_planned_path.c``, built at install where a C compiler is) and the Python alone."""
     if request.param == "python":
         monkeypatch.setattr(Steps, "_planned", PYTHON_PLANNED)
+        monkeypatch.setattr(PointToPoint, "_planned_message", PYTHON_PLANNED_MESSAGE)
     elif not COMPILED:
         pytest.skip("distcomm was installed without its compiled planned path (no C compiler)")
     return str(request.param)
@@ -1170,16 +1176,17 @@ def test_the_compiled_path_is_built_in_ci() -> None:
 
 
 def _python_planned_calls(run: Callable[[], Any]) -> tuple[Any, int]:
-    """What ``run()`` returns, and how many times the Python of Steps._planned ran in it (on
-    this thread: each thread-rank counts its own)."""
+    """What ``run()`` returns, and how many times the Python of Steps._planned, or a kind's
+    check of ``y`` (``Fits``, which the compiled path reads as data), ran in it (on this thread:
+    each thread-rank counts its own)."""
     import sys
 
-    code = PYTHON_PLANNED.__code__
+    codes = (PYTHON_PLANNED.__code__, Fits.__call__.__code__)
     count = 0
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         nonlocal count
-        if event == "call" and frame.f_code is code:
+        if event == "call" and frame.f_code in codes:
             count += 1
 
     sys.setprofile(profile)
@@ -1238,14 +1245,16 @@ def test_the_compiled_path_takes_a_run_of_a_known_kind_without_the_python(
         want = [op for op in OPS_IN_RUNS for _ in range(40)]
         assert ops == want, f"rank {rank}: the plans took {ops[:3]}... (want 40 of each in turn)"
         assert [seq for _, seq in taken] == list(range(first + 1, first + 161)), f"rank {rank}"
-        runs_started = len(OPS_IN_RUNS)  # the first call of each run: a new fingerprint's run
+        # the first call of each run (a new run of its fingerprint), whose check of y is
+        # called in the two runs whose kind has one (all_gather_into_tensor's output, gather's
+        # list on the root, None elsewhere); the rest compiled, the checks read as data
         if planned_path == "compiled":
-            assert python == runs_started, (
+            assert python == 4 + 2, (
                 f"rank {rank}: the Python ran {python} times in 160 calls of 4 runs "
-                f"(want {runs_started}: the first of each run)"
+                "(want 6: the first of each run, and its check of y in two)"
             )
-        else:
-            assert python == 160, f"rank {rank}: the Python ran {python} times, not each call"
+        else:  # each call, and the check of y of the two kinds that have one
+            assert python == 160 + 80, f"rank {rank}: the Python ran {python} times, not 240"
         if recorded:
             assert [r["seq"] for r in records[-160:]] == list(range(first + 1, first + 161))
             assert all(r["site"] and r["site"].endswith(" in <lambda>") for r in records[-160:])
@@ -1297,3 +1306,54 @@ def test_a_collective_plans_engine_error_becomes_engine_error_and_the_mark_is_cl
         assert isinstance(cause, OSError), f"rank {rank}: caused by {cause!r}"
         assert mark == 0, f"rank {rank}: blocked_seq {mark} left set"
         assert unusable is not None, f"rank {rank}: the communicator is still usable"
+
+
+def test_the_compiled_path_takes_known_messages_without_the_python(planned_path: str) -> None:
+    """Ping-pongs between ranks 0 and 1, of one kind each way (a recv from a rank and from any
+    rank): past the first message of each kind, the compiled path runs every send and recv
+    itself (the Python of ``_planned_message`` is never called), under a "blocked in" mark of
+    each message's own, and a receive from any rank returns the sender the plan names."""
+    python_code = PYTHON_PLANNED_MESSAGE.__code__
+
+    def body() -> tuple[list[Any], int, list[int]]:
+        import sys
+
+        comm: Any = distcomm.get_communicator()
+        planned = PlannedMessages(comm)
+        x, got = np.arange(K, dtype=np.float32), np.zeros(K, np.float32)
+        senders = []
+
+        def ping_pong() -> None:
+            if comm.rank == 0:
+                comm.send(x, 1, 3)
+                senders.append(comm.recv(got, None, 5))
+            else:
+                senders.append(comm.recv(got, 0, 3))
+                comm.send(x + 1, 0, 5)
+
+        ping_pong()  # each kind learnt: its plan asked for
+        count = 0
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            nonlocal count
+            if event == "call" and frame.f_code is python_code:
+                count += 1
+
+        sys.setprofile(profile)
+        try:
+            for _ in range(30):
+                ping_pong()
+        finally:
+            sys.setprofile(None)
+        return planned.taken[-60:], count, senders
+
+    for rank, (taken, python, senders) in enumerate(run_threads(body, 2)):
+        marks = [mark for *_, mark in taken]
+        assert len(taken) == 60, f"rank {rank}: the plans took {len(taken)} of 60 messages"
+        assert all(seq < 0 and label for seq, label in marks), f"rank {rank}: marks {marks[:2]}"
+        assert len({seq for seq, _ in marks}) == 60, f"rank {rank}: a mark used twice"
+        assert senders == [1 - rank] * 31, f"rank {rank}: senders {senders[:4]}"
+        # compiled: the Python for the first of each kind past the one that learnt it (which
+        # keeps the op's latest kind), then never
+        want = 2 if planned_path == "compiled" else 60
+        assert python == want, f"rank {rank}: the Python ran for {python} of 60 messages"

@@ -8,8 +8,8 @@
  *
  *   - a call of the kind of its op's latest planned call (``_last_kind``: the class, the dtype
  *     object, the byte size, the root as it was or an equal int), whose kind has a plan, whose
- *     ``y`` fits (``fits`` None or true), on a usable communicator, short of the next check
- *     point (``_next_check``);
+ *     ``y`` fits (``fits`` None, or a plans.Fits read as data, or a check that answers true),
+ *     on a usable communicator, short of the next check point (``_next_check``);
  *   - no hook registered (``hooks``, observing.registered, is empty) and the kind's fingerprint
  *     the mismatch check's current run (or no check);
  *   - no flight recorder, or one on the CPU clock (``bound_device`` None) whose caller is the
@@ -29,10 +29,14 @@
 
 /* The communicator's slots the path reads or writes (index into Offsets.at). */
 enum { SEQ, NEXT_CHECK, UNUSABLE, LAST_KIND, CHECK, RECORDER, BOUND_DEVICE, BLOCKED_SEQ, OP,
-       SITE_CODE, SITE_VIA, ENTRY, N_SLOTS };
+       SITE_CODE, SITE_VIA, ENTRY, BLOCKED_OP, P2P_MARKS, N_SLOTS };
 static const char *slot_names[N_SLOTS] = {
     "seq", "_next_check", "unusable", "_last_kind", "_mismatch_check", "_recorder",
-    "bound_device", "blocked_seq", "op", "_site_code", "_site_via", "_entry"};
+    "bound_device", "blocked_seq", "op", "_site_code", "_site_via", "_entry", "blocked_op",
+    "p2p_marks"};
+
+/* plans.OUTPUT, NOTHING and PARTS: how a kind's Fits checks ``y``. */
+enum { FITS_OUTPUT = 1, FITS_NOTHING = 2, FITS_PARTS = 3 };
 
 typedef struct {
     PyTypeObject *type; /* the class they were found for (borrowed: compared, never used) */
@@ -52,7 +56,8 @@ typedef struct {
     Py_ssize_t run_fp;     /* MismatchCheck.run_fp's offset (-1: no slot) */
 } PlannedPath;
 
-static PyObject *s_dtype, *s_nbytes, *s_shape, *s_add, *s_declined, *s_failed, *zero;
+static PyObject *s_dtype, *s_nbytes, *s_shape, *s_add, *s_declined, *s_failed, *s_raised,
+    *zero, *empty;
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
@@ -110,6 +115,50 @@ static Py_ssize_t size_attr(PyObject *x, PyObject *name) {
     if (n == -1 && PyErr_Occurred())
         PyErr_Clear();
     return n;
+}
+
+/* Whether array ``a`` is of ``cls``, ``dtype`` (the object) and ``nbytes``: 1, 0, or 0 with no
+ * error where an attribute is missing (the pipeline explains such a call). */
+static int array_is(PyObject *a, PyObject *cls, PyObject *dtype, Py_ssize_t nbytes) {
+    if (nbytes < 0 || (PyObject *)Py_TYPE(a) != cls)
+        return 0;
+    PyObject *d = PyObject_GetAttr(a, s_dtype);
+    if (d == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(d); /* compared by identity only */
+    return d == dtype && size_attr(a, s_nbytes) == nbytes;
+}
+
+/* A kind's check of ``y`` (plans.Fits: (how, class, dtype, byte size, count)) read as data:
+ * 1 it fits, 0 it does not, -1 not such a tuple (the check is called). */
+static int fits_as_data(PyObject *fits, PyObject *y) {
+    if (PyTuple_CheckExact(fits) || !PyTuple_Check(fits) || PyTuple_GET_SIZE(fits) != 5)
+        return -1;
+    long how = PyLong_AsLong(PyTuple_GET_ITEM(fits, 0));
+    PyObject *cls = PyTuple_GET_ITEM(fits, 1), *dtype = PyTuple_GET_ITEM(fits, 2);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(fits, 3));
+    Py_ssize_t count = PyLong_AsSsize_t(PyTuple_GET_ITEM(fits, 4));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    switch (how) {
+    case FITS_OUTPUT:
+        return array_is(y, cls, dtype, nbytes);
+    case FITS_NOTHING:
+        return y == Py_None;
+    case FITS_PARTS:
+        if (!(PyList_CheckExact(y) || PyTuple_CheckExact(y)) || PySequence_Fast_GET_SIZE(y) != count)
+            return 0;
+        for (Py_ssize_t i = 0; i < count; i++)
+            if (!array_is(PySequence_Fast_GET_ITEM(y, i), cls, dtype, nbytes))
+                return 0;
+        return 1;
+    default:
+        return -1;
+    }
 }
 
 /* The recorder's site of a call made from the frame below the current one (the public
@@ -293,10 +342,13 @@ static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t 
             return fallback(self, args, nargsf);
     }
 
-    if (fits != Py_None) { /* y checked (it may raise: nothing has changed) */
-        PyObject *ok = PyObject_CallOneArg(fits, y);
-        int fit = ok == NULL ? -1 : PyObject_IsTrue(ok);
-        Py_XDECREF(ok);
+    if (fits != Py_None) { /* y checked (a call may raise: nothing has changed) */
+        int fit = fits_as_data(fits, y);
+        if (fit < 0) {
+            PyObject *ok = PyObject_CallOneArg(fits, y);
+            fit = ok == NULL ? -1 : PyObject_IsTrue(ok);
+            Py_XDECREF(ok);
+        }
         if (fit != 1) {
             Py_XDECREF(site);
             return fit < 0 ? NULL : fallback(self, args, nargsf);
@@ -337,7 +389,9 @@ static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t 
         set(comm, o->at[ENTRY], Py_None); /* no later engine call stamps this entry */
     }
     PyObject *plan_args[2] = {x, y};
+    Py_INCREF(plan); /* held: a plan's exception may make the kit forget its kinds */
     PyObject *moved = PyObject_Vectorcall(plan, plan_args, 2, NULL);
+    Py_DECREF(plan);
     if (moved == NULL)
         goto raised;
     Py_DECREF(moved);
@@ -359,6 +413,91 @@ raised:
     set(comm, o->at[BLOCKED_SEQ], zero);
     Py_XDECREF(record);
     Py_DECREF(seq_obj);
+    return result;
+}
+
+/* Whether ``given`` is the kind's ``known`` peer or tag: the same object, or an equal int. */
+static int same_int(PyObject *given, PyObject *known) {
+    return given == known ||
+           (PyLong_CheckExact(given) && PyLong_CheckExact(known) &&
+            PyObject_RichCompareBool(given, known, Py_EQ) == 1);
+}
+
+/* self._planned_message(op, x, peer, tag), the communicator first: PointToPoint's Python for
+ * a message of its op's latest kind (``_last_kind``: the class, dtype, byte size, (peer,
+ * tag)) with a plan, on a usable communicator, the peer None or an int and the tag an int;
+ * every other message goes to the Python untouched. */
+static PyObject *message_call(PyObject *callable, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    PlannedPath *self = (PlannedPath *)callable;
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 5)
+        return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
+    PyObject *comm = args[0], *op = args[1], *x = args[2], *peer = args[3], *tag = args[4];
+    Offsets *o = &self->comm;
+    if (Py_TYPE(comm) != o->type)
+        find_offsets(o, Py_TYPE(comm));
+    if (!o->usable)
+        return fallback(self, args, nargsf);
+    PyObject *kinds = get(comm, o->at[LAST_KIND]), *marks = get(comm, o->at[P2P_MARKS]);
+    if (kinds == NULL || marks == NULL || !PyDict_CheckExact(kinds) ||
+        get(comm, o->at[UNUSABLE]) != Py_None || !PyLong_CheckExact(tag) ||
+        (peer != Py_None && !PyLong_CheckExact(peer)))
+        return fallback(self, args, nargsf);
+    PyObject *last = PyDict_GetItemWithError(kinds, op);
+    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 5) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    PyObject *where = PyTuple_GET_ITEM(last, 3), *entry = PyTuple_GET_ITEM(last, 4);
+    if (!PyTuple_CheckExact(where) || PyTuple_GET_SIZE(where) != 2 ||
+        !same_int(peer, PyTuple_GET_ITEM(where, 0)) || !same_int(tag, PyTuple_GET_ITEM(where, 1)) ||
+        !array_is(x, PyTuple_GET_ITEM(last, 0), PyTuple_GET_ITEM(last, 1),
+                  PyLong_AsSsize_t(PyTuple_GET_ITEM(last, 2))) ||
+        !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 ||
+        PyTuple_GET_ITEM(entry, 0) == Py_None) {
+        PyErr_Clear();
+        return fallback(self, args, nargsf);
+    }
+    PyObject *plan = PyTuple_GET_ITEM(entry, 0), *label = PyTuple_GET_ITEM(entry, 3);
+    Py_INCREF(plan); /* held: a plan's exception may make the kit forget its kinds */
+    Py_INCREF(label);
+    PyObject *next = PyIter_Next(marks), *mark = next == NULL ? NULL : PyNumber_Negative(next);
+    Py_XDECREF(next);
+    if (mark == NULL) {
+        Py_DECREF(plan);
+        Py_DECREF(label);
+        return PyErr_Occurred() ? NULL : fallback(self, args, nargsf);
+    }
+    set(comm, o->at[BLOCKED_OP], label);
+    set(comm, o->at[BLOCKED_SEQ], mark);
+    Py_DECREF(mark);
+    PyObject *plan_args[2] = {x, Py_None};
+    PyObject *result = PyObject_Vectorcall(plan, plan_args, 2, NULL);
+    if (result == NULL) { /* _message_raised(label, exc): _NOT_RUN, or it raises */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(value, tb);
+        result = PyObject_CallMethodObjArgs(comm, s_raised, label, value, NULL);
+        if (result == NULL) {
+            PyObject *t2, *v2, *tb2; /* the handler's error, caused or raised in handling value */
+            PyErr_Fetch(&t2, &v2, &tb2);
+            PyErr_NormalizeException(&t2, &v2, &tb2);
+            if (v2 != value) {
+                Py_INCREF(value);
+                PyException_SetContext(v2, value);
+            }
+            PyErr_Restore(t2, v2, tb2);
+        }
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    set(comm, o->at[BLOCKED_SEQ], zero);
+    set(comm, o->at[BLOCKED_OP], empty);
+    Py_DECREF(plan);
+    Py_DECREF(label);
     return result;
 }
 
@@ -414,25 +553,12 @@ static PyTypeObject PlannedPathType = {
     .tp_getset = path_getset,
 };
 
-static PyObject *accelerate(PyObject *module, PyObject *args) {
-    PyObject *function, *hooks, *not_planned;
-    Py_ssize_t completed;
-    if (!PyArg_ParseTuple(args, "OO!On", &function, &PyList_Type, &hooks, &not_planned,
-                          &completed))
-        return NULL;
-    if (completed < 0 || completed >= 7) {
-        PyErr_Format(PyExc_ValueError, "completed is %zd; an entry has 7 fields", completed);
-        return NULL;
-    }
-#ifdef Py_GIL_DISABLED
-    /* free-threaded Python: the slots are written without the lock the Python's stores take */
-    Py_INCREF(function);
-    return function;
-#endif
+static PyObject *new_path(vectorcallfunc call, PyObject *function, PyObject *hooks,
+                          PyObject *not_planned, Py_ssize_t completed) {
     PlannedPath *self = PyObject_GC_New(PlannedPath, &PlannedPathType);
     if (self == NULL)
         return NULL;
-    self->vectorcall = planned_call;
+    self->vectorcall = call;
     Py_INCREF(function);
     self->function = function;
     Py_INCREF(hooks);
@@ -448,9 +574,38 @@ static PyObject *accelerate(PyObject *module, PyObject *args) {
     return (PyObject *)self;
 }
 
+static PyObject *accelerate(PyObject *module, PyObject *args) {
+    PyObject *function, *hooks, *not_planned;
+    Py_ssize_t completed;
+    if (!PyArg_ParseTuple(args, "OO!On", &function, &PyList_Type, &hooks, &not_planned,
+                          &completed))
+        return NULL;
+    if (completed < 0 || completed >= 7) {
+        PyErr_Format(PyExc_ValueError, "completed is %zd; an entry has 7 fields", completed);
+        return NULL;
+    }
+#ifdef Py_GIL_DISABLED
+    /* free-threaded Python: the slots are written without the lock the Python's stores take */
+    Py_INCREF(function);
+    return function;
+#endif
+    return new_path(planned_call, function, hooks, not_planned, completed);
+}
+
+static PyObject *accelerate_messages(PyObject *module, PyObject *function) {
+#ifdef Py_GIL_DISABLED
+    Py_INCREF(function);
+    return function;
+#endif
+    return new_path(message_call, function, Py_None, Py_None, 0);
+}
+
 static PyMethodDef module_methods[] = {
     {"accelerate", accelerate, METH_VARARGS,
      "accelerate(function, hooks, not_planned, completed): Steps._planned with its common case "
+     "compiled."},
+    {"accelerate_messages", accelerate_messages, METH_O,
+     "accelerate_messages(function): PointToPoint._planned_message with its common case "
      "compiled."},
     {NULL, NULL, 0, NULL}};
 
@@ -471,8 +626,11 @@ PyMODINIT_FUNC PyInit__planned_path(void) {
     s_add = PyUnicode_InternFromString("add");
     s_declined = PyUnicode_InternFromString("_plan_declined");
     s_failed = PyUnicode_InternFromString("_plan_failed");
+    s_raised = PyUnicode_InternFromString("_message_raised");
     zero = PyLong_FromLong(0);
-    if (!s_dtype || !s_nbytes || !s_shape || !s_add || !s_declined || !s_failed || !zero)
+    empty = PyUnicode_FromString("");
+    if (!s_dtype || !s_nbytes || !s_shape || !s_add || !s_declined || !s_failed || !s_raised ||
+        !zero || !empty)
         return NULL;
     return PyModule_Create(&module_def);
 }

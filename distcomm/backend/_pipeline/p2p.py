@@ -19,7 +19,7 @@ from typing import Any
 from distcomm._unpickling import Refused
 from distcomm.backend._pipeline import object_transport as objects
 from distcomm.backend._pipeline.object_collectives import refusal
-from distcomm.backend._pipeline.steps import Steps
+from distcomm.backend._pipeline.steps import Steps, compiled_messages
 from distcomm.backend.arrays import adapter_for
 from distcomm.backend.engine import INTERNAL_TAG, NotPlanned
 from distcomm.errors import DistcommError, InvalidArgumentError, NotSupportedError
@@ -152,6 +152,7 @@ class PointToPoint(Steps):
         self._check_p2p(op)
         self._check_tag_matched(op, tag)
 
+    @compiled_messages
     def _planned_message(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
         """Run blocking message ``op`` of ``x`` to or from ``peer`` (a rank; None: any, for a
         receive) with ``tag`` through the engine's plan for its kind, under a "blocked in" mark
@@ -160,7 +161,8 @@ class PointToPoint(Steps):
         :data:`_NOT_RUN`: nothing moved (no plan, arguments the pipeline must explain, or the
         plan declined), and the pipeline takes the message. A kind is remembered only for
         arguments that fit: a known one needs only its classes checked (``True`` is equal to
-        ``1``, but no rank)."""
+        ``1``, but no rank). Where the extension was built, a message of its op's latest kind
+        runs compiled (:func:`~distcomm.backend._pipeline.steps.compiled_messages`)."""
         last = self._last_kind.get(op)
         try:
             if (
@@ -187,14 +189,21 @@ class PointToPoint(Steps):
         self.blocked_op, self.blocked_seq = label, -next(self.p2p_marks)
         try:
             return entry[0](x, None)
-        except NotPlanned:
-            return _NOT_RUN
-        except DistcommError:  # distcomm's own: never wrapped, whatever engine_errors lists
-            raise
-        except self.engine_errors as exc:
-            raise self.engine_failed(label, None, exc) from exc
+        except BaseException as exc:
+            return self._message_raised(label, exc)
         finally:
             self.blocked_seq, self.blocked_op = 0, ""
+
+    def _message_raised(self, label: str, exc: BaseException) -> Any:
+        """What a message's plan that raised ``exc`` comes to, under its mark ``label``:
+        :data:`_NOT_RUN` for NotPlanned (nothing moved: the pipeline takes the message);
+        distcomm's own errors raised as they are, whatever ``engine_errors`` lists; an engine's
+        as EngineError caused by it; anything else as it is."""
+        if isinstance(exc, NotPlanned):
+            return _NOT_RUN
+        if isinstance(exc, DistcommError) or not isinstance(exc, self.engine_errors):
+            raise exc
+        raise self.engine_failed(label, None, exc) from exc
 
     def _message_kind(self, op: str, x: Any, peer: Any, tag: Any) -> Any:
         """The entry of a message's kind not the op's latest (:meth:`Plans.find_message

@@ -45,7 +45,7 @@ from distcomm.protocol import ReduceOp
 if TYPE_CHECKING:
     from distcomm.backend.arrays import Adapter
 
-__all__ = ["NO_ARRAY", "OUTPUTS", "ROOTED", "UNEVEN", "Plans"]
+__all__ = ["NO_ARRAY", "OUTPUTS", "ROOTED", "UNEVEN", "Fits", "Plans"]
 
 
 class _NoArray:
@@ -270,36 +270,45 @@ class Plans:
         return entry
 
 
-def _fits(op: str, x: Any, root: Any, rank: int, world_size: int) -> Callable[[Any], bool] | None:
-    """The check of ``y`` for a kind of ``op`` on ``x`` and ``root``, made once per kind (what
-    does not change from call to call bound): None where the op has no ``y``. For an op with an
-    output, ``y`` of ``x``'s class and dtype and the size the op implies; for a rooted op, None
-    off the root, and on it a list or tuple of world_size arrays of exactly ``x``'s class, dtype
-    and byte size (so its element count)."""
-    cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
-    if op in OUTPUTS:
-        size = OUTPUTS[op](nbytes, world_size)
+#: How a :class:`Fits` checks ``y``: an op's output; nothing (a rooted op off its root); the
+#: root's list.
+OUTPUT, NOTHING, PARTS = 1, 2, 3
 
-        def output_fits(y: Any) -> bool:
-            return y.__class__ is cls and y.dtype is dtype and y.nbytes == size
 
-        return output_fits
-    if op not in ROOTED:
-        return None
-    if rank != root:
-        return _is_none
+class Fits(tuple):  # type: ignore[type-arg]
+    """The check of ``y`` for a kind of call, made once per kind: ``(how, class, dtype, byte
+    size, count)``, ``how`` one of :data:`OUTPUT` (``y`` of the class, dtype and byte size),
+    :data:`NOTHING` (``y`` is None) and :data:`PARTS` (a list or tuple of ``count`` arrays of
+    exactly the class, dtype and byte size). Called, it answers for ``y``; the compiled planned
+    path (``_planned_path.c``) reads it as data, without a call."""
 
-    def list_fits(parts: Any) -> bool:
-        kind = parts.__class__
-        if (kind is not list and kind is not tuple) or len(parts) != world_size:
+    __slots__ = ()
+
+    def __call__(self, y: Any) -> bool:
+        how, cls, dtype, nbytes, count = self
+        if how == OUTPUT:
+            return y.__class__ is cls and y.dtype is dtype and y.nbytes == nbytes  # type: ignore[no-any-return]
+        if how == NOTHING:
+            return y is None
+        kind = y.__class__
+        if (kind is not list and kind is not tuple) or len(y) != count:
             return False
-        for p in parts:
+        for p in y:
             if p.__class__ is not cls or p.dtype is not dtype or p.nbytes != nbytes:
                 return False
         return True
 
-    return list_fits
 
-
-def _is_none(y: Any) -> bool:
-    return y is None
+def _fits(op: str, x: Any, root: Any, rank: int, world_size: int) -> Fits | None:
+    """The check of ``y`` for a kind of ``op`` on ``x`` and ``root`` (:class:`Fits`): None
+    where the op has no ``y``. For an op with an output, ``y`` of ``x``'s class and dtype and
+    the size the op implies; for a rooted op, None off the root, and on it a list or tuple of
+    world_size arrays of exactly ``x``'s class, dtype and byte size (so its element count)."""
+    cls, dtype, nbytes = x.__class__, x.dtype, x.nbytes
+    if op in OUTPUTS:
+        return Fits((OUTPUT, cls, dtype, OUTPUTS[op](nbytes, world_size), 1))
+    if op not in ROOTED:
+        return None
+    if rank != root:
+        return Fits((NOTHING, None, None, 0, 0))
+    return Fits((PARTS, cls, dtype, nbytes, world_size))

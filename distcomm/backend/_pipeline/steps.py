@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from distcomm.backend.communicator import BaseCommunicator
     from distcomm.environment.info import LaunchInfo
 
-__all__ = ["DONE", "Steps"]
+__all__ = ["DONE", "Steps", "compiled_messages"]
 
 #: The registered hooks (empty: none), tested by each planned call.
 _hooks = observing.registered
@@ -62,9 +62,9 @@ _ABSENT = object()
 _DECLINED = object()
 
 try:  # the common case of a planned call compiled (built at install where a C compiler is)
-    from distcomm.backend._pipeline._planned_path import accelerate as _accelerate
+    from distcomm.backend._pipeline import _planned_path
 except ImportError:  # none: the Python runs every call
-    _accelerate = None
+    _planned_path = None  # type: ignore[assignment]
 
 
 def _compiled(planned: Callable[..., bool]) -> Any:
@@ -72,9 +72,19 @@ def _compiled(planned: Callable[..., bool]) -> Any:
     of call, no hook, the mismatch check's current run, no recorder or one at a site it knows)
     and every other call handed to the Python, untouched, as its ``__wrapped__``; the Python
     alone where the extension was not built."""
-    if _accelerate is None:
+    if _planned_path is None:
         return planned
-    return _accelerate(planned, _hooks, NotPlanned, COMPLETED)
+    return _planned_path.accelerate(planned, _hooks, NotPlanned, COMPLETED)
+
+
+def compiled_messages(planned: Callable[..., Any]) -> Any:
+    """``PointToPoint._planned_message`` with its common case compiled (a message of its op's
+    latest kind, with a plan, on a usable communicator; a plan's exception goes to
+    ``_message_raised``), every other message handed to the Python, its ``__wrapped__``; the
+    Python alone where the extension was not built."""
+    if _planned_path is None:
+        return planned
+    return _planned_path.accelerate_messages(planned)
 
 
 class Steps(ArgumentChecks, Failures, Defaults):
