@@ -352,15 +352,26 @@ def test_a_tensor_on_another_gpu_than_the_bound_one_is_not_plain() -> None:
     assert adapter.is_plain(torch.ones(1), cuda, "cuda:0"), "CPU tensors are not bound"
 
 
-def test_numpy_plain_pair_answers_as_the_four_looks_it_stands_for() -> None:
-    """NumpyAdapter.plain_pair (one look, each array's flags read once) says what the base's
-    composition of is_plain, is_writable and shares_memory says, for every pair a careless
-    caller passes: contiguous or strided, read-only, the same array, views that overlap or not,
-    arrays of their own, and an engine that moves no CPU memory."""
+@pytest.mark.parametrize("look", ["compiled", "python"])
+def test_numpy_plain_pair_answers_as_the_four_looks_it_stands_for(
+    look: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NumpyAdapter.plain_pair (one look: through the buffer protocol where the extension was
+    built, else each array's flags read once) says what the base's composition of is_plain,
+    is_writable and shares_memory says, for every pair a careless caller passes: contiguous or
+    strided, read-only, the same array, views that overlap or not (in one dimension and in
+    two), empty ones, a broadcast view, a row of one column, arrays of their own, and an engine
+    that moves no CPU memory."""
+    from distcomm.backend import arrays as module
     from distcomm.backend.arrays import Adapter, NumpyAdapter
 
+    if look == "python":
+        monkeypatch.setattr(module, "_apart", None)
+    elif module._apart is None:
+        pytest.skip("distcomm was installed without its compiled planned path (no C compiler)")
     adapter = NumpyAdapter()
     big = np.arange(24, dtype=np.float32)
+    grid = np.zeros((6, 4), np.float32)
     read_only = np.arange(8, dtype=np.float32)
     read_only.flags.writeable = False
     arrays = {
@@ -373,6 +384,14 @@ def test_numpy_plain_pair_answers_as_the_four_looks_it_stands_for() -> None:
         "read-only": read_only,
         "2-D": np.zeros((4, 2), np.float32),
         "transposed": np.zeros((2, 4), np.float32).T,
+        "rows 0-2": grid[:3],
+        "rows 2-5": grid[2:],
+        "rows 3-5": grid[3:],
+        "a column": grid[:, :1],
+        "one row of one column": grid[1:2, 1:2],
+        "empty": big[:0],
+        "empty view inside": big[5:5],
+        "broadcast": np.broadcast_to(np.float32(1), (8,)),
     }
     wrong = []
     for devices in (frozenset({"cpu"}), frozenset({"cuda"})):

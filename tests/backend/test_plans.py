@@ -1175,13 +1175,12 @@ def test_the_compiled_path_is_built_in_ci() -> None:
     assert COMPILED, "distcomm.backend._pipeline._planned_path was not built: see pip's output"
 
 
-def _python_planned_calls(run: Callable[[], Any]) -> tuple[Any, int]:
-    """What ``run()`` returns, and how many times the Python of Steps._planned, or a kind's
-    check of ``y`` (``Fits``, which the compiled path reads as data), ran in it (on this thread:
-    each thread-rank counts its own)."""
+def _python_calls(run: Callable[[], Any], *functions: Callable[..., Any]) -> tuple[Any, int]:
+    """What ``run()`` returns, and how many times the Python of ``functions`` ran in it (on
+    this thread: each thread-rank counts its own)."""
     import sys
 
-    codes = (PYTHON_PLANNED.__code__, Fits.__call__.__code__)
+    codes = tuple(f.__code__ for f in functions)
     count = 0
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -1236,7 +1235,9 @@ def test_the_compiled_path_takes_a_run_of_a_known_kind_without_the_python(
                 for _ in range(40):
                     call()
 
-        _, python = _python_planned_calls(runs)
+        # the Python of Steps._planned, or of a kind's check of y (Fits, which the compiled
+        # path reads as data)
+        _, python = _python_calls(runs, PYTHON_PLANNED, Fits.__call__)
         records = [] if recorder is None else recorder.records()
         return first, planner.taken[-160:], records, python
 
@@ -1313,11 +1314,8 @@ def test_the_compiled_path_takes_known_messages_without_the_python(planned_path:
     rank): past the first message of each kind, the compiled path runs every send and recv
     itself (the Python of ``_planned_message`` is never called), under a "blocked in" mark of
     each message's own, and a receive from any rank returns the sender the plan names."""
-    python_code = PYTHON_PLANNED_MESSAGE.__code__
 
     def body() -> tuple[list[Any], int, list[int]]:
-        import sys
-
         comm: Any = distcomm.get_communicator()
         planned = PlannedMessages(comm)
         x, got = np.arange(K, dtype=np.float32), np.zeros(K, np.float32)
@@ -1332,19 +1330,12 @@ def test_the_compiled_path_takes_known_messages_without_the_python(planned_path:
                 comm.send(x + 1, 0, 5)
 
         ping_pong()  # each kind learnt: its plan asked for
-        count = 0
 
-        def profile(frame: Any, event: str, arg: Any) -> None:
-            nonlocal count
-            if event == "call" and frame.f_code is python_code:
-                count += 1
-
-        sys.setprofile(profile)
-        try:
+        def ping_pongs() -> None:
             for _ in range(30):
                 ping_pong()
-        finally:
-            sys.setprofile(None)
+
+        _, count = _python_calls(ping_pongs, PYTHON_PLANNED_MESSAGE)
         return planned.taken[-60:], count, senders
 
     for rank, (taken, python, senders) in enumerate(run_threads(body, 2)):
