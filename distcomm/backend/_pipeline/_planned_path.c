@@ -248,6 +248,9 @@ static PyObject *fallback(PlannedPath *self, PyObject *const *args, size_t nargs
     return PyObject_Vectorcall(self->function, args, nargsf, NULL);
 }
 
+static PyObject *planned_kind(PlannedPath *self, PyObject *const *args, size_t nargsf,
+                              Offsets *o, Py_ssize_t seq, PyObject *last);
+
 /* self._planned(op, x, root=None, y=None), the communicator first. */
 static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames) {
@@ -255,8 +258,7 @@ static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t 
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (kwnames != NULL || n < 3 || n > 5)
         return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
-    PyObject *comm = args[0], *op = args[1], *x = args[2];
-    PyObject *root = n > 3 ? args[3] : Py_None, *y = n > 4 ? args[4] : Py_None;
+    PyObject *comm = args[0], *op = args[1];
     Offsets *o = offsets_of(self, comm);
     if (o == NULL)
         return fallback(self, args, nargsf);
@@ -287,6 +289,18 @@ static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t 
         PyErr_Clear();
         return fallback(self, args, nargsf);
     }
+    Py_INCREF(last); /* held: a look at x may run Python that changes the kinds */
+    PyObject *result = planned_kind(self, args, nargsf, o, seq, last);
+    Py_DECREF(last);
+    return result;
+}
+
+/* planned_call past the look-up of the op's latest kind, ``last`` (held by the caller). */
+static PyObject *planned_kind(PlannedPath *self, PyObject *const *args, size_t nargsf,
+                              Offsets *o, Py_ssize_t seq, PyObject *last) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *comm = args[0], *op = args[1], *x = args[2];
+    PyObject *root = n > 3 ? args[3] : Py_None, *y = n > 4 ? args[4] : Py_None;
     PyObject *last_root = PyTuple_GET_ITEM(last, 3);
     if ((root != Py_None && !PyLong_CheckExact(root)) || /* True is no rank */
         PyTuple_GET_ITEM(last, 0) != (PyObject *)Py_TYPE(x) ||
@@ -422,6 +436,9 @@ raised:
     return result;
 }
 
+static PyObject *message_kind(PlannedPath *self, PyObject *const *args, size_t nargsf,
+                              Offsets *o, PyObject *last);
+
 /* Whether ``given`` is the kind's ``known`` peer or tag: the same object, or an equal int. */
 static int same_int(PyObject *given, PyObject *known) {
     return given == known ||
@@ -438,7 +455,7 @@ static PyObject *message_call(PyObject *callable, PyObject *const *args, size_t 
     PlannedPath *self = (PlannedPath *)callable;
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 5)
         return PyObject_Vectorcall(self->function, args, nargsf, kwnames);
-    PyObject *comm = args[0], *op = args[1], *x = args[2], *peer = args[3], *tag = args[4];
+    PyObject *comm = args[0], *op = args[1], *peer = args[3], *tag = args[4];
     Offsets *o = offsets_of(self, comm);
     if (o == NULL)
         return fallback(self, args, nargsf);
@@ -452,8 +469,19 @@ static PyObject *message_call(PyObject *callable, PyObject *const *args, size_t 
         PyErr_Clear();
         return fallback(self, args, nargsf);
     }
+    Py_INCREF(last); /* held: a look at x may run Python that changes the kinds */
+    PyObject *result = message_kind(self, args, nargsf, o, last);
+    Py_DECREF(last);
+    return result;
+}
+
+/* message_call past the look-up of the op's latest kind, ``last`` (held by the caller). */
+static PyObject *message_kind(PlannedPath *self, PyObject *const *args, size_t nargsf,
+                              Offsets *o, PyObject *last) {
+    PyObject *comm = args[0], *x = args[2], *peer = args[3], *tag = args[4];
+    PyObject *marks = get(comm, o->at[P2P_MARKS]);
     PyObject *where = PyTuple_GET_ITEM(last, 3), *entry = PyTuple_GET_ITEM(last, 4);
-    if (!PyTuple_CheckExact(where) || PyTuple_GET_SIZE(where) != 2 ||
+    if (marks == NULL || !PyTuple_CheckExact(where) || PyTuple_GET_SIZE(where) != 2 ||
         !same_int(peer, PyTuple_GET_ITEM(where, 0)) || !same_int(tag, PyTuple_GET_ITEM(where, 1)) ||
         !array_is(x, PyTuple_GET_ITEM(last, 0), PyTuple_GET_ITEM(last, 1),
                   PyLong_AsSsize_t(PyTuple_GET_ITEM(last, 2))) ||
