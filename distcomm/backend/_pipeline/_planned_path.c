@@ -236,6 +236,19 @@ static PyObject *plan_raised(PlannedPath *self, PyObject *comm, PyObject *op, Py
     return result;
 }
 
+/* The op's latest kind in ``kinds`` (``_last_kind``: (class, dtype, byte size, root, entry)),
+ * a new reference (held while the call is looked at: a look at x may run Python that changes
+ * the kinds), or NULL (no error set): none. */
+static PyObject *latest_kind(PyObject *kinds, PyObject *op) {
+    PyObject *last = PyDict_GetItemWithError(kinds, op);
+    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 5) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_INCREF(last);
+    return last;
+}
+
 /* The offsets of ``comm``'s slots (found once per class), or NULL: a name is no slot of it. */
 static Offsets *offsets_of(PlannedPath *self, PyObject *comm) {
     Offsets *o = &self->comm;
@@ -283,13 +296,9 @@ static PyObject *planned_call(PyObject *callable, PyObject *const *args, size_t 
     if (seq >= next_check || PyList_GET_SIZE(self->hooks) != 0)
         return fallback(self, args, nargsf);
 
-    /* the kind: the op's latest, (class, dtype, byte size, root, entry) */
-    PyObject *last = PyDict_GetItemWithError(kinds, op);
-    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 5) {
-        PyErr_Clear();
+    PyObject *last = latest_kind(kinds, op);
+    if (last == NULL)
         return fallback(self, args, nargsf);
-    }
-    Py_INCREF(last); /* held: a look at x may run Python that changes the kinds */
     PyObject *result = planned_kind(self, args, nargsf, o, seq, last);
     Py_DECREF(last);
     return result;
@@ -464,12 +473,9 @@ static PyObject *message_call(PyObject *callable, PyObject *const *args, size_t 
         get(comm, o->at[UNUSABLE]) != Py_None || !PyLong_CheckExact(tag) ||
         (peer != Py_None && !PyLong_CheckExact(peer)))
         return fallback(self, args, nargsf);
-    PyObject *last = PyDict_GetItemWithError(kinds, op);
-    if (last == NULL || !PyTuple_CheckExact(last) || PyTuple_GET_SIZE(last) != 5) {
-        PyErr_Clear();
+    PyObject *last = latest_kind(kinds, op);
+    if (last == NULL)
         return fallback(self, args, nargsf);
-    }
-    Py_INCREF(last); /* held: a look at x may run Python that changes the kinds */
     PyObject *result = message_kind(self, args, nargsf, o, last);
     Py_DECREF(last);
     return result;
