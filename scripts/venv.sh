@@ -14,7 +14,8 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 
 inputs() {
-    find pyproject.toml constraints.txt backends/*/pyproject.toml examples/plugin \
+    find pyproject.toml setup.py distcomm/backend/_pipeline/_planned_path.c constraints.txt \
+        backends/*/pyproject.toml examples/plugin \
         examples/distcomm-zmq -type f -not -path '*/build/*' -not -path '*.egg-info/*' \
         -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum
     .venv/bin/python --version
@@ -25,6 +26,21 @@ if [ "$(cat .venv/.distcomm-installed 2>/dev/null)" = "$stamp" ]; then
     exit 0
 fi
 rm -f .venv/.distcomm-installed
+# The planned path's C extension (setup.py) is built with a C compiler and Python's headers;
+# without them the install goes on without it (the Python runs every call), and under CI=true
+# a test fails. Where they are missing, apt-get installs them (as root), as scripts/slurm.sh
+# does Slurm.
+if ! command -v cc >/dev/null || ! .venv/bin/python -c 'import os, sysconfig, sys
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends gcc libc6-dev python3-dev >/dev/null
+    else
+        echo "scripts/venv.sh: no C compiler or no Python.h: distcomm's compiled planned path" \
+            "is not built (docs/install.md)" >&2
+    fi
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 # setuptools tells each editable install to beware of same-named folders in the working
 # directory (an information note, not a problem here): silenced so the run prints only our own.
