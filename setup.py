@@ -1,4 +1,4 @@
-"""The planned path's common case compiled (docs/architecture.md, "The planned path"): the rest
+"""The planned path's common case compiled (docs/architecture.md, `_planned_path`): the rest
 of the build is pyproject.toml's. Optional: where no C compiler is found the install goes on, and
 the Python runs every call."""
 

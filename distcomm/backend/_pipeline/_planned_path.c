@@ -131,6 +131,23 @@ static int array_is(PyObject *a, PyObject *cls, PyObject *dtype, Py_ssize_t nbyt
     return d == dtype && size_attr(a, s_nbytes) == nbytes;
 }
 
+/* Whether ``x`` is of the class, dtype and byte size of kind ``last`` (an op's latest:
+ * (class, dtype, byte size, root, entry)); 0 and no error otherwise. */
+static int of_kind(PyObject *x, PyObject *last) {
+    Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(last, 2));
+    if (nbytes == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    return array_is(x, PyTuple_GET_ITEM(last, 0), PyTuple_GET_ITEM(last, 1), nbytes);
+}
+
+/* Whether ``given`` is the kind's ``known`` root, peer or tag: the same object, or an equal
+ * int. */
+static int same_int(PyObject *given, PyObject *known) {
+    return given == known ||
+           (PyLong_CheckExact(given) && PyLong_CheckExact(known) &&
+            PyObject_RichCompareBool(given, known, Py_EQ) == 1);
+}
+
 /* A kind's check of ``y`` (plans.Fits: (how, class, dtype, byte size, count)) read as data:
  * 1 it fits, 0 it does not, -1 not such a tuple (the check is called). */
 static int fits_as_data(PyObject *fits, PyObject *y) {
@@ -310,29 +327,11 @@ static PyObject *planned_kind(PlannedPath *self, PyObject *const *args, size_t n
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     PyObject *comm = args[0], *op = args[1], *x = args[2];
     PyObject *root = n > 3 ? args[3] : Py_None, *y = n > 4 ? args[4] : Py_None;
-    PyObject *last_root = PyTuple_GET_ITEM(last, 3);
-    if ((root != Py_None && !PyLong_CheckExact(root)) || /* True is no rank */
-        PyTuple_GET_ITEM(last, 0) != (PyObject *)Py_TYPE(x) ||
-        (last_root != root &&
-         !(PyLong_CheckExact(root) && PyLong_CheckExact(last_root) &&
-           PyObject_RichCompareBool(root, last_root, Py_EQ) == 1)))
-        return fallback(self, args, nargsf);
-    PyObject *dtype = PyObject_GetAttr(x, s_dtype);
-    if (dtype == NULL) {
-        PyErr_Clear();
-        return fallback(self, args, nargsf);
-    }
-    Py_DECREF(dtype); /* compared by identity only (the kind holds the dtype) */
-    if (dtype != PyTuple_GET_ITEM(last, 1))
-        return fallback(self, args, nargsf);
-    Py_ssize_t nbytes = size_attr(x, s_nbytes);
     PyObject *entry = PyTuple_GET_ITEM(last, 4);
-    if (nbytes < 0 || !PyLong_CheckExact(PyTuple_GET_ITEM(last, 2)) ||
-        PyLong_AsSsize_t(PyTuple_GET_ITEM(last, 2)) != nbytes || !PyTuple_CheckExact(entry) ||
-        PyTuple_GET_SIZE(entry) != 4) {
-        PyErr_Clear();
+    if ((root != Py_None && !PyLong_CheckExact(root)) || /* True is no rank */
+        !same_int(root, PyTuple_GET_ITEM(last, 3)) || !of_kind(x, last) ||
+        !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4)
         return fallback(self, args, nargsf);
-    }
     PyObject *plan = PyTuple_GET_ITEM(entry, 0), *fp = PyTuple_GET_ITEM(entry, 1);
     PyObject *fits = PyTuple_GET_ITEM(entry, 2), *name = PyTuple_GET_ITEM(entry, 3);
     if (plan == Py_None)
@@ -448,13 +447,6 @@ raised:
 static PyObject *message_kind(PlannedPath *self, PyObject *const *args, size_t nargsf,
                               Offsets *o, PyObject *last);
 
-/* Whether ``given`` is the kind's ``known`` peer or tag: the same object, or an equal int. */
-static int same_int(PyObject *given, PyObject *known) {
-    return given == known ||
-           (PyLong_CheckExact(given) && PyLong_CheckExact(known) &&
-            PyObject_RichCompareBool(given, known, Py_EQ) == 1);
-}
-
 /* self._planned_message(op, x, peer, tag), the communicator first: PointToPoint's Python for
  * a message of its op's latest kind (``_last_kind``: the class, dtype, byte size, (peer,
  * tag)) with a plan, on a usable communicator, the peer None or an int and the tag an int;
@@ -489,13 +481,9 @@ static PyObject *message_kind(PlannedPath *self, PyObject *const *args, size_t n
     PyObject *where = PyTuple_GET_ITEM(last, 3), *entry = PyTuple_GET_ITEM(last, 4);
     if (marks == NULL || !PyTuple_CheckExact(where) || PyTuple_GET_SIZE(where) != 2 ||
         !same_int(peer, PyTuple_GET_ITEM(where, 0)) || !same_int(tag, PyTuple_GET_ITEM(where, 1)) ||
-        !array_is(x, PyTuple_GET_ITEM(last, 0), PyTuple_GET_ITEM(last, 1),
-                  PyLong_AsSsize_t(PyTuple_GET_ITEM(last, 2))) ||
-        !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 ||
-        PyTuple_GET_ITEM(entry, 0) == Py_None) {
-        PyErr_Clear();
+        !of_kind(x, last) || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 ||
+        PyTuple_GET_ITEM(entry, 0) == Py_None)
         return fallback(self, args, nargsf);
-    }
     PyObject *plan = PyTuple_GET_ITEM(entry, 0), *label = PyTuple_GET_ITEM(entry, 3);
     Py_INCREF(plan); /* held: a plan's exception may make the kit forget its kinds */
     Py_INCREF(label);
