@@ -71,12 +71,12 @@ def test_debugging_example_catches_each_bug() -> None:
         "[rank 0] rank 0: MainOnlyCollectiveError: barrier inside main_process_only "
         "'save_checkpoint'",
         """[rank 0] rank 0: NotSameError: ranks [1] differ in ["['layer.bias']"]""",
-        "[rank 0] rank 0: late mismatch at #156; #156 to #205 ran after it",
+        "[rank 0] rank 0: late mismatch at #155, stopped before it ran",
         "[rank 0] rank 0: mismatch at #3: element counts by rank [6, 4]",
         "[rank 0] rank 0: the hook saw 2 collectives, 4000 tensor bytes",
         "[rank 1] rank 1: NotSameError: ranks [1] differ in [\"['layer.bias']\"]",
         "[rank 1] rank 1: RankFailedError: rank 0 failed in main_process_only",
-        "[rank 1] rank 1: late mismatch at #156; #156 to #205 ran after it",
+        "[rank 1] rank 1: late mismatch at #155, stopped before it ran",
         "[rank 1] rank 1: mismatch at #3: element counts by rank [6, 4]",
         "[rank 1] rank 1: the hook saw 2 collectives, 4000 tensor bytes",
     ]

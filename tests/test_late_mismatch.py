@@ -119,3 +119,58 @@ def test_distcomm_run_names_the_mismatch_for_every_rank(
         told = [x for x in said.splitlines() if x.startswith(line)]
         assert len(told) == 1 and f"collective mismatch at operation #{at}" in told[0], said
     assert "distcomm/backend" not in said and "_pipeline" not in said, "an internal frame"
+
+
+#: The launchers of the varying-sizes table: (backend, the array library, the launcher).
+VARYING_JOBS = [("gloo", "torch", "distcomm run"), ("zmq", "numpy", "distcomm run")]
+
+
+def _varying_command(backend: str, launcher: str, at: int, mpirun: str | None) -> list[str]:
+    program = [sys.executable, PROGRAM, "varying", str(at), "50"]
+    if launcher == "mpirun":
+        return [str(mpirun), "-n", "2", *program]
+    return [sys.executable, "-m", "distcomm", "run", "-n", "2", "--backend", backend, *program]
+
+
+def _check_varying_job(done: Any, at: int, shm: set[str]) -> None:
+    """Both ranks' calls at ``#at`` named (the sizes of the turn's next two) by rank 1, whose
+    call was a step the ranks never made (confirmed first, while rank 0 waits in the engine):
+    no engine's abort, and nothing left in /dev/shm."""
+    said = done.stderr
+    assert done.returncode != 0, "a job whose ranks disagreed ended well"
+    assert "finished" not in done.stdout, done.stdout
+    assert f"{MISMATCH}: collective mismatch at operation #{at} " in said, said[-4000:]
+    sizes = late_mismatch.VARYING
+    mine, theirs = sizes[at % len(sizes)], sizes[(at + 1) % len(sizes)]
+    assert re.search(rf"rank 0: all_reduce, shape \({mine},\), float32, {mine} elements", said)
+    assert re.search(rf"rank 1: all_reduce, shape \({theirs},\), float32, {theirs} elements", said)
+    for engine_said in ("gloo::EnforceNotMet", "Message truncated", "Fatal error", "SIGABRT"):
+        assert engine_said not in said, f"the engine saw the mismatch first:\n{said[-4000:]}"
+    assert not dev_shm_names() - shm, "the job left files in /dev/shm"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("at", [700, 2500])
+@pytest.mark.parametrize(("backend", "lib", "launcher"), VARYING_JOBS, ids=["gloo", "zmq"])
+def test_a_late_mismatch_among_varying_sizes_is_named_before_the_engine_sees_it(
+    backend: str, lib: str, launcher: str, at: int, tmp_path: Path
+) -> None:
+    """37 sizes in turn, each agreed on long before, rank 1 one size off at ``#at``: without the
+    check of a varying op's calls, Gloo ended the process from C and zmq raised a ValueError."""
+    shm = dev_shm_names()
+    command = _varying_command(backend, launcher, at, None)
+    done = run_job(command, timeout=150, cwd=tmp_path, env={"LATE_MISMATCH_LIB": lib})
+    _check_varying_job(done, at, shm)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.usefixtures("aborted_mpich_job")
+@pytest.mark.parametrize("at", [700, 2500])
+def test_under_mpirun_a_late_mismatch_among_varying_sizes_is_named_before_mpi_sees_it(
+    at: int, tmp_path: Path, mpirun: str
+) -> None:
+    """The same under ``mpirun -n 2`` with numpy: without the check, MPICH ended the job from C
+    ("Message truncated"), or one rank hung until the timeout."""
+    shm = dev_shm_names()
+    done = run_job(_varying_command("mpi", "mpirun", at, mpirun), timeout=150, cwd=tmp_path)
+    _check_varying_job(done, at, shm)

@@ -82,7 +82,7 @@ def program() -> tuple[bool, tuple[Any, ...]]:
         parts = [payload(r, step) for r in range(world)] if rank == root else None
         right &= same(distcomm.scatter_object(parts, src=root), payload(rank, step))
     h = comm._mismatch_check
-    return right, (comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs))
+    return right, (comm.seq, h.value(comm.seq), h.run_fp, h.run_start, list(h.runs), h.follow)
 
 
 def test_the_shortcut_is_taken_with_right_results_and_the_same_history(
@@ -93,7 +93,9 @@ def test_the_shortcut_is_taken_with_right_results_and_the_same_history(
     with counted(monkeypatch) as taken:
         with_shortcut = run_threads(program, 3)
     assert all(right for right, _ in without + with_shortcut), "a wrong object"
-    assert taken[0] > 3 * 4 * ROUNDS * 0.8, f"only {taken[0]} calls took the shortcut"
+    # not the gather_object after each all_gather_object: three roots follow that in turn, so
+    # the ranks check each before it runs (a quarter of the calls), nor the first 64
+    assert taken[0] > 3 * 4 * ROUNDS * 0.7, f"only {taken[0]} calls took the shortcut"
     for (_, state), (_, plain) in zip(with_shortcut, without, strict=True):
         assert state == plain, "the history differs from the one without the shortcut"
 
@@ -125,8 +127,9 @@ def test_hooks_see_every_object_call(monkeypatch: pytest.MonkeyPatch) -> None:
             want += [("after", "all_gather_object", ["y", "y"])]
         assert seen == want, f"the hooks saw {seen[:6]}..."
     # the first 64 calls are checked: the 10 after them take the shortcut, and the 40 under the
-    # hook (all_gather_object's first is the pipeline's: a new kind)
-    assert taken[0] == 2 * (10 + 39), f"expected 49 shortcuts per rank, got {taken[0] / 2}"
+    # hook but two (all_gather_object's first is the pipeline's: a new kind; the broadcast
+    # after it, a step the ranks never made, is confirmed once)
+    assert taken[0] == 2 * (10 + 38), f"expected 48 shortcuts per rank, got {taken[0] / 2}"
 
 
 @pytest.mark.parametrize("src", [5, -1, True, "0"])
@@ -145,8 +148,9 @@ def test_a_bad_root_past_the_check_points_is_the_pipelines_error(src: Any) -> No
 
 
 def test_a_late_mismatch_between_object_calls_is_found_at_the_next_check_point() -> None:
-    """Rank 0 calls all_gather_object where the others call gather_object (both kinds known,
-    so both take the shortcut, and their bytes even match): the next check point names it."""
+    """Rank 0 calls all_gather_object where the others call gather_object again (both kinds
+    known, and their bytes even match): the others' repeat is a step the ranks never made, so
+    they confirm it, and every rank names the odd call there."""
 
     def body() -> tuple[str, int, int]:
         comm: Any = distcomm.get_communicator()
@@ -154,11 +158,11 @@ def test_a_late_mismatch_between_object_calls_is_found_at_the_next_check_point()
             distcomm.all_gather_object(comm.rank)
             distcomm.gather_object(comm.rank, dst=0)
         odd = comm.seq + 1
-        if comm.rank == 0:
-            distcomm.all_gather_object(comm.rank)
-        else:
-            distcomm.gather_object(comm.rank, dst=0)
         try:
+            if comm.rank == 0:
+                distcomm.all_gather_object(comm.rank)
+            else:
+                distcomm.gather_object(comm.rank, dst=0)
             while comm.seq < SAMPLED_FIRST + SAMPLE_EVERY + 10:
                 distcomm.all_gather_object(comm.rank)
         except CollectiveMismatchError as exc:

@@ -10,6 +10,10 @@ broadcast where the others all-reduce; ``root``, a broadcast from rank 1 where t
 broadcast from rank 0), then every rank makes ``AFTER`` more all-reduces and calls
 ``finalize()``.
 
+KIND ``varying`` (not in the matrix) is the issue's table: every rank all-reduces arrays of
+:data:`VARYING` sizes in turn, every size agreed on long before, and rank 1's call ``#AT`` has
+the next size of the turn (torch CPU tensors where ``LATE_MISMATCH_LIB=torch``, else numpy).
+
 The matrix runs scenarios (by :func:`name`) in one job, on a new group each (its operations
 numbered from 1, timing out after :data:`GROUP_TIMEOUT` seconds, so that the ranks that waited
 in the engine come back), catches what each rank raised, and writes ``OUTDIR/rank-N.json``:
@@ -37,9 +41,17 @@ AFTERS = (0, 50)
 GROUP_TIMEOUT = 3.0
 
 
+#: The sizes (float32 elements) of the ``varying`` kind, in turn: variable-length batches.
+VARYING = [16 + 3 * i for i in range(37)]
+
+
 def scenario(comm: Any, kind: str, at: int, after: int, end: Any = None) -> None:
     """One scenario on ``comm``, whose next operation is #1 (module docstring); ``end()``
     finalizes it (default: ``comm.finalize``)."""
+    if kind == "varying":
+        _varying(comm, at, after)
+        (comm.finalize if end is None else end)()
+        return
     good = np.zeros(4, dtype=np.float32)  # stays 0, however many sums
     for _ in range(at - 1):
         comm.all_reduce(good)
@@ -58,6 +70,18 @@ def scenario(comm: Any, kind: str, at: int, after: int, end: Any = None) -> None
     for _ in range(after):
         comm.all_reduce(good)
     (comm.finalize if end is None else end)()
+
+
+def _varying(comm: Any, at: int, after: int) -> None:
+    if os.environ.get("LATE_MISMATCH_LIB") == "torch":
+        import torch
+
+        arrays = [torch.zeros(n) for n in VARYING]
+    else:
+        arrays = [np.zeros(n, dtype=np.float32) for n in VARYING]
+    for seq in range(1, at + after + 1):
+        turn = seq + 1 if seq == at and comm.rank == 1 else seq
+        comm.all_reduce(arrays[turn % len(VARYING)])
 
 
 def name(kind: str, at: int, after: int) -> str:

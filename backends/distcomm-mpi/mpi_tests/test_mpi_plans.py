@@ -49,7 +49,7 @@ from mpi4py import MPI
 import distcomm
 from distcomm.backend import CallKind, NotPlanned
 from distcomm.backend._pipeline.mismatch_check import SAMPLE_EVERY, SAMPLED_FIRST
-from distcomm.errors import CollectiveMismatchError, DistcommError, InvalidArgumentError
+from distcomm.errors import CollectiveMismatchError, InvalidArgumentError
 from distcomm.protocol import Communicator
 
 pytestmark = pytest.mark.mpi
@@ -329,13 +329,32 @@ def _taken(counted: Counted, kinds: int) -> dict[str, str]:
     }
 
 
-def _expected(kinds: int, group: Any) -> dict[str, str]:
-    """What :func:`_taken` must say after :func:`_program` on ``group`` over ``kinds``
-    libraries x dtypes: the engine planned each kind once, when its first call went through the
-    pipeline; the others took the plan (whatever the policy and the world size). A group that
-    answers locally (:func:`plans_taken`) planned and took nothing."""
-    planned, taken = if_planned(group, kinds), if_planned(group, kinds * (STEPS - 1))
-    return {op: f"{planned} kinds planned, taken {taken} of {kinds * STEPS}" for op in OPS}
+def _expected(kinds: int, group: Any, order: str) -> dict[str, str]:
+    """What :func:`_taken` must say after :func:`_program` in ``order`` on ``group`` over
+    ``kinds`` libraries x dtypes: the engine planned each kind once, when its first call went
+    through the pipeline. The other calls took the plan, where no history is kept (policy off);
+    with one, the mismatch check has the pipeline confirm or check some first:
+
+    - "runs": each numpy kind's first repeat, a step the ranks never made (a torch kind's
+      repeats follow its numpy twin's fingerprint: known);
+    - "interleaved": the first op's calls after the first round, which follow the last op's:
+      a step never made in a numpy block, confirmed once (its second round); in a torch block,
+      the last op of that dtype had been followed by the first op of the next block too (two
+      sizes of one op), so each is checked.
+
+    A group that answers locally (:func:`plans_taken`) planned and took nothing."""
+    planned = if_planned(group, kinds)
+    taken = dict.fromkeys(OPS, kinds * (STEPS - 1))
+    if group._mismatch_check is not None:
+        numpy = kinds // len(LIBS)
+        if order == "runs":
+            taken = dict.fromkeys(OPS, kinds * (STEPS - 1) - numpy)
+        else:
+            taken[OPS[0]] = numpy * (STEPS - 2)
+    return {
+        op: f"{planned} kinds planned, taken {if_planned(group, n)} of {kinds * STEPS}"
+        for op, n in taken.items()
+    }
 
 
 @pytest.mark.parametrize("order", ["runs", "interleaved"])
@@ -351,7 +370,7 @@ def test_every_plan_is_taken_past_the_check_points_and_right(
     wrong = _program(group, order)
     kinds = len(LIBS) * len(DTYPES)
     assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
-    assert _taken(counted, kinds) == _expected(kinds, group)
+    assert _taken(counted, kinds) == _expected(kinds, group, order)
     assert counted.calls == counted.taken, f"refused: {counted.calls} reached, {counted.taken}"
 
 
@@ -366,24 +385,27 @@ def test_a_world_of_one_that_calls_its_engine_takes_the_plans(group: Any) -> Non
     wrong = _program(group, "interleaved", dtypes=("float32", "int8"))
     kinds = len(LIBS) * 2
     assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
-    assert _taken(counted, kinds) == _expected(kinds, group)
+    assert _taken(counted, kinds) == _expected(kinds, group, "interleaved")
     assert counted.calls == counted.taken, f"refused: {counted.calls} reached, {counted.taken}"
 
 
 def _planned_steps(ops: tuple[str, ...], group: Any) -> list[tuple[str, str, str, int]]:
     """The (lib, dtype, op, step) that take the plan in a "runs" program over ``ops`` (of
-    float32 and int64), in the program's order: every step but the first; a reduce's and a
-    gather's result is checked on the root. None in a group that takes no plan."""
+    float32 and int64), in the program's order: every step but the first, and but the second
+    of a numpy kind where a history is kept (its first repeat, a step the ranks confirm once;
+    a torch kind follows its numpy twin's fingerprint); a reduce's and a gather's result is
+    checked on the root. None in a group that takes no plan."""
     if not plans_taken(group):
         return []
     rank, root = group.rank, group.world_size - 1
+    confirmed = group._mismatch_check is not None
     return [
         (lib, dtype, op, step)
         for lib in LIBS
         for dtype in ("float32", "int64")
         for op in OPS
         if op in ops and (op not in ("reduce", "gather") or rank == root)
-        for step in range(1, STEPS)
+        for step in range(2 if confirmed and lib == "numpy" else 1, STEPS)
     ]
 
 
@@ -654,7 +676,8 @@ def test_gather_and_scatter_take_the_plan_for_every_list_and_root(
     """Past the check points, gathers to and scatters from rank 0 or the last rank, numpy and
     torch, five dtypes, the root's list chunks of one buffer (MPI takes it as it is), arrays of
     their own or strided views (both copied through the communicator's scratch): every call but
-    the first of its kind takes the plan, right."""
+    the first of its kind takes the plan, right (and but the first repeat of a numpy kind, a
+    step the ranks confirm once: a torch kind's follows its numpy twin's fingerprint)."""
     at = 0 if root == "first" else group.world_size - 1
     counted = Counted(group)
     wrong = [
@@ -668,7 +691,9 @@ def test_gather_and_scatter_take_the_plan_for_every_list_and_root(
     kinds = len(LIBS) * len(DTYPES)
     assert not wrong, f"rank {group.rank}: wrong results (or seq) at {wrong}"
     taken = {op: counted.taken[op] for op in ROOTED}
-    assert taken == dict.fromkeys(ROOTED, if_planned(group, kinds * (STEPS - 1))), taken
+    confirmed = len(DTYPES) if group._mismatch_check is not None else 0
+    want = if_planned(group, kinds * (STEPS - 1) - confirmed)
+    assert taken == dict.fromkeys(ROOTED, want), taken
 
 
 def _aliased(group: Any, op: str, lib: str, step: int, how: str, slot: int) -> bool:
@@ -698,7 +723,7 @@ def test_rooted_calls_whose_tensor_is_in_the_list_are_right(group: Any, lib: str
     """On the root, the tensor is an entry of its own list: its own slot (a chunk of the
     buffer: MPI_IN_PLACE) or another rank's (MPI forbids aliased buffers: through the scratch),
     after calls like it (the plan open). Every result is the pipeline's, and MPI takes
-    every call."""
+    every call (the plan, every call past the first repeat)."""
     counted = Counted(group)
     n, root = group.world_size, group.world_size - 1
     wrong = []
@@ -708,7 +733,8 @@ def test_rooted_calls_whose_tensor_is_in_the_list_are_right(group: Any, lib: str
             for slot in sorted({root, (root + 1) % n}):
                 if not _aliased(group, op, lib, step, how, slot):
                     wrong.append((op, step, slot))
-    calls = 2 * len({root, (root + 1) % n})
+    # every call but the first repeat of each op's kind, a step the ranks confirm once
+    calls = 2 * len({root, (root + 1) % n}) - (group._mismatch_check is not None)
     assert not wrong, f"rank {group.rank}: in-place rooted calls {wrong}"
     taken = {op: counted.taken[op] for op in ROOTED}
     assert taken == dict.fromkeys(ROOTED, if_planned(group, calls)), taken
@@ -753,19 +779,18 @@ def test_groups_from_split_and_new_group_take_the_plans(world: Communicator, how
         group.finalize()
     kinds = len(LIBS) * 2
     assert not wrong, f"rank {r} ({group.rank} of {group.global_ranks}): wrong at {wrong}"
-    assert _taken(counted, kinds) == _expected(kinds, group)
+    assert _taken(counted, kinds) == _expected(kinds, group, "interleaved")
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", ["dtype", "reduce op"])
-def test_a_mismatch_between_check_points_is_named_at_the_next_one(group: Any, kind: str) -> None:
-    """Rank 1 alone makes a call of another kind than the others', both known and agreed (so no
-    vote confirms it before the engine): a broadcast of int32 for one of float32 (planned
-    both; MPI moves the same bytes) or an all_reduce by MAX (the pipeline's) for one by SUM
-    (planned; MPI runs the same Allreduce). The check point at seq 1088 raises
-    CollectiveMismatchError naming it on every rank, and the group is retired. (A broadcast
-    against a reduce cannot be run in one job: MPI blocks in the mismatched collectives, and the
-    watchdog ends the job.)"""
+def test_a_mismatch_between_check_points_is_named_before_mpi_runs_it(group: Any, kind: str) -> None:
+    """Rank 1 alone makes a call of another kind than the others', both known and agreed, and
+    both agreed to follow the call before (a fill, after which the ranks made the two in turn):
+    a broadcast of int32 for one of float32 (planned both; MPI would move the same bytes) or an
+    all_reduce by MAX for one by SUM (MPI would run the same Allreduce). Every rank checks the
+    call before it is issued: every rank raises CollectiveMismatchError naming it, nothing ran,
+    and the group stays usable."""
     root = group.world_size - 1
     if kind == "dtype":
         calls = (
@@ -780,20 +805,19 @@ def test_a_mismatch_between_check_points_is_named_at_the_next_one(group: Any, ki
         )
         named = f"rank 1: all_reduce, shape ({K},), float64, {K} elements, op MAX"
     for _ in range(3):
-        calls[0]()
-        calls[1]()
         fill(group)
-    calls[0]()
-    at = group.seq + 1
-    calls[1 if group.rank == 1 else 0]()
-    with pytest.raises(CollectiveMismatchError) as caught:
-        while group.seq < NEXT_CHECK + 2:  # known calls only: no vote before the check point
-            fill(group)
-    error = caught.value
-    assert (error.seq, error.ran, group.seq) == (at, (at, NEXT_CHECK - 1), NEXT_CHECK), str(error)
-    assert named in str(error), str(error)
-    with pytest.raises(DistcommError, match="can no longer be used"):
         calls[0]()
+        fill(group)
+        calls[1]()
+    fill(group)
+    at = group.seq + 1
+    with pytest.raises(CollectiveMismatchError) as caught:
+        calls[1 if group.rank == 1 else 0]()
+    error = caught.value
+    assert (error.seq, error.ran, group.seq) == (at, None, at), str(error)
+    assert named in str(error), str(error)
+    calls[0]()  # still usable
+    assert group.seq == at + 1
 
 
 def test_hooks_registered_past_the_check_points_see_every_call(group: Any) -> None:
@@ -1165,7 +1189,9 @@ def test_uneven_all_to_alls_whose_routing_changes_take_the_plan_and_are_right(
     group.barrier()  # settles the split tables kept since the last check point
     planned = plans_taken(group) and lib == "numpy"
     assert ran["asked"] == int(planned), f"rank {rank}: plans given {ran}"
-    reached = steps - 1 if planned else 0
+    # every call but the first, and but the second where a history is kept (the first
+    # repeat: a step the ranks confirm once)
+    reached = steps - 1 - (group._mismatch_check is not None) if planned else 0
     taken = reached // 2 if declining and rank == 0 else reached
     want = {"asked": int(planned), "calls": reached, "taken": taken}
     assert ran == want, f"rank {rank}: plans {ran}, want {want}"

@@ -71,9 +71,10 @@ def test_calls_past_the_first_checks_take_the_shortcut(
     group.finalize()
     assert not wrong, f"rank {rank}: wrong rows at steps {wrong}"
     # every call asks for the shortcut: the first of its class and dtype is refused it (the
-    # pipeline takes it, starts the run and remembers its kind), the 11 after it take it; a
-    # world of 1 answers every call locally, without the engine, and learns no kind: refused
-    want = [False] + [True] * 11 if size > 1 else [False] * 12
+    # pipeline takes it, starts the run and remembers its kind), and so is the second, its
+    # first repeat (a step the ranks confirm once); the 10 after them take it; a world of 1
+    # answers every call locally, without the engine, and learns no kind: refused
+    want = [False] * 2 + [True] * 10 if size > 1 else [False] * 12
     assert taken == want, f"rank {rank}: shortcut outcomes {taken}"
 
 

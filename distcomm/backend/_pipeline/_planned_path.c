@@ -11,7 +11,8 @@
  *     ``y`` fits (``fits`` None, or a plans.Fits read as data, or a check that answers true),
  *     on a usable communicator, short of the next check point (``_next_check``);
  *   - no hook registered (``hooks``, observing.registered, is empty) and the kind's fingerprint
- *     the mismatch check's current run (or no check);
+ *     the mismatch check's ``free_fp`` (its current run, where the ranks agreed that a call
+ *     may repeat it unchecked), or no check;
  *   - no flight recorder, or one on the CPU clock (``bound_device`` None) whose caller is the
  *     site the last recorded call found (``_site_code``, through ``_site_via``).
  *
@@ -53,7 +54,7 @@ typedef struct {
     Py_ssize_t completed;  /* recording.COMPLETED */
     Offsets comm;          /* the communicator's class */
     PyTypeObject *check_type;
-    Py_ssize_t run_fp;     /* MismatchCheck.run_fp's offset (-1: no slot) */
+    Py_ssize_t free_fp;    /* MismatchCheck.free_fp's offset (-1: no slot) */
 } PlannedPath;
 
 static PyObject *s_dtype, *s_nbytes, *s_shape, *s_add, *s_declined, *s_failed, *s_raised,
@@ -337,20 +338,20 @@ static PyObject *planned_kind(PlannedPath *self, PyObject *const *args, size_t n
     if (plan == Py_None)
         return fallback(self, args, nargsf);
 
-    /* the mismatch check's current run */
+    /* the mismatch check's current run, if a call may repeat it unchecked */
     PyObject *check = get(comm, o->at[CHECK]);
     if (check == NULL)
         return fallback(self, args, nargsf);
     if (check != Py_None) {
         if (Py_TYPE(check) != self->check_type) {
             self->check_type = Py_TYPE(check);
-            self->run_fp = slot_offset(self->check_type, "run_fp");
+            self->free_fp = slot_offset(self->check_type, "free_fp");
         }
-        PyObject *run_fp = self->run_fp < 0 ? NULL : get(check, self->run_fp);
-        if (run_fp == NULL)
+        PyObject *free_fp = self->free_fp < 0 ? NULL : get(check, self->free_fp);
+        if (free_fp == NULL)
             return fallback(self, args, nargsf);
-        if (run_fp != fp) {
-            int same = PyObject_RichCompareBool(fp, run_fp, Py_EQ);
+        if (free_fp != fp) {
+            int same = PyObject_RichCompareBool(fp, free_fp, Py_EQ);
             if (same != 1) {
                 PyErr_Clear();
                 return fallback(self, args, nargsf);
@@ -595,7 +596,7 @@ static PyObject *new_path(vectorcallfunc call, PyObject *function, PyObject *hoo
     self->comm.type = NULL;
     self->comm.usable = 0;
     self->check_type = NULL;
-    self->run_fp = -1;
+    self->free_fp = -1;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }

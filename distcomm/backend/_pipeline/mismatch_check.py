@@ -12,9 +12,9 @@ shown, never compared: torch accepts (2, 3) on one rank and (6,) on another). It
 is 62 bits of blake2b over the signature's text, the same in every process. Consecutive calls
 with one fingerprint form a *run*, and the running value folds each run (fingerprint and
 length) into one integer: two ranks have equal values when they made the same calls in the
-same order (barring an accident of 2**-62), and a call like the one before it costs nothing to
-record (:meth:`MismatchCheck.record`). The ranks compare running values, so that nothing slips
-through:
+same order (barring an accident of 2**-62), and a call like the one before it, where the
+ranks agreed that it may be, costs nothing to record (:meth:`MismatchCheck.record`). The ranks
+compare running values, so that nothing slips through:
 
 - at the check points of the policy, before the collective is issued
   (:meth:`MismatchCheck.check`): one int64 all-reduce of 16 bytes, ``MIN`` of ``[v, -v]``
@@ -25,6 +25,14 @@ through:
   tables wait to be compared, and in ``finalize()``: a vote of point-to-point messages
   (:mod:`~distcomm.backend._pipeline.p2p_vote`), which a rank that called something else
   cannot meet with a collective of its own: the mismatch never reaches the engine;
+- the same vote before a call that follows the call before it in a way the ranks never agreed
+  on (a *step*: which fingerprint followed which, learnt at each agreement into
+  :attr:`MismatchCheck.follow`, so the same on every rank); and the check points' 16 bytes
+  before a call after which the ranks agreed on calls of its op in more than one size, decided
+  from what they agreed on so that every rank making that op there checks it. A call that is
+  a step the ranks agreed on, where they agreed on no other call of its op, is the only one
+  that reaches the engine unconfirmed (:meth:`MismatchCheck.unchecked`; the compiled path reads
+  :attr:`MismatchCheck.free_fp`): a call whose size could differ from rank to rank never does;
 - when an operation times out or its engine fails: out of band
   (:mod:`~distcomm.backend._pipeline.engine_failures`);
 - the split tables of uneven all-to-alls, which differ from rank to rank by design and stay out
@@ -92,6 +100,7 @@ _REMEMBERED = 4096
 _BITS = (1 << 62) - 1
 _MULTIPLIER = 0x9E3779B97F4A7C15 & _BITS | 1
 _NO_RUN = -1
+_NOT_FREE = -2
 
 
 def policy(value: Any = None, environ: Mapping[str, str] | None = None) -> str:
@@ -148,10 +157,13 @@ class MismatchCheck:
         "__weakref__",
         "agreed",
         "agreed_seq",
+        "check_at",
         "closed",
         "described",
         "ended",
+        "follow",
         "fps",
+        "free_fp",
         "keep_tables",
         "ledger",
         "limits",
@@ -159,6 +171,7 @@ class MismatchCheck:
         "run_fp",
         "run_start",
         "runs",
+        "steps",
         "voting",
     )
 
@@ -172,6 +185,18 @@ class MismatchCheck:
         #: The latest ``seq`` the ranks agreed on (a check made mid-way starts at its ``seq``).
         self.agreed_seq = comm.seq
         self.agreed: set[int] = set()
+        #: fingerprint -> the fingerprints of the calls that followed a call of it (itself: a
+        #: run of two or more) in what the ranks agreed on: the same on every rank.
+        self.follow: dict[int, set[int]] = {}
+        #: The steps (fingerprint, the next one, the next one's seq) made since the last
+        #: agreement that :attr:`follow` lacks: known good once the ranks agree.
+        self.steps: list[tuple[int, int, int]] = []
+        #: The current run's fingerprint where a call may repeat it unchecked (the ranks agreed
+        #: that such a run goes on, and on no other call of its op after it), else
+        #: :data:`_NOT_FREE`: the compiled path reads it.
+        self.free_fp = _NOT_FREE
+        #: The ``seq`` of the call that :meth:`record` found must be checked first (0: none).
+        self.check_at = 0
         self.fps: dict[tuple[Any, ...], int] = {}  # signature -> fingerprint
         self.described: dict[int, tuple[Any, ...]] = {}  # fingerprint -> signature and site
         self.ended = False
@@ -226,14 +251,59 @@ class MismatchCheck:
                 numel = adapter.numel(x)
         signature = (op, dtype, numel, root, None if reduce_op is None else reduce_op.name)
         fp = self.fingerprint(signature)
-        if fp == self.run_fp:
-            return fp
-        novel = self.start_run(seq, fp)
+        if fp == self.free_fp or (fp == self.run_fp and seq == self.run_start):
+            return fp  # (the latter: a plan that declined began its run, a step known good)
+        before = self.run_fp
+        novel = False
+        if fp == before:  # a repeat not agreed on, or after which its op may differ
+            self.steps.append((fp, fp, seq))
+        else:
+            novel = self.start_run(seq, fp)
+        shape = None if x is None else shape_of(x)
         if novel:
-            shape = None if x is None else shape_of(x)
             self.describe(fp, signature, call_site(), shape)
-            if self.next_point(seq) != seq and comm._can_confirm():
-                p2p_vote.vote(comm, p2p_vote.CALL, shape)
+        if self.next_point(seq) == seq:
+            return fp  # a check point: checked anyway
+        if self._ambiguous(before, op):
+            self.check_at = seq  # every rank making this op here checks it (collectively)
+        elif (novel or fp not in self.follow.get(before, ())) and comm._can_confirm():
+            p2p_vote.vote(comm, p2p_vote.CALL, shape)
+        return fp
+
+    def unchecked(self, fp: int, op: str) -> bool:
+        """Whether a call of ``op`` with fingerprint ``fp`` may reach the engine without the
+        pipeline's confirmation or check (:meth:`record`'s): a repeat of the current run that
+        :attr:`free_fp` allows, or a call the ranks agreed on, which they agreed follows the
+        current run, where they agreed on no other call of ``op`` after it."""
+        if fp == self.free_fp:
+            return True
+        state = self.run_fp
+        return (
+            fp != state
+            and fp in self.agreed
+            and fp in self.follow.get(state, ())
+            and not self._ambiguous(state, op)
+        )
+
+    def _ambiguous(self, state: int, op: str) -> bool:
+        """Whether the ranks agreed on more than one call of ``op`` following ``state`` (a
+        fingerprint): such a call could differ from rank to rank, unseen."""
+        known = self.follow.get(state)
+        if known is None or len(known) < 2:
+            return False
+        same = 0
+        for fp in known:
+            call = self.described.get(fp)
+            if call is not None and call[0] == op:
+                same += 1
+        return same > 1
+
+    def _free_repeat(self) -> int:
+        """:attr:`free_fp` for the current run."""
+        fp = self.run_fp
+        call = self.described.get(fp)
+        if fp not in self.follow.get(fp, ()) or call is None or self._ambiguous(fp, call[0]):
+            return _NOT_FREE
         return fp
 
     def check(self, comm: Steps, x: Any = None) -> None:
@@ -246,11 +316,12 @@ class MismatchCheck:
         """
         seq = comm.seq
         channel = comm._object_channel()
-        with channel._checking(comm), self.voting_on(seq):
-            if agree(channel, self.value(seq)):
-                self.agree(seq)
+        if self._agrees(channel, comm, seq):
+            self.agree(seq)
+            if self.ledger:
                 routing_ledger.settle(comm, seq - 1, f"operation #{seq}, the next check point")
-                return
+            return
+        with channel._checking(comm), self.voting_on(seq):
             mine = self.dump(None if x is None else shape_of(x), site=call_site())
             dumps = dict(enumerate(objects.all_gather_object(channel, mine)))
         found = divergence.find(dumps)
@@ -259,6 +330,19 @@ class MismatchCheck:
         error = divergence.mismatch_error(comm.describe(), found, dumps)
         comm._after_mismatch(error)
         raise error
+
+    def _agrees(self, channel: BaseCommunicator, comm: Steps, seq: int) -> bool:
+        """:func:`agree` on the running value at ``seq`` (the latest call of ``comm``), over
+        ``channel`` (``comm``'s object channel) and in the vote on ``seq``, as
+        :meth:`voting_on` (with no context manager: it runs before every checked call)."""
+        self.voting = seq
+        try:
+            if channel is comm:
+                return agree(channel, self.value(seq))
+            with channel._checking(comm):
+                return agree(channel, self.value(seq))
+        finally:
+            self.voting = 0
 
     @contextlib.contextmanager
     def voting_on(self, seq: int) -> Iterator[None]:
@@ -286,12 +370,16 @@ class MismatchCheck:
     def start_run(self, seq: int, fp: int) -> bool:
         """Call ``seq`` has fingerprint ``fp``, unlike the one before: close that run, start
         one. Returns whether the ranks have never agreed on ``fp`` (a call to confirm)."""
-        if self.run_fp != _NO_RUN:
-            self.closed = _mix(self.closed, self.run_fp, seq - self.run_start)
-            self.runs.append((self.run_start, self.run_fp))
+        before = self.run_fp
+        if before != _NO_RUN:
+            self.closed = _mix(self.closed, before, seq - self.run_start)
+            self.runs.append((self.run_start, before))
             if len(self.runs) > RING:
                 del self.runs[: len(self.runs) - RING]
+        if fp not in self.follow.get(before, ()):
+            self.steps.append((before, fp, seq))
         self.run_fp, self.run_start = fp, seq
+        self.free_fp = self._free_repeat()
         return fp not in self.agreed
 
     def describe(self, fp: int, signature: tuple[Any, ...], site: str, shape: Any) -> None:
@@ -308,12 +396,21 @@ class MismatchCheck:
         return _mix(self.closed, self.run_fp, seq - self.run_start + 1)
 
     def agree(self, seq: int) -> None:
-        """The ranks agreed on calls 1 to ``seq``: their fingerprints are known good."""
+        """The ranks agreed on calls 1 to ``seq``: their fingerprints, and which followed
+        which, are known good."""
         if len(self.agreed) >= _REMEMBERED:
             self.agreed.clear()
         self.agreed.update(fp for _, fp in self.runs)
         self.agreed.add(self.run_fp)
         self.runs.clear()
+        if len(self.follow) >= _REMEMBERED:
+            self.follow.clear()
+        for before, after, _ in self.steps:
+            self.follow.setdefault(before, set()).add(after)
+        self.steps.clear()
+        if seq > self.run_start:  # the current run's calls follow each other
+            self.follow.setdefault(self.run_fp, set()).add(self.run_fp)
+        self.free_fp = self._free_repeat()
         self.agreed_seq = seq
 
     def neutralise(self, seq: int) -> None:
@@ -321,7 +418,9 @@ class MismatchCheck:
         :data:`NEUTRAL` on every rank, so that the ranks' histories agree again."""
         if self.run_start != seq:
             self.start_run(seq, NEUTRAL)
-        self.run_fp = NEUTRAL
+        while self.steps and self.steps[-1][2] == seq:  # no rank made them: none is learnt
+            self.steps.pop()
+        self.run_fp, self.free_fp = NEUTRAL, _NOT_FREE
 
     def dump(
         self, shape: Any = None, keep: int = RING + 1, site: str | None = None

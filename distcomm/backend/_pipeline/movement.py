@@ -136,7 +136,7 @@ class Movement(Steps):
         except (AttributeError, TypeError):  # not an array, or a dtype that is no key
             return False
         h = self._mismatch_check
-        if entry is None or (h is not None and entry[1] != h.run_fp and entry[1] not in h.agreed):
+        if entry is None or (h is not None and not h.unchecked(entry[1], "all_to_all_single")):
             return False
         row = routing.row_of_plain(self, output, input, expected, sent)
         if row < 0:

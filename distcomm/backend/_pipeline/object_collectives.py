@@ -121,7 +121,7 @@ class ObjectCollectives(Steps):
         if entry is None or channel is not self:
             return None
         fp = entry[1]
-        if h is not None and fp != h.run_fp and fp not in h.agreed:
+        if h is not None and not h.unchecked(fp, op):
             return None
         self.op = op
         self.seq = seq

@@ -353,8 +353,9 @@ class Steps(ArgumentChecks, Failures, Defaults):
             if x is not None and not self._solo:  # a world of 1 calls no engine
                 moved = self._native_dtypes if reduce_op is None else self._direct_dtypes
                 self._plans.learn(op, x, adapter, root, reduce_op, fp, moved, varies)
-            if seq >= self._next_check and check is not None:
-                self._next_check = check.next_point(seq + 1)
+            if check is not None and (seq >= self._next_check or check.check_at == seq):
+                if seq >= self._next_check:
+                    self._next_check = check.next_point(seq + 1)
                 check.check(self, x)
         except BaseException as exc:
             if rec is not None:
@@ -532,7 +533,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
             return False
         h = self._mismatch_check
         event = None
-        if _hooks or (h is not None and fp != h.run_fp):
+        if _hooks or (h is not None and fp != h.free_fp):
             event = self._planned_opening(op, x, root, seq, fp)
             if event is _DECLINED:
                 return False
@@ -594,23 +595,24 @@ class Steps(ArgumentChecks, Failures, Defaults):
         return site
 
     def _planned_opening(self, op: str, x: Any, root: Any, seq: int, fp: int) -> Any:
-        """The start of :meth:`_planned`'s call where the hooks see it, or where its kind
-        differs from the call before it (a new run of its fingerprint in the history, which
-        the ranks must have agreed on before): the call numbered, its event (None: no hook
-        sees it), or :data:`_DECLINED` where the pipeline must take it."""
+        """The start of :meth:`_planned`'s call where the hooks see it, or where it is no
+        repeat that may go unchecked (a new run of its fingerprint in the history, which may
+        go to the engine only as :meth:`MismatchCheck.unchecked
+        <distcomm.backend._pipeline.mismatch_check.MismatchCheck.unchecked>` says): the call
+        numbered, its event (None: no hook sees it), or :data:`_DECLINED` where the pipeline
+        must take it."""
         if _hooks and self._event is observing.PENDING:
             return _DECLINED  # part of an observed public call (reduce_scatter's
             # reduce_scatter_tensor): the pipeline numbers it and makes its event
         h = self._mismatch_check
-        new_run = h is not None and fp != h.run_fp
-        if new_run and fp not in h.agreed:  # type: ignore[union-attr]
-            return _DECLINED  # the pipeline confirms a kind first
+        if h is not None and not h.unchecked(fp, op):
+            return _DECLINED  # the pipeline confirms, or checks, a call that could differ
         self.op, self.seq = op, seq
         event = None
         if _hooks and self._event is None:  # the hooks see it (a hook may refuse it)
             event = self._observe(observing.planned_event(self, op, x, root), planned=True)
-        if new_run:
-            h.start_run(seq, fp)  # type: ignore[union-attr]
+        if h is not None and fp != h.run_fp:
+            h.start_run(seq, fp)
         return event
 
     def _observe(self, event: CollectiveEvent, planned: bool = False) -> CollectiveEvent:

@@ -2,9 +2,11 @@
 dtype, op or root) get :class:`~distcomm.errors.CollectiveMismatchError` on every rank, before
 anything runs, and the communicator stays usable; nothing is checked under ``debug="off"``.
 Under the default policy nothing slips through either: between its check points, a kind of call
-the ranks never agreed on is confirmed before it runs (a communicator's first barrier too), and a
-mismatch of kinds they did agree on is named at that barrier, the next check point or
-``finalize()``, with the operations that ran after it.
+the ranks never agreed on is confirmed before it runs (a communicator's first barrier too), and
+so is a call that follows the one before in a way they never agreed on, or after which they
+agreed on calls of its op in more than one size; the split tables of uneven all-to-alls that
+disagree are named at the next barrier, check point or ``finalize()``, with the operations that
+ran after them.
 
 Each check pins its communicator's policy for its own calls (``"check"``, or the default
 ``"sample"`` on a group of its own, whatever ``DISTCOMM_DEBUG`` says) and restores it. They
@@ -242,12 +244,12 @@ def the_default_stops_a_new_call_that_differs() -> None:
 
 
 @check
-def the_default_names_a_mismatch_that_ran_at_the_barrier() -> None:
+def the_default_stops_a_mismatch_of_calls_made_before() -> None:
     """Under the default policy, between its check points, rank 1 all-reduces with MAX where the
-    others use SUM, two calls every rank made before: the engine runs it (nothing local can
-    tell), and the group's first barrier, which follows (a new kind of call: voted), raises
-    CollectiveMismatchError on every rank naming that operation and the ones that ran after it;
-    the group is retired."""
+    others use SUM, two calls every rank made before, but never one after the other: each rank's
+    call is a step the ranks never made, confirmed before it runs, so every rank raises
+    CollectiveMismatchError naming that operation before the engine sees it, and the group stays
+    usable."""
     group = _group_past_the_first_checks()
     if group is None:
         return
@@ -255,21 +257,52 @@ def the_default_names_a_mismatch_that_ran_at_the_barrier() -> None:
     with check_policy("sample", group):
         group.all_reduce(make(lib, "float32", [1.0]))  # #65 and #66: agreed
         group.all_reduce(make(lib, "float32", [1.0]), op="max")
-        group.all_reduce(make(lib, "float32", [1.0]), op="max" if group.rank == 1 else "sum")
-        for _ in range(3):
-            group.all_reduce(make(lib, "float32", [1.0]))
         try:
-            group.barrier()
+            group.all_reduce(make(lib, "float32", [1.0]), op="max" if group.rank == 1 else "sum")
         except CollectiveMismatchError as exc:
             expect(exc.seq == 67, f"the first diverging operation named is #{exc.seq}, not #67")
-            expect(exc.ran == (67, 70), f"ran {exc.ran}, not (67, 70): {exc}")
+            expect(exc.ran is None, f"it ran: {exc.ran} ({exc})")
             expect("op MAX" in str(exc) and "op SUM" in str(exc), f"message {exc}")
         else:
-            raise AssertionError(f"rank {group.rank}: the barrier did not name the mismatch")
-        try:
-            group.all_reduce(make(lib, "float32", [1.0]))
-        except DistcommError:
-            pass
-        else:
-            raise AssertionError(f"rank {group.rank}: the group was not retired")
+            raise AssertionError(f"rank {group.rank}: mismatched #67 was not stopped")
+        t = make(lib, "float32", [1.0])
+        group.all_reduce(t)
+        expect_values(t, [group.world_size], "all_reduce after the stopped mismatch")
+    group.finalize()
+
+
+@check
+def the_default_stops_a_late_mismatch_where_sizes_vary() -> None:
+    """Under the default policy, all-reduces whose sizes vary in a pattern (3, 5, 3, 8 elements
+    in turn: a call of 3 is followed by calls of two sizes), every size and step agreed on
+    long before: between check points, rank 1 passes 8 elements where 5 follow the 3 (#69),
+    and later 3 again where 8 follow (#71), calls the engine would get in different sizes
+    from different ranks (ending the process or hanging). Every rank checks such a call
+    before it runs: every rank raises CollectiveMismatchError naming both calls, and the group
+    stays usable."""
+    c: Any = comm()
+    if _skip():
+        return
+    group = distcomm.new_group(range(c.world_size))
+    assert not isinstance(group, NonMember), "every rank is a member"
+    lib, _ = next(cases(lambda d: d == "float32"))
+    pattern = [3, 5, 3, 8]
+    odd = {69: 8, 71: 3}  # rank 1's sizes there
+    with check_policy("sample", group):
+        for seq in range(1, 81):
+            size = odd.get(seq, pattern[seq % 4]) if group.rank == 1 else pattern[seq % 4]
+            t = make(lib, "float32", [1.0] * size)
+            try:
+                group.all_reduce(t)
+            except CollectiveMismatchError as exc:
+                what = f"rank {group.rank}, operation #{seq}"
+                expect(seq in odd, f"{what}: a mismatch where the calls agree: {exc}")
+                expect(exc.seq == seq, f"{what}: named operation #{exc.seq}")
+                expect(exc.ran is None, f"{what}: it ran: {exc.ran} ({exc})")
+                expect(len(exc.table) == group.world_size, f"{what}: table {exc.table}")
+                named = (f"{pattern[seq % 4]} elements", f"{odd.get(seq)} elements")
+                expect(all(n in str(exc) for n in named), f"{what}: both calls not named: {exc}")
+            else:
+                expect(seq not in odd, f"rank {group.rank}: mismatched #{seq} was not stopped")
+                expect_values(t, [float(group.world_size)] * size, f"all_reduce #{seq}")
     group.finalize()
