@@ -256,7 +256,8 @@ class MismatchCheck:
         before = self.run_fp
         novel = False
         if fp == before:  # a repeat not agreed on, or after which its op may differ
-            self.steps.append((fp, fp, seq))
+            if not self.steps or self.steps[-1][:2] != (fp, fp):  # (once until agreed)
+                self.steps.append((fp, fp, seq))
         else:
             novel = self.start_run(seq, fp)
         shape = None if x is None else shape_of(x)
