@@ -292,9 +292,10 @@ _DECLARED = (
     Setting("DISTCOMM_LOG_LEVEL", "level of the `distcomm` logger (e.g. `DEBUG`)", _level),
     Setting(
         "DISTCOMM_TRACE",
-        "`N`: keep each rank's last N collectives and write them at exit, on a timeout, on "
-        "SIGUSR2 and SIGTERM (`DISTCOMM_TRACE_DIR`, `DISTCOMM_TRACE_SIGNAL`); `distcomm trace "
-        "DIR` reads them ([docs/debugging.md](docs/debugging.md))",
+        "`N`: keep each rank's last N collectives in a file kept current (what a rank killed by "
+        "SIGKILL leaves), written at exit, on a timeout, on SIGUSR2 and SIGTERM, even inside the "
+        "engine (`DISTCOMM_TRACE_DIR`, `DISTCOMM_TRACE_SIGNAL`); `distcomm trace` reads them "
+        "([docs/debugging.md](docs/debugging.md#what-each-rank-was-doing-the-flight-recorder))",
         _trace,
         0,
     ),

@@ -1,17 +1,60 @@
-"""``distcomm trace DIR``: the flight recorder's dumps of every rank, read together and said in
-words: the first operation where the ranks diverge, the ranks that stopped early, and the
-slowest ranks per operation (the rank that arrived last spends least time in a call)."""
+"""``distcomm trace [DIR]``: the flight recorder's dumps of every rank, read together and said in
+words: the first operation where the ranks diverge, the ranks that stopped early, the ranks that
+left only their black box, and the slowest ranks per operation (the rank that arrived last
+spends least time in a call). Also where a job's dumps go (:func:`traces_folder`), for the ranks
+that write them and the launcher that says where they are."""
 
 from __future__ import annotations
 
 import collections
 import json
 import os
+import time
 from typing import Any
 
 from distcomm._divergence import Timeline, first_divergence
 
-__all__ = ["analyse", "load"]
+__all__ = ["TRACES", "analyse", "job_folder", "load", "traces_folder"]
+
+#: The folder of the jobs' dump folders, unless DISTCOMM_TRACE_DIR names one job's.
+TRACES = "distcomm-trace"
+
+
+def traces_folder(job: str) -> str:
+    """Where the ranks of ``job`` (its launcher's job id) write their dumps: DISTCOMM_TRACE_DIR,
+    else ``./distcomm-trace/<job>``; absolute."""
+    from distcomm import _settings
+
+    return os.path.abspath(_settings.read("DISTCOMM_TRACE_DIR") or os.path.join(TRACES, job))
+
+
+def job_folder(folder: str) -> tuple[str, int]:
+    """The folder of one job's dumps that ``folder`` means: itself when it holds a
+    ``rank-N.json``, else its sub-folder that does whose newest dump is the newest (the last
+    job run); with how many sub-folders hold dumps (0 for ``folder`` itself).
+
+    Raises:
+        FileNotFoundError: neither ``folder`` nor a folder in it holds a dump.
+    """
+    if _dumps_in(folder):
+        return folder, 0
+    jobs = {}
+    for entry in os.scandir(folder):
+        if entry.is_dir():
+            times = [os.stat(path).st_mtime for path in _dumps_in(entry.path)]
+            if times:
+                jobs[entry.path] = max(times)
+    if not jobs:
+        raise FileNotFoundError(f"no rank-N.json in {folder!r} nor in a folder in it")
+    return max(jobs, key=jobs.__getitem__), len(jobs)
+
+
+def _dumps_in(folder: str) -> list[str]:
+    return [
+        os.path.join(folder, name)
+        for name in os.listdir(folder)
+        if name.startswith("rank-") and name.endswith(".json")
+    ]
 
 
 def load(folder: str) -> dict[int, dict[str, Any]]:
@@ -21,11 +64,10 @@ def load(folder: str) -> dict[int, dict[str, Any]]:
         FileNotFoundError: ``folder`` holds no dump.
     """
     dumps: dict[int, dict[str, Any]] = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith("rank-") and name.endswith(".json"):
-            with open(os.path.join(folder, name), encoding="utf-8") as source:
-                document = json.load(source)
-            dumps[int(document["rank"])] = document
+    for path in sorted(_dumps_in(folder)):
+        with open(path, encoding="utf-8") as source:
+            document = json.load(source)
+        dumps[int(document["rank"])] = document
     if not dumps:
         raise FileNotFoundError(f"no rank-N.json in {folder!r}")
     return dumps
@@ -38,6 +80,15 @@ def analyse(dumps: dict[int, dict[str, Any]]) -> list[str]:
     missing = sorted(set(range(world)) - set(dumps))
     if missing:
         lines.append(f"no dump from ranks {missing} (killed before dumping, or never started)")
+    for rank, document in sorted(dumps.items()):
+        if document.get("reason") == "black box":
+            kept = document["entries"]
+            last = f"#{kept[-1]['seq']} {kept[-1]['op']}" if kept else "no call"
+            lines.append(
+                f"rank {rank} left only its black box (its last call: {last}; written "
+                f"{_clock(document['dumped'])}): it ended without dumping, killed by SIGKILL or "
+                "by an abort in C, or it still runs"
+            )
     by_group: dict[tuple[int, ...], dict[int, dict[int, dict[str, Any]]]] = {}
     for rank, document in dumps.items():
         for entry in document["entries"]:
@@ -80,11 +131,13 @@ def _divergence(
     top = max(last.values())
     early = {rank: seq for rank, seq in last.items() if seq < top}
     lines = []
+    ahead = sorted(rank for rank, seq in last.items() if seq == top)
+    reached = f"rank {ahead[0]}" if len(ahead) == 1 else f"ranks {ahead}"
     for rank, seq in sorted(early.items()):
         entry = ranks[rank][seq]
         lines.append(
             f"{name}: rank {rank} stopped early: its last operation was #{seq} "
-            f"({entry['op']}, {entry.get('site') or '?'}); the others reached #{top} "
+            f"({entry['op']}, {entry.get('site') or '?'}); {reached} reached #{top} "
             f"({_op_at(ranks, top)})"
         )
     pending = [
@@ -96,6 +149,11 @@ def _divergence(
     if pending:
         lines.append(f"{name}: still in an operation when dumped: {', '.join(pending)}")
     return lines or [f"{name}: every rank called the same {len(seqs)} operations"]
+
+
+def _clock(stamp: float) -> str:
+    """``12:04:31.250`` (local time) of a dump's wall-clock ``stamp``."""
+    return time.strftime("%H:%M:%S", time.localtime(stamp)) + f"{stamp % 1:.3f}"[1:]
 
 
 def _op_at(ranks: dict[int, dict[int, dict[str, Any]]], seq: int) -> str:

@@ -272,15 +272,22 @@ def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _add_trace_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``distcomm trace DIR``."""
+    """``distcomm trace [DIR]``."""
     trace_parser = commands.add_parser(
         "trace",
         help="read the flight recorder's dumps of every rank (DISTCOMM_TRACE)",
         description="Read DIR/rank-N.json, written by the flight recorder of each rank "
-        "(DISTCOMM_TRACE=N), and say where the ranks diverge, which stopped early and which "
-        "arrive last. See docs/debugging.md.",
+        "(DISTCOMM_TRACE=N), and say where the ranks diverge, which stopped early, which left "
+        "only their black box and which arrive last. A DIR of jobs' folders (./distcomm-trace, "
+        "the default) means its newest job. See docs/debugging.md.",
     )
-    trace_parser.add_argument("dir", metavar="DIR", help="the folder of the dumps")
+    trace_parser.add_argument(
+        "dir",
+        metavar="DIR",
+        nargs="?",
+        help="the folder of one job's dumps, or of several jobs' folders (the newest is read); "
+        "default: DISTCOMM_TRACE_DIR, else ./distcomm-trace",
+    )
 
 
 def _split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -337,17 +344,23 @@ def _run(run_parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
         run_parser.error(str(exc))
 
 
-def _trace(folder: str) -> int:
-    from distcomm._traces import analyse, load
+def _trace(given: str | None) -> int:
+    from distcomm import _settings
+    from distcomm._traces import TRACES, analyse, job_folder, load
 
+    folder = given or _settings.read("DISTCOMM_TRACE_DIR") or TRACES
     try:
-        dumps = load(folder)
+        job, jobs = job_folder(folder)
+        dumps = load(job)
     except (OSError, ValueError, KeyError) as exc:
         sys.stderr.write(
             f"distcomm trace: error: cannot read the dumps in {folder!r}: {exc}. HINT: give the "
-            "folder of rank-N.json files (DISTCOMM_TRACE_DIR, default ./distcomm-trace/<job>).\n"
+            "folder of rank-N.json files (DISTCOMM_TRACE_DIR, default ./distcomm-trace/<job>), "
+            "or the folder of such folders (the newest job is read).\n"
         )
         return 2
+    if jobs:
+        sys.stdout.write(f"{job}: the newest of {jobs} job{'s' if jobs > 1 else ''} in {folder}\n")
     for line in analyse(dumps):
         sys.stdout.write(line + "\n")
     return 0

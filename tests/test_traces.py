@@ -1,11 +1,18 @@
 """Tests of distcomm._traces (``distcomm trace DIR``) on made-up flight-recorder dumps: rings that
-start at #1 and rings that have wrapped, diverging at the first operation every rank holds."""
+start at #1 and rings that have wrapped, diverging at the first operation every rank holds; a
+rank that left only its black box; which folder a folder of jobs means."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
-from distcomm._traces import analyse
+import pytest
+
+from distcomm import cli
+from distcomm._traces import analyse, job_folder
 
 
 def ring(rank: int, ops: dict[int, str], world_size: int = 2) -> dict[str, Any]:
@@ -55,3 +62,54 @@ def test_equal_rings_and_a_rank_that_stopped_early() -> None:
     )
     lines = analyse({0: ring(0, same), 1: ring(1, {1: "all_reduce", 2: "all_reduce"})})
     assert any("rank 1 stopped early: its last operation was #2" in line for line in lines), lines
+    early = {1: "all_reduce", 2: "all_reduce"}
+    lines = analyse({0: ring(0, same, 3), 1: ring(1, early, 3), 2: ring(2, early, 3)})
+    said = [line for line in lines if "stopped early" in line]
+    assert len(said) == 2 and all(
+        line.endswith("; rank 0 reached #3 (all_reduce)") for line in said
+    )
+
+
+def test_a_rank_that_left_only_its_black_box_is_named_with_its_last_call() -> None:
+    box = {**ring(1, {1: "all_reduce", 2: "all_reduce"}), "reason": "black box", "dumped": 0.5}
+    lines = analyse({0: {**ring(0, {1: "all_reduce", 2: "all_reduce"}), "reason": "exit"}, 1: box})
+    said = [line for line in lines if "black box" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "rank 1 left only its black box (its last call: #2 all_reduce; written "
+    ), lines
+    assert "killed by SIGKILL" in said[0], said
+
+
+def _job(folder: Path, when: float) -> None:
+    folder.mkdir(parents=True)
+    dump = folder / "rank-0.json"
+    dump.write_text(json.dumps(ring(0, {1: "barrier"}, world_size=1)))
+    os.utime(dump, (when, when))
+
+
+def test_a_folder_of_jobs_means_its_newest_job(tmp_path: Path) -> None:
+    _job(tmp_path / "b-older", 1_000_000)
+    _job(tmp_path / "a-newer", 2_000_000)
+    (tmp_path / "empty").mkdir()
+    assert job_folder(str(tmp_path)) == (str(tmp_path / "a-newer"), 2)
+    assert job_folder(str(tmp_path / "b-older")) == (str(tmp_path / "b-older"), 0)
+    with pytest.raises(FileNotFoundError, match="nor in a folder in it"):
+        job_folder(str(tmp_path / "empty"))
+
+
+def test_distcomm_trace_without_a_folder_reads_the_newest_job_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _job(tmp_path / "distcomm-trace" / "old", 1_000_000)
+    _job(tmp_path / "distcomm-trace" / "new", 2_000_000)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DISTCOMM_TRACE_DIR", raising=False)
+    assert cli.main(["trace"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{Path('distcomm-trace', 'new')}: the newest of 2 jobs in distcomm-trace", out
+    assert out[1] == "1 of 1 ranks dumped: 0", out
+    (tmp_path / "distcomm-trace" / "new" / "rank-0.json").unlink()
+    (tmp_path / "distcomm-trace" / "old" / "rank-0.json").unlink()
+    assert cli.main(["trace"]) == 2
+    err = capsys.readouterr().err
+    assert "'distcomm-trace'" in err and "the newest job is read" in err and "HINT" in err, err

@@ -23,12 +23,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
 
+from distcomm import _settings
 from distcomm._plugins.loader import check_backend
 from distcomm._processes import failure_summary, tracebacks
 from distcomm._processes.arguments import checked_argv, open_logs
-from distcomm._processes.signals import caught_signals
+from distcomm._processes.signals import FORWARDED, caught_signals
 from distcomm._processes.variables import (
     exit_status,
     launch_variables,
@@ -36,7 +37,9 @@ from distcomm._processes.variables import (
     stderr_copy,
     torchrun_defaults,
 )
+from distcomm._traces import traces_folder
 from distcomm.backend.ports import free_port
+from distcomm.errors import DistcommError
 
 __all__ = ["run"]
 
@@ -154,6 +157,26 @@ def _run_attempts(
             log.close()
 
 
+def _traces(run: str) -> str | None:
+    """Where the ranks' flight recorders write (the folder of run ``run``), if DISTCOMM_TRACE is
+    on; None otherwise, or when it is malformed (each rank says so)."""
+    try:
+        return traces_folder(run) if _settings.read("DISTCOMM_TRACE") else None
+    except DistcommError:
+        return None
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux's /proc; False where it
+    cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            caught = next(line for line in status if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) >> (signum - 1) & 1)
+
+
 class _Job:
     """One run of N ranks: start, copy output, watch, stop, report."""
 
@@ -185,13 +208,17 @@ class _Job:
         self.held: dict[int, tuple[float, list[str]]] = {}  # rank -> (since, traceback lines)
         self.shown: set[int] = set()  # ranks whose traceback was written as it came
         self.interrupted: list[int] = []  # the ranks that were running at a Ctrl-C
+        self.traces: str | None = None  # where the flight recorder writes (DISTCOMM_TRACE)
 
     def run(self) -> int:
+        passed_on = self._pass_on_the_trace_signal()
         try:
             self._start()
             self._watch()
             self._stop_leftovers()
         finally:
+            if passed_on is not None:
+                signal.signal(*passed_on)
             self._kill(signal.SIGKILL)
             for proc in self.procs:
                 proc.wait()
@@ -205,6 +232,32 @@ class _Job:
         if self.signals:
             return 128 + self.signals[0]
         return 0
+
+    def _pass_on_the_trace_signal(self) -> tuple[signal.Signals, Any] | None:
+        """With DISTCOMM_TRACE on, the flight recorder's signal (SIGUSR2) to this process is
+        passed to every rank running that handles it (its own process: the rank dumps and goes
+        on; a rank before init, which would die of it, is left out); return the signal and the
+        handler to put back. Nothing from a thread that is not the main one."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            if not _settings.read("DISTCOMM_TRACE"):
+                return None
+            sig = _settings.read("DISTCOMM_TRACE_SIGNAL")
+        except DistcommError:  # each rank says what is wrong with it
+            return None
+        if sig in FORWARDED:
+            return None
+
+        def pass_on(signum: int, frame: object) -> None:
+            for proc in self.procs:
+                # a rank before init has no handler: the signal's default would end it
+                if proc.poll() is not None or not _catches(proc.pid, signum):
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signum)
+
+        return sig, signal.signal(sig, pass_on)
 
     def _interrupt_line(self) -> str:
         """``interrupted (Ctrl-C); stopped 4 ranks`` (and how many had to be killed)."""
@@ -241,6 +294,8 @@ class _Job:
             if rank != root:
                 self._say(failure_summary.summary_line(rank, other, reports.get(rank), report))
         self._say(f"rank {root} {failure_summary.failed(code)}; stopped the other ranks")
+        if self.traces is not None:
+            self._say(f"the ranks' last calls: distcomm trace {self.traces}")
         return exit_status(code)
 
     # -- steps --------------------------------------------------------------------------------
@@ -248,6 +303,9 @@ class _Job:
         """Start every rank; each keeps a copy of this process's stderr (``DISTCOMM_RUN_STDERR``)
         for its last line should this process die (:mod:`distcomm._runtime.launcher_watch`)."""
         port, run, copy = free_port(), new_run_id(), stderr_copy(self.stderr)
+        self.traces = _traces(run)
+        if self.traces is not None:
+            self._say(f"DISTCOMM_TRACE: the ranks' last calls go to {self.traces}")
         for rank in range(self.nprocs):
             if self.signals:
                 break

@@ -7,12 +7,14 @@ ranks, shape, dtype, bytes, root, the call site (the first frame outside distcom
 issued and completed (wall clock), and its error. Both stamps are read after the device clock
 (:mod:`~distcomm._device_clock`): for a blocking call on a CUDA tensor, once the device finished
 the work queued before the call, and then the call's own. The ring is written to
-``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``) as ``rank-<N>.json`` (0600, in a
-0700 folder): at exit, when an operation of this rank times out, on ``DISTCOMM_TRACE_SIGNAL``
-(default SIGUSR2) and on SIGTERM (both chained to the handlers already installed), before a rank
-aborts the job (every rank's, as its last words: :mod:`distcomm.backend.aborts`), and on
-:func:`dump_trace`. Off (no DISTCOMM_TRACE), no communicator has a recorder: a test of one
-attribute per call.
+``DISTCOMM_TRACE_DIR`` (default ``./distcomm-trace/<job>``: :func:`distcomm._traces.traces_folder`)
+as ``rank-<N>.json`` (0600, in a 0700 folder), saying why: at exit, when an operation of this
+rank times out, on ``DISTCOMM_TRACE_SIGNAL`` (default SIGUSR2) and on SIGTERM (both chained to
+the handlers already installed), before a rank aborts the job (every rank's, as its last words:
+:mod:`distcomm.backend.aborts`), on :func:`dump_trace`, and in between as its black box
+(:class:`BlackBox`: a thread that rewrites the file when the ring changed, and answers the
+signals while the main thread waits inside the engine). A forked child keeps none of it. Off (no
+DISTCOMM_TRACE), no communicator has a recorder: a test of one attribute per call.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import collections
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import threading
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from distcomm import _settings
 from distcomm._call_sites import format_site
 from distcomm._files import private_folders
+from distcomm._traces import traces_folder
 from distcomm.backend import aborts
 from distcomm.backend._pipeline import recording
 from distcomm.errors import DistTimeoutError, NotInitializedError
@@ -43,6 +47,14 @@ if TYPE_CHECKING:
 __all__ = ["FlightRecorder", "attach", "dump_trace", "start_from_environment"]
 
 _current: FlightRecorder | None = None
+_box: BlackBox | None = None
+#: The signals distcomm's handler answers: its handler and the one before it.
+_chained: dict[int, tuple[Callable[..., Any], Any]] = {}
+#: The black box writes the ring when it changed, at most every ``_EVERY`` seconds, and waits
+#: at least ``_SHARE`` times as long as its last write took (at most 2% of the time).
+_EVERY, _SHARE = 0.25, 50
+#: Call sites, shapes and kinds a recorder keeps in JSON before it starts again.
+_KEPT = 4096
 
 
 class FlightRecorder:
@@ -55,6 +67,19 @@ class FlightRecorder:
         self.entries: collections.deque[list[Any]] = collections.deque(maxlen=size)
         #: Keep an entry: the ring's own append (no Python frame per call), until :meth:`stop`.
         self.add: Callable[[list[Any]], None] = self.entries.append
+        #: One write at a time (the black box's thread, a signal, exit); after the last one
+        #: (:meth:`close`), none.
+        self._writing = threading.Lock()
+        self.closed = False
+        #: The JSON of each finished entry written, by ``id`` (with the entry, which keeps the id
+        #: its own): a write encodes only the entries that are new or were still running.
+        self._texts: dict[int, tuple[list[Any], str]] = {}
+        #: The JSON of each call site, shape and kind met (few in a program; reset when many).
+        self._sites: dict[Any, str] = {}
+        self._shapes: dict[Any, str] = {}
+        self._heads: dict[tuple[Any, ...], str] = {}
+        #: What the ring held at the last write (:meth:`changed`).
+        self._written: tuple[int, int, Any, Any] | None = None
 
     def retract(self, entry: list[Any]) -> None:
         if self.entries and self.entries[-1] is entry:
@@ -63,45 +88,98 @@ class FlightRecorder:
     def failed(self, entry: list[Any], error: BaseException) -> None:
         entry[recording.ERROR] = f"{type(error).__name__}: {error}".splitlines()[0]
         if isinstance(error, DistTimeoutError):
-            self.dump()
+            self.dump("timeout")
 
     def records(self) -> list[dict[str, Any]]:
         """The entries kept, oldest first, as the dump writes them."""
-        kept = list(self.entries)  # one C call: appends of other threads wait for it
-        records = []
-        for entry in kept:
-            fields = dict(zip(recording.HEAD, entry[recording.KIND], strict=True))
-            fields.update(zip(recording.OWN, entry[1:], strict=True))
-            record = {name: fields[name] for name in recording.FIELDS}
-            record["group"] = list(record["group"])
-            shape = record["shape"]
-            record["shape"] = None if shape is None else [int(n) for n in shape]
-            record["site"] = format_site(record["site"])
-            if record["dtype"] is None:  # a barrier, an object collective: no tensor
-                record["bytes"] = None
-            records.append(record)
-        return records
+        return json.loads(f"[{', '.join(map(self._text, list(self.entries)))}]")
 
-    def dump(self) -> str:
-        """Write the ring to this rank's file (atomically); return its path."""
-        document = {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "dumped": time.time(),
-            "entries": self.records(),
-        }
-        private_folders(os.path.dirname(self.path))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        with os.fdopen(os.open(self.path + ".tmp", flags, 0o600), "w", encoding="utf-8") as out:
-            json.dump(document, out)
-        os.replace(self.path + ".tmp", self.path)
+    def _text(self, entry: list[Any]) -> str:
+        """``entry``'s record in JSON (:data:`recording.FIELDS`): its kind's fields, its site
+        and its shape are written once each (few in a program), the rest per entry."""
+        kind, seq, shape, site, issued, completed, error = entry
+        head = self._heads.get(kind)
+        if head is None:
+            op, group, dtype, nbytes, root = kind
+            fields = {"op": op, "group": list(group), "dtype": dtype}
+            fields |= {"bytes": None if dtype is None else nbytes, "root": root}
+            head = self._heads[kind] = json.dumps(fields)[1:-1]
+        where = self._sites.get(site)
+        if where is None:
+            where = self._sites[site] = json.dumps(format_site(site))
+        size = self._shapes.get(shape)
+        if size is None:
+            size = self._shapes[shape] = json.dumps(
+                None if shape is None else list(map(int, shape))
+            )
+        if len(self._sites) + len(self._shapes) + len(self._heads) > _KEPT:
+            for kept in (self._sites, self._shapes, self._heads):
+                kept.clear()
+        return (
+            f'{{{head}, "seq": {seq}, "shape": {size}, "site": {where}, '
+            f'"issued": {_number(issued)}, "completed": {_number(completed)}, '
+            f'"error": {"null" if error is None else json.dumps(error)}}}'
+        )
+
+    def changed(self) -> bool:
+        """Whether the ring changed since the last write: an entry added, or the newest one
+        finished."""
+        kept = self.entries
+        newest = kept[-1] if kept else None
+        now = (len(kept), id(newest), *(newest[-2:] if newest else (None, None)))
+        return now != self._written
+
+    def dump(self, reason: str = "request") -> str:
+        """Write the ring to this rank's file (atomically), saying why (``reason``: ``exit``,
+        ``signal``, ``timeout``, ``abort``, ``request`` or ``black box``); return its path.
+        Nothing is written after :meth:`close`."""
+        with self._writing:
+            if self.closed:
+                return self.path
+            kept = list(self.entries)  # one C call: appends of other threads wait for it
+            newest = kept[-1] if kept else None
+            texts: dict[int, tuple[list[Any], str]] = {}
+            encoded = []
+            for entry in kept:
+                known = self._texts.get(id(entry))
+                text = known[1] if known is not None else self._text(entry)
+                if entry[recording.COMPLETED] is not None or entry[recording.ERROR] is not None:
+                    texts[id(entry)] = (entry, text)
+                encoded.append(text)
+            self._texts = texts
+            self._written = (len(kept), id(newest), *(newest[-2:] if newest else (None, None)))
+            head = {
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "dumped": time.time(),
+                "reason": reason,
+            }
+            document = f'{json.dumps(head)[:-1]}, "entries": [{", ".join(encoded)}]}}'
+            private_folders(os.path.dirname(self.path))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            temporary = f"{self.path}.{threading.get_ident()}.tmp"
+            with os.fdopen(os.open(temporary, flags, 0o600), "w", encoding="utf-8") as out:
+                out.write(document)
+            os.replace(temporary, self.path)
         return self.path
+
+    def close(self, reason: str) -> None:
+        """The last write (``reason``: exit, or an abort's last words): none after it."""
+        with contextlib.suppress(OSError):
+            self.dump(reason)
+        with self._writing:
+            self.closed = True
 
     def stop(self) -> None:
         """Keep no more entries."""
         self.add = _ignore
+
+
+def _number(value: float | None) -> str:
+    """A time in JSON."""
+    return "null" if value is None else repr(value)
 
 
 def _ignore(entry: list[Any]) -> None:
@@ -116,13 +194,14 @@ def attach(comm: Any) -> None:
 
 
 def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> None:
-    """Start the recorder that DISTCOMM_TRACE asks for (init; once per process).
+    """Start the recorder that DISTCOMM_TRACE asks for, and its black box (init; once per
+    process).
 
     Raises:
         InvalidArgumentError: DISTCOMM_TRACE is not a positive number of operations, or
             DISTCOMM_TRACE_SIGNAL names no signal.
     """
-    global _current
+    global _current, _box
     keep = int(_settings.read("DISTCOMM_TRACE"))
     if not keep:
         return
@@ -130,13 +209,91 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
     if _current is not None:
         return
     job = launch.job_id or f"{launch.method}-{launch.master_port or 'local'}"
-    folder = _settings.read("DISTCOMM_TRACE_DIR") or os.path.join("distcomm-trace", job)
-    path = os.path.join(os.path.abspath(folder), f"rank-{rank}.json")
+    path = os.path.join(traces_folder(job), f"rank-{rank}.json")
     _current = FlightRecorder(keep, path, rank, world_size)
-    atexit.register(_dump_quietly)
-    aborts.add_last_words(_dump_quietly)
+    atexit.register(_close, "exit")
+    aborts.add_last_words(lambda: _close("abort"))
     for sig in {signum, signal.SIGTERM}:
         _chain(sig)
+    _box = BlackBox(_current, frozenset(_chained))
+    os.register_at_fork(after_in_child=_forget)
+
+
+class BlackBox:
+    """The recorder's thread: it rewrites the rank's file when the ring changed (at most every
+    0.25 s, and never more than 2% of the time: what a rank killed by SIGKILL or a C abort
+    leaves), and answers the recorder's signals while the main thread is inside the engine.
+
+    A Python signal handler runs only in the main thread, between two instructions: never while
+    the main thread waits in C. The interpreter's own C handler, though, writes each signal's
+    number to the wakeup fd (:func:`signal.set_wakeup_fd`): this thread reads it, writes the
+    ring, and, for a signal whose handler before distcomm's was the default one (SIGTERM),
+    ends the process by it, as the main thread would. A wakeup fd set before is passed each
+    number it was sent. Without the main thread (init in another thread), or once a program
+    sets its own wakeup fd (asyncio's signal handlers do), signals wait for the main thread as
+    before; the file is kept current all the same.
+    """
+
+    def __init__(self, recorder: FlightRecorder, signals: frozenset[int]) -> None:
+        self.recorder, self.signals = recorder, signals
+        self.read_end, self.write_end = os.pipe()  # not inherited by programs run
+        for end in (self.read_end, self.write_end):
+            os.set_blocking(end, False)
+        #: The wakeup fd replaced (-1: none), and whether the signals come to this thread.
+        self.forward, self.answers = -1, False
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(ValueError, OSError):
+                self.forward = signal.set_wakeup_fd(self.write_end, warn_on_full_buffer=False)
+                self.answers = True
+        self.thread = threading.Thread(target=self._run, name="distcomm-black-box", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        pause = _EVERY
+        while not self.recorder.closed:
+            try:
+                ready, _, _ = select.select([self.read_end], [], [], pause)
+                numbers = os.read(self.read_end, 64) if ready else b""
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):  # closed: this process forked, or is ending
+                return
+            for signum in numbers:
+                self._answer(signum)
+            if not ready and self.recorder.changed():
+                started = time.perf_counter()
+                with contextlib.suppress(OSError):
+                    self.recorder.dump("black box")
+                pause = max(_EVERY, _SHARE * (time.perf_counter() - started))
+
+    def _answer(self, signum: int) -> None:
+        if self.forward >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.forward, bytes([signum]))
+        if signum not in self.signals:
+            return
+        _dump_quietly(signal.Signals(signum).name)
+        if _ends_process(signum):
+            _end_by(signum)
+
+    def forget(self) -> None:
+        """In a forked child: give the wakeup fd back, close the pipe (no thread reads it)."""
+        if self.answers:
+            with contextlib.suppress(ValueError, OSError):
+                signal.set_wakeup_fd(self.forward)
+        for end in (self.read_end, self.write_end):
+            with contextlib.suppress(OSError):
+                os.close(end)
+
+
+def _forget() -> None:
+    """A forked child (a data loader's worker) keeps none of its parent's recorder: its signals
+    must not reach the parent's black box, nor its copy of the ring overwrite the parent's
+    file."""
+    global _current, _box
+    if _box is not None:
+        _box.forget()
+    _current = _box = None
 
 
 def _chain(sig: signal.Signals) -> None:
@@ -146,21 +303,51 @@ def _chain(sig: signal.Signals) -> None:
     previous = signal.getsignal(sig)
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        _dump_quietly()
+        _dump_quietly(signal.Signals(signum).name)
         if callable(previous):
             previous(signum, frame)
-        elif previous == signal.SIG_DFL and signum != signal.SIGUSR2:
+        elif _ends_process(signum):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
     with contextlib.suppress(ValueError, OSError):
         signal.signal(sig, handler)
+        _chained[sig] = (handler, previous)
 
 
-def _dump_quietly() -> None:
+def _ends_process(signum: int) -> bool:
+    """Whether ``signum`` ends the process once dumped: distcomm's handler is still the one
+    installed, and the one before it was the default (SIGUSR2's is not followed: the rank goes
+    on)."""
+    handler, previous = _chained.get(signum, (None, None))
+    return (
+        handler is not None
+        and signal.getsignal(signum) is handler
+        and previous == signal.SIG_DFL
+        and signum != signal.SIGUSR2
+    )
+
+
+def _end_by(signum: int) -> None:
+    """End this process by ``signum``, from a thread that is not the main one (which alone may
+    call :func:`signal.signal`): the C library's default action, then the signal."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
+    libc.signal(signum, None)  # SIG_DFL
+    os.kill(os.getpid(), signum)
+
+
+def _dump_quietly(reason: str) -> None:
     if _current is not None:
         with contextlib.suppress(OSError):
-            _current.dump()
+            _current.dump(reason)
+
+
+def _close(reason: str) -> None:
+    if _current is not None:
+        _current.close(reason)
 
 
 def dump_trace() -> str:
@@ -174,4 +361,4 @@ def dump_trace() -> str:
             "dump_trace: no flight recorder runs in this process. HINT: export "
             "DISTCOMM_TRACE=2000 (the last 2000 collectives per rank) before distcomm.init()."
         )
-    return _current.dump()
+    return _current.dump("request")

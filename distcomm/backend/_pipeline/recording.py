@@ -49,19 +49,7 @@ __all__ = [
 HEAD = ("op", "group", "dtype", "bytes", "root")
 OWN = ("seq", "shape", "site", "issued", "completed", "error")
 #: The fields of a record, in the order the dump writes them.
-FIELDS = (
-    "op",
-    "seq",
-    "group",
-    "shape",
-    "dtype",
-    "bytes",
-    "root",
-    "site",
-    "issued",
-    "completed",
-    "error",
-)
+FIELDS = HEAD + OWN
 #: Where the entry keeps its kind, and its times and error.
 KIND, ISSUED, COMPLETED, ERROR = 0, 4, 5, 6
 
