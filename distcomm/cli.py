@@ -354,9 +354,10 @@ def _trace(given: str | None) -> int:
         dumps = load(job)
     except (OSError, ValueError, KeyError) as exc:
         sys.stderr.write(
-            f"distcomm trace: error: cannot read the dumps in {folder!r}: {exc}. HINT: give the "
-            "folder of rank-N.json files (DISTCOMM_TRACE_DIR, default ./distcomm-trace/<job>), "
-            "or the folder of such folders (the newest job is read).\n"
+            f"distcomm trace: error: cannot read the dumps in {folder!r}: {exc}. HINT: the ranks "
+            "write them when the job runs with DISTCOMM_TRACE=N; give the folder of rank-N.json "
+            "files (DISTCOMM_TRACE_DIR, default ./distcomm-trace/<job>), or the folder of such "
+            "folders (the newest job is read).\n"
         )
         return 2
     if jobs:

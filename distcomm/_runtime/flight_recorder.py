@@ -71,9 +71,9 @@ class FlightRecorder:
         #: (:meth:`close`), none.
         self._writing = threading.Lock()
         self.closed = False
-        #: The JSON of each finished entry written, by ``id`` (with the entry, which keeps the id
-        #: its own): a write encodes only the entries that are new or were still running.
-        self._texts: dict[int, tuple[list[Any], str]] = {}
+        #: The JSON of each entry written, by ``id``, with the entry (which keeps the id its own)
+        #: and its times and error then: a write encodes only the entries new or changed since.
+        self._texts: dict[int, tuple[list[Any], Any, Any, str]] = {}
         #: The JSON of each call site, shape and kind met (few in a program; reset when many).
         self._sites: dict[Any, str] = {}
         self._shapes: dict[Any, str] = {}
@@ -124,30 +124,37 @@ class FlightRecorder:
     def changed(self) -> bool:
         """Whether the ring changed since the last write: an entry added, or the newest one
         finished."""
-        kept = self.entries
-        newest = kept[-1] if kept else None
-        now = (len(kept), id(newest), *(newest[-2:] if newest else (None, None)))
-        return now != self._written
+        return self._state() != self._written
+
+    def _state(self) -> tuple[int, int, Any, Any]:
+        """The ring's length, and its newest entry with its completion and error."""
+        try:
+            newest = self.entries[-1]
+        except IndexError:  # empty (or emptied meanwhile by a retraction)
+            return (0, id(None), None, None)
+        return (len(self.entries), id(newest), newest[-2], newest[-1])
 
     def dump(self, reason: str = "request") -> str:
         """Write the ring to this rank's file (atomically), saying why (``reason``: ``exit``,
-        ``signal``, ``timeout``, ``abort``, ``request`` or ``black box``); return its path.
-        Nothing is written after :meth:`close`."""
+        ``timeout``, the signal's name, ``abort``, ``request`` or ``black box``); return its
+        path. Nothing is written after :meth:`close`."""
         with self._writing:
             if self.closed:
                 return self.path
+            self._written = self._state()
             kept = list(self.entries)  # one C call: appends of other threads wait for it
-            newest = kept[-1] if kept else None
-            texts: dict[int, tuple[list[Any], str]] = {}
+            texts: dict[int, tuple[list[Any], Any, Any, str]] = {}
             encoded = []
             for entry in kept:
-                known = self._texts.get(id(entry))
-                text = known[1] if known is not None else self._text(entry)
-                if entry[recording.COMPLETED] is not None or entry[recording.ERROR] is not None:
-                    texts[id(entry)] = (entry, text)
+                ended, error = entry[recording.COMPLETED], entry[recording.ERROR]  # before: a
+                known = self._texts.get(id(entry))  # change while it is encoded shows next time
+                if known is not None and known[1] is ended and known[2] is error:
+                    text = known[3]
+                else:
+                    text = self._text(entry)
+                texts[id(entry)] = (entry, ended, error, text)
                 encoded.append(text)
             self._texts = texts
-            self._written = (len(kept), id(newest), *(newest[-2:] if newest else (None, None)))
             head = {
                 "rank": self.rank,
                 "world_size": self.world_size,
