@@ -186,12 +186,20 @@ def _signal(value: Any) -> signal.Signals:
     name = str(value).strip().upper()
     name = name if name.startswith("SIG") else f"SIG{name}"
     try:
-        return signal.Signals[name]
+        found = signal.Signals[name]
     except KeyError:
+        found = None
+    if found is None or found in _UNCATCHABLE:
         raise ValueError(
-            "names no signal; valid: a name such as SIGUSR2 or SIGUSR1. HINT: the default "
-            "SIGUSR2 is free; SIGUSR1 is Lightning's requeue signal."
-        ) from None
+            f"names no signal a process can catch; valid: a name such as SIGUSR2 or SIGUSR1 "
+            f"(not {', '.join(s.name for s in _UNCATCHABLE)}). HINT: the default SIGUSR2 is "
+            "free; SIGUSR1 is Lightning's requeue signal."
+        )
+    return found
+
+
+#: Signals no handler can catch.
+_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 
 
 def _torch_group(value: Any) -> str | bool:

@@ -57,29 +57,55 @@ def _dumps_in(folder: str) -> list[str]:
     ]
 
 
-def load(folder: str) -> dict[int, dict[str, Any]]:
-    """Every ``rank-N.json`` of ``folder``, by rank.
+def load(folder: str) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """Every ``rank-N.json`` of ``folder`` that is a flight recorder's file, by rank; and a line
+    for each one that is not (unreadable, not JSON, not the shape a recorder writes), left out.
 
     Raises:
-        FileNotFoundError: ``folder`` holds no dump.
+        FileNotFoundError: ``folder`` holds no file a recorder wrote.
     """
     dumps: dict[int, dict[str, Any]] = {}
+    skipped = []
     for path in sorted(_dumps_in(folder)):
-        with open(path, encoding="utf-8") as source:
-            document = json.load(source)
+        try:
+            with open(path, encoding="utf-8") as source:
+                document = json.load(source)
+            _check(document)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"{os.path.basename(path)}: {type(exc).__name__}: {exc}")
+            continue
         dumps[int(document["rank"])] = document
     if not dumps:
-        raise FileNotFoundError(f"no rank-N.json in {folder!r}")
-    return dumps
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        raise FileNotFoundError(f"no flight recorder's rank-N.json in {folder!r}{why}")
+    return dumps, skipped
+
+
+def _check(document: Any) -> None:
+    """Raise ValueError unless ``document`` has a recorder's shape."""
+    if not isinstance(document, dict):
+        raise ValueError(f"a {type(document).__name__}, not a recorder's object")
+    if not isinstance(document.get("rank"), int) or not isinstance(document.get("entries"), list):
+        raise ValueError("no integer 'rank' and list of 'entries'")
+    wanted = ("op", "seq", "group", "site", "issued", "completed", "error")
+    for entry in document["entries"]:
+        if not isinstance(entry, dict) or any(name not in entry for name in wanted):
+            raise ValueError(f"an entry without {', '.join(wanted)}: {entry!r:.80}")
 
 
 def analyse(dumps: dict[int, dict[str, Any]]) -> list[str]:
     """What the dumps say, in lines for people."""
-    world = max(int(d.get("world_size", 0)) for d in dumps.values())
+    sizes = [d.get("world_size") for d in dumps.values()]
+    world = max([n for n in sizes if isinstance(n, int)] + [max(dumps) + 1])
     lines = [f"{len(dumps)} of {world} ranks dumped: {', '.join(map(str, sorted(dumps)))}"]
     missing = sorted(set(range(world)) - set(dumps))
     if missing:
         lines.append(f"no dump from ranks {missing} (killed before dumping, or never started)")
+    silent = sorted(rank for rank, document in dumps.items() if not document["entries"])
+    for rank in silent:
+        lines.append(
+            f"rank {rank} recorded no collective: it stopped (or still waits) before its first"
+        )
     for rank, document in sorted(dumps.items()):
         if document.get("reason") == "black box":
             kept = document["entries"]
@@ -96,15 +122,17 @@ def analyse(dumps: dict[int, dict[str, Any]]) -> list[str]:
             by_group.setdefault(group, {}).setdefault(rank, {})[int(entry["seq"])] = entry
     for group, ranks in sorted(by_group.items(), key=lambda kv: (-len(kv[0]), kv[0])):
         name = "the world" if len(group) == world else f"group {list(group)}"
-        lines += _divergence(name, group, ranks)
+        whole = not (silent or missing) or len(group) < world
+        lines += _divergence(name, group, ranks, every=whole)
         lines += _slowest(name, ranks)
     return lines
 
 
 def _divergence(
-    name: str, group: tuple[int, ...], ranks: dict[int, dict[int, dict[str, Any]]]
+    name: str, group: tuple[int, ...], ranks: dict[int, dict[int, dict[str, Any]]], every: bool
 ) -> list[str]:
-    """The first seq at which the members called different operations, else who stopped early."""
+    """The first seq at which the members called different operations, else who stopped early
+    (``every``: every member recorded a call)."""
     seqs = sorted({seq for calls in ranks.values() for seq in calls})
     found = first_divergence(
         {
@@ -140,15 +168,23 @@ def _divergence(
             f"({entry['op']}, {entry.get('site') or '?'}); {reached} reached #{top} "
             f"({_op_at(ranks, top)})"
         )
+    ends = {rank: calls[max(calls)] for rank, calls in sorted(ranks.items())}
     pending = [
-        f"rank {rank} (#{seq} {calls[seq]['op']})"
-        for rank, calls in sorted(ranks.items())
-        for seq in [max(calls)]
-        if calls[seq]["completed"] is None
+        f"rank {rank} (#{e['seq']} {e['op']})"
+        for rank, e in ends.items()
+        if e["completed"] is None and e["error"] is None
     ]
     if pending:
         lines.append(f"{name}: still in an operation when dumped: {', '.join(pending)}")
-    return lines or [f"{name}: every rank called the same {len(seqs)} operations"]
+    failed = [
+        f"rank {rank} (#{e['seq']} {e['op']}: {e['error']})"
+        for rank, e in ends.items()
+        if e["error"] is not None
+    ]
+    if failed:
+        lines.append(f"{name}: its last operation failed: {', '.join(failed)}")
+    who = "every rank" if every else "the ranks that recorded calls"
+    return lines or [f"{name}: {who} called the same {len(seqs)} operations"]
 
 
 def _clock(stamp: float) -> str:

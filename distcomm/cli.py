@@ -351,7 +351,7 @@ def _trace(given: str | None) -> int:
     folder = given or _settings.read("DISTCOMM_TRACE_DIR") or TRACES
     try:
         job, jobs = job_folder(folder)
-        dumps = load(job)
+        dumps, skipped = load(job)
     except (OSError, ValueError, KeyError) as exc:
         sys.stderr.write(
             f"distcomm trace: error: cannot read the dumps in {folder!r}: {exc}. HINT: the ranks "
@@ -362,6 +362,8 @@ def _trace(given: str | None) -> int:
         return 2
     if jobs:
         sys.stdout.write(f"{job}: the newest of {jobs} job{'s' if jobs > 1 else ''} in {folder}\n")
+    for line in skipped:
+        sys.stderr.write(f"distcomm trace: left out {line}\n")
     for line in analyse(dumps):
         sys.stdout.write(line + "\n")
     return 0

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from distcomm import cli
-from distcomm._traces import analyse, job_folder
+from distcomm._traces import analyse, job_folder, load
 
 
 def ring(rank: int, ops: dict[int, str], world_size: int = 2) -> dict[str, Any]:
@@ -113,3 +113,31 @@ def test_distcomm_trace_without_a_folder_reads_the_newest_job_here(
     assert cli.main(["trace"]) == 2
     err = capsys.readouterr().err
     assert "'distcomm-trace'" in err and "the newest job is read" in err and "HINT" in err, err
+
+
+def test_a_rank_without_calls_a_missing_rank_and_a_failed_call_are_said() -> None:
+    same = {1: "all_reduce", 2: "barrier"}
+    zero = ring(0, same, 3)
+    zero["entries"][-1] |= {"completed": None, "error": "DistTimeoutError: waited 3 s"}
+    lines = analyse({0: zero, 1: {**ring(1, {}, 3), "entries": []}})
+    assert "no dump from ranks [2] (killed before dumping, or never started)" in lines, lines
+    assert "rank 1 recorded no collective: it stopped (or still waits) before its first" in lines
+    failed = (
+        "the world: its last operation failed: rank 0 (#2 barrier: DistTimeoutError: waited 3 s)"
+    )
+    assert failed in lines, lines
+    assert not any("still in an operation" in line or "every rank" in line for line in lines)
+
+
+def test_files_that_are_no_recorders_are_left_out_and_named(tmp_path: Path) -> None:
+    (tmp_path / "rank-0.json").write_text(json.dumps(ring(0, {1: "barrier"})))
+    (tmp_path / "rank-1.json").write_text('{"rank": 1, "entries": null}')
+    (tmp_path / "rank-2.json").write_text("[]")
+    (tmp_path / "rank-3.json").write_text("{not json")
+    dumps, skipped = load(str(tmp_path))
+    assert list(dumps) == [0], dumps
+    assert [line.split(":")[0] for line in skipped] == [f"rank-{r}.json" for r in (1, 2, 3)]
+    assert "'entries'" in skipped[0] and "a list, not" in skipped[1], skipped
+    (tmp_path / "rank-0.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"rank-3\.json: JSONDecodeError"):
+        load(str(tmp_path))

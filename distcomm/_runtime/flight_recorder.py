@@ -13,7 +13,9 @@ rank times out, on ``DISTCOMM_TRACE_SIGNAL`` (default SIGUSR2) and on SIGTERM (b
 the handlers already installed), before a rank aborts the job (every rank's, as its last words:
 :mod:`distcomm.backend.aborts`), on :func:`dump_trace`, and in between as its black box
 (:class:`BlackBox`: a thread that rewrites the file when the ring changed, and answers the
-signals while the main thread waits inside the engine). A forked child keeps none of it. Off (no
+signals while the main thread waits inside the engine); at init an empty file replaces an earlier
+job's. A handler that comes in the middle of its own thread's write does not write, and a SIGTERM
+then ends the rank after that write. A forked child keeps none of it. Off (no
 DISTCOMM_TRACE), no communicator has a recorder: a test of one attribute per call.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import glob
 import json
 import os
 import select
@@ -50,6 +53,10 @@ _current: FlightRecorder | None = None
 _box: BlackBox | None = None
 #: The signals distcomm's handler answers: its handler and the one before it.
 _chained: dict[int, tuple[Callable[..., Any], Any]] = {}
+#: The signal that makes the rank write and go on (``DISTCOMM_TRACE_SIGNAL``); and those that
+#: end the rank but came in the middle of a write of the main thread (ended by after it).
+_asks: int | None = None
+_deferred: list[int] = []
 #: The black box writes the ring when it changed, at most every ``_EVERY`` seconds, and waits
 #: at least ``_SHARE`` times as long as its last write took (at most 2% of the time).
 _EVERY, _SHARE = 0.25, 50
@@ -78,6 +85,8 @@ class FlightRecorder:
         self._sites: dict[Any, str] = {}
         self._shapes: dict[Any, str] = {}
         self._heads: dict[tuple[Any, ...], str] = {}
+        #: The thread writing now (a signal handler of the same thread does not write).
+        self._writer: int | None = None
         #: What the ring held at the last write (:meth:`changed`).
         self._written: tuple[int, int, Any, Any] | None = None
 
@@ -134,13 +143,24 @@ class FlightRecorder:
             return (0, id(None), None, None)
         return (len(self.entries), id(newest), newest[-2], newest[-1])
 
-    def dump(self, reason: str = "request") -> str:
-        """Write the ring to this rank's file (atomically), saying why (``reason``: ``exit``,
-        ``timeout``, the signal's name, ``abort``, ``request`` or ``black box``); return its
-        path. Nothing is written after :meth:`close`."""
+    def dump(self, reason: str = "request") -> str | None:
+        """Write the ring to this rank's file (atomically), saying why (``reason``: ``start``,
+        ``exit``, ``timeout``, the signal's name, ``abort``, ``request`` or ``black box``);
+        return its path. Nothing is written after :meth:`close`; None, and nothing written,
+        when a signal handler asks in the middle of this thread's own write (that write goes
+        on)."""
+        me = threading.get_ident()
+        if self._writer == me:
+            return None
         with self._writing:
-            if self.closed:
-                return self.path
+            self._writer = me
+            try:
+                return self._write(reason)
+            finally:
+                self._writer = None
+
+    def _write(self, reason: str) -> str:
+        if not self.closed:
             self._written = self._state()
             kept = list(self.entries)  # one C call: appends of other threads wait for it
             texts: dict[int, tuple[list[Any], Any, Any, str]] = {}
@@ -208,7 +228,7 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
         InvalidArgumentError: DISTCOMM_TRACE is not a positive number of operations, or
             DISTCOMM_TRACE_SIGNAL names no signal.
     """
-    global _current, _box
+    global _current, _box, _asks
     keep = int(_settings.read("DISTCOMM_TRACE"))
     if not keep:
         return
@@ -218,8 +238,16 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
     job = launch.job_id or f"{launch.method}-{launch.master_port or 'local'}"
     path = os.path.join(traces_folder(job), f"rank-{rank}.json")
     _current = FlightRecorder(keep, path, rank, world_size)
+    _current.dump("start")  # replaces an earlier job's file in the same folder at once
+    if rank == 0:  # and the files of the ranks an earlier, larger job had beyond this one's
+        for stale in glob.glob(os.path.join(glob.escape(os.path.dirname(path)), "rank-*.json")):
+            number = os.path.basename(stale)[5:-5]
+            if number.isdigit() and int(number) >= world_size:
+                with contextlib.suppress(OSError):
+                    os.unlink(stale)
     atexit.register(_close, "exit")
     aborts.add_last_words(lambda: _close("abort"))
+    _asks = signum
     for sig in {signum, signal.SIGTERM}:
         _chain(sig)
     _box = BlackBox(_current, frozenset(_chained))
@@ -229,7 +257,8 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
 class BlackBox:
     """The recorder's thread: it rewrites the rank's file when the ring changed (at most every
     0.25 s, and never more than 2% of the time: what a rank killed by SIGKILL or a C abort
-    leaves), and answers the recorder's signals while the main thread is inside the engine.
+    leaves), and answers the recorder's signals while the main thread is inside the engine (a
+    burst of one signal: one write).
 
     A Python signal handler runs only in the main thread, between two instructions: never while
     the main thread waits in C. The interpreter's own C handler, though, writes each signal's
@@ -265,7 +294,7 @@ class BlackBox:
                 continue
             except (OSError, ValueError):  # closed: this process forked, or is ending
                 return
-            for signum in numbers:
+            for signum in dict.fromkeys(numbers):  # a burst of one signal: one write
                 self._answer(signum)
             if not ready and self.recorder.changed():
                 started = time.perf_counter()
@@ -310,12 +339,16 @@ def _chain(sig: signal.Signals) -> None:
     previous = signal.getsignal(sig)
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        _dump_quietly(signal.Signals(signum).name)
+        wrote = _dump_quietly(signal.Signals(signum).name)
         if callable(previous):
             previous(signum, frame)
         elif _ends_process(signum):
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            if wrote or not _answered():
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+            # else this handler interrupted a write of this thread: once it is done, the black
+            # box ends the rank, or, if that write was the last, ``_close``
+            _deferred.append(signum)
 
     with contextlib.suppress(ValueError, OSError):
         signal.signal(sig, handler)
@@ -324,14 +357,14 @@ def _chain(sig: signal.Signals) -> None:
 
 def _ends_process(signum: int) -> bool:
     """Whether ``signum`` ends the process once dumped: distcomm's handler is still the one
-    installed, and the one before it was the default (SIGUSR2's is not followed: the rank goes
-    on)."""
+    installed, and the one before it was the default (never for ``DISTCOMM_TRACE_SIGNAL``'s:
+    the rank goes on)."""
     handler, previous = _chained.get(signum, (None, None))
     return (
         handler is not None
         and signal.getsignal(signum) is handler
         and previous == signal.SIG_DFL
-        and signum != signal.SIGUSR2
+        and signum != _asks
     )
 
 
@@ -346,15 +379,37 @@ def _end_by(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _dump_quietly(reason: str) -> None:
-    if _current is not None:
-        with contextlib.suppress(OSError):
-            _current.dump(reason)
+def _answered() -> bool:
+    """Whether the black box answers the signals: its pipe is still the wakeup fd (a program
+    may have set its own since). The main thread's (a handler's) question."""
+    if _box is None or not _box.answers:
+        return False
+    try:
+        current = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(current, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        return False
+    return current == _box.write_end
+
+
+def _dump_quietly(reason: str) -> bool:
+    """Write the ring, if a recorder runs; False when it could not (another write of this
+    thread was under way, or the file could not be written)."""
+    if _current is None:
+        return False
+    try:
+        return _current.dump(reason) is not None
+    except OSError:
+        return False
 
 
 def _close(reason: str) -> None:
+    """The last write (at exit, or an abort's last words); then a signal that arrived during it
+    and ends the rank does (the black box may not get to it: the interpreter is ending)."""
     if _current is not None:
         _current.close(reason)
+    if _deferred:
+        _end_by(_deferred[0])
 
 
 def dump_trace() -> str:

@@ -127,7 +127,9 @@ def test_the_signal_dumps_and_the_rank_goes_on(tmp_path: Path) -> None:
 def test_bad_settings_and_no_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(NotInitializedError, match="DISTCOMM_TRACE"):
         distcomm.dump_trace()
-    for name, value in (("DISTCOMM_TRACE", "many"), ("DISTCOMM_TRACE_SIGNAL", "SIGNOPE")):
+    bad = [("DISTCOMM_TRACE", "many"), ("DISTCOMM_TRACE_SIGNAL", "SIGNOPE")]
+    bad.append(("DISTCOMM_TRACE_SIGNAL", "SIGKILL"))  # no handler can catch it
+    for name, value in bad:
         with monkeypatch.context() as patch:
             patch.setenv("DISTCOMM_TRACE", "5")
             patch.setenv(name, value)
@@ -374,3 +376,107 @@ def test_a_dump_encodes_an_entry_again_until_its_call_finished(tmp_path: Path) -
     entries[2][recording.COMPLETED] = 4.0
     recorder.dump("black box")  # after the last write: nothing
     assert Path(recorder.path).read_text() == closed and '"reason": "exit"' in closed
+
+
+BURST = """
+import os, sys, time
+import numpy as np
+import distcomm
+
+distcomm.init()
+for step in range(2000):
+    distcomm.all_reduce(np.ones(1, dtype=np.float32))
+print("ready", os.getpid(), flush=True)
+sys.stdin.readline()  # the signals come meanwhile; then the test writes a line
+print("alive", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_burst_of_the_signal_is_answered_and_the_rank_goes_on(tmp_path: Path) -> None:
+    """A hundred signals 2 ms apart (DISTCOMM_TRACE_SIGNAL=SIGUSR1, whose default would end the
+    rank) while the main thread is in Python: a handler that came in the middle of another's
+    write used to wait for that write's lock forever."""
+    script = tmp_path / "burst.py"
+    script.write_text(BURST)
+    env = {**job_environment(), "DISTCOMM_TRACE": "2000", "DISTCOMM_TRACE_SIGNAL": "SIGUSR1"}
+    env["DISTCOMM_TRACE_DIR"] = str(tmp_path / "t")
+    job = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert job.stdout is not None and job.stdin is not None
+        pid = int(job.stdout.readline().split()[1])
+        for _ in range(100):
+            os.kill(pid, signal.SIGUSR1)
+            time.sleep(0.002)
+        out, err = job.communicate("go\n", timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 0 and out == "alive\n", (job.returncode, out, err)
+    dump = json.loads((tmp_path / "t" / "rank-0.json").read_text())
+    assert dump["reason"] == "exit" and len(dump["entries"]) == 2000, dump["reason"]
+    assert os.listdir(tmp_path / "t") == ["rank-0.json"], "a write left its temporary file"
+
+
+EXITING = """
+import os
+import numpy as np
+import distcomm
+
+distcomm.init()
+for step in range(100000):
+    distcomm.all_reduce(np.ones(1, dtype=np.float32))
+print("exiting", flush=True)  # then the last write: 100000 entries, a few tenths of a second
+"""
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_during_the_last_write_ends_the_rank_by_sigterm_after_it(tmp_path: Path) -> None:
+    """The handler that comes in the middle of the exit's write does not write (the write goes
+    on), and the rank ends by SIGTERM once it is done: its file is whole, nothing is left."""
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    env = {**job_environment(), "DISTCOMM_TRACE": "100000"}
+    env["DISTCOMM_TRACE_DIR"] = str(tmp_path / "t")
+    job = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"exiting\n"
+        os.kill(job.pid, signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == -signal.SIGTERM, (job.returncode, err)
+    dump = json.loads((tmp_path / "t" / "rank-0.json").read_text())
+    assert dump["reason"] in ("exit", "SIGTERM") and len(dump["entries"]) == 100000
+    assert os.listdir(tmp_path / "t") == ["rank-0.json"], "a write left its temporary file"
+
+
+def test_an_earlier_jobs_files_in_the_same_folder_are_replaced_at_init(tmp_path: Path) -> None:
+    """A folder named by DISTCOMM_TRACE_DIR (or mpirun's, which has no job id) holds the last
+    job's files: at init each rank writes its own, and rank 0 removes those of ranks beyond
+    this job's world."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for rank in (0, 2):
+        (folder / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "entries": []}))
+    script = tmp_path / "starts.py"
+    script.write_text(
+        "import distcomm\ndistcomm.init()\nprint(sorted(__import__('os')"
+        f".listdir({str(folder)!r})), flush=True)\n"
+    )
+    env = {"DISTCOMM_TRACE": "10", "DISTCOMM_TRACE_DIR": str(folder)}
+    done = run_job([sys.executable, str(script)], env=env, timeout=50, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == "['rank-0.json']\n", done.stdout + done.stderr
