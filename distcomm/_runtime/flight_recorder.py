@@ -40,7 +40,7 @@ from distcomm import _settings
 from distcomm._call_sites import format_site
 from distcomm._files import private_folders
 from distcomm._traces import traces_folder
-from distcomm.backend import aborts
+from distcomm.backend import _uncaught, aborts
 from distcomm.backend._pipeline import recording
 from distcomm.errors import DistTimeoutError, NotInitializedError
 
@@ -252,6 +252,17 @@ def start_from_environment(launch: LaunchInfo, rank: int, world_size: int) -> No
         _chain(sig)
     _box = BlackBox(_current, frozenset(_chained))
     os.register_at_fork(after_in_child=_forget)
+    if not _settings.read("DISTCOMM_RUN_REPORTS"):  # distcomm run says it once for the job
+        _uncaught.add_footnote(_where)
+
+
+def _where() -> str | None:
+    """The line under an uncaught exception's traceback: where this rank's calls are."""
+    if _current is None:
+        return None
+    path = _current.path
+    every = f"every rank's: distcomm trace {os.path.dirname(path)}"
+    return f"distcomm: this rank's last calls: {path}; {every}"
 
 
 class BlackBox:

@@ -4,6 +4,8 @@
 dies: :func:`distcomm.backend.abort_on_uncaught_exception`). On an uncaught exception it
 
 - tells the observers first (:func:`add_observer`: the report ``distcomm run`` reads);
+- says the footnotes under the traceback (:func:`add_footnote`: where the flight recorder's
+  files are);
 - shows a distcomm error's traceback down to the user's call: the frames inside distcomm and its
   backends after the program's last frame are left out, and so are the exceptions it was raised
   from (its message quotes them); with ``DISTCOMM_LOG_LEVEL=debug`` everything is shown;
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 __all__ = [
+    "add_footnote",
     "add_observer",
     "before_writing",
     "end_job_with",
@@ -47,6 +50,8 @@ _previous: Callable[..., object] | None = None
 _observers: list[Observer] = []
 _ending: Callable[[BaseException], str] | None = None
 _before_writing: list[Callable[[], object]] = []
+#: Lines said after the traceback (the flight recorder's: where this rank's last calls are).
+_footnotes: list[Callable[[], str | None]] = []
 #: The hook torch.distributed installs at init_process_group: it only prefixes the lines.
 _TORCH_HOOK = "_distributed_excepthook"
 
@@ -88,6 +93,12 @@ def before_writing(callback: Callable[[], object]) -> None:
     """Call ``callback()`` before :func:`write` writes (pytest's plugin: stop capturing, so that
     the last words of a rank that ends the job are not lost in a capture file)."""
     _before_writing.append(callback)
+
+
+def add_footnote(line: Callable[[], str | None]) -> None:
+    """Say ``line()`` (None: nothing) under each uncaught exception's traceback, in the same
+    write (the flight recorder: where this rank's last calls are)."""
+    _footnotes.append(line)
 
 
 def prefix() -> str:
@@ -145,20 +156,32 @@ def _hook(cls: type[BaseException], exc: BaseException, tb: TracebackType | None
             observer(exc, text)
     previous = _previous
     ending = _ending
+    notes = "".join(f"{line}\n" for line in _notes())
     if previous is None or previous is sys.__excepthook__ or _is_torch_hook(previous):
         last = ""
         if ending is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             last = ending(exc)
-        write(text + (last + "\n" if last else ""))
+        write(text + notes + (last + "\n" if last else ""))
     else:
         previous(cls, exc, tb)
         last = ending(exc) if ending is not None else ""
-        if last:
-            write(last)
+        if notes or last:
+            write(notes + last)
     if ending is not None:
         from distcomm.backend.aborts import abort_job
 
         abort_job("")
+
+
+def _notes() -> list[str]:
+    """The footnotes' lines (a failing one is left out)."""
+    lines = []
+    for footnote in list(_footnotes):
+        with contextlib.suppress(Exception):  # a footnote must never hide the exception
+            line = footnote()
+            if line:
+                lines.append(line)
+    return lines
 
 
 def _is_torch_hook(hook: Callable[..., object]) -> bool:

@@ -285,6 +285,7 @@ def test_a_rank_inside_the_engine_dumps_on_the_signal_and_a_killed_rank_leaves_i
             os.kill(pid, signal.SIGKILL)
     assert not left, f"the launcher left ranks {left} running"
     assert job.returncode != 0, out + err
+    assert "this rank's last calls" not in err, "distcomm run says where they are, once"
     if backend == "gloo":
         assert f"distcomm run: DISTCOMM_TRACE: the ranks' last calls go to {folder}\n" in err
         assert f"distcomm run: the ranks' last calls: distcomm trace {folder}\n" in err, err
@@ -480,3 +481,38 @@ def test_an_earlier_jobs_files_in_the_same_folder_are_replaced_at_init(tmp_path:
     env = {"DISTCOMM_TRACE": "10", "DISTCOMM_TRACE_DIR": str(folder)}
     done = run_job([sys.executable, str(script)], env=env, timeout=50, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout == "['rank-0.json']\n", done.stdout + done.stderr
+
+
+RAISES = """
+import numpy as np
+import distcomm
+
+distcomm.init()
+distcomm.all_reduce(np.ones(2))
+if distcomm.get_rank() == 1:
+    raise ValueError("a bug")
+distcomm.barrier()
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.usefixtures("aborted_mpich_job")
+def test_under_mpirun_a_ranks_failure_report_says_where_its_calls_are(
+    tmp_path: Path, mpirun: str
+) -> None:
+    """No distcomm run to say it: the rank's report ends with the line, in the same write."""
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES)
+    done = run_job(
+        [mpirun, "-n", "2", sys.executable, str(script)],
+        env={"DISTCOMM_TRACE": "10"},
+        timeout=60,
+        cwd=tmp_path,
+    )
+    folder = tmp_path / "distcomm-trace" / "mpi-local"
+    line = (
+        f"[rank 1] distcomm: this rank's last calls: {folder / 'rank-1.json'}; every rank's: "
+        f"distcomm trace {folder}\n"
+    )
+    assert done.returncode != 0 and line in done.stderr, done.stderr
+    assert done.stderr.index("[rank 1] ValueError: a bug") < done.stderr.index(line)
