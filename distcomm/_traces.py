@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from distcomm import _settings
 from distcomm._divergence import Timeline, first_divergence
 
 __all__ = ["TRACES", "analyse", "job_folder", "load", "traces_folder"]
@@ -23,8 +24,6 @@ TRACES = "distcomm-trace"
 def traces_folder(job: str) -> str:
     """Where the ranks of ``job`` (its launcher's job id) write their dumps: DISTCOMM_TRACE_DIR,
     else ``./distcomm-trace/<job>``; absolute."""
-    from distcomm import _settings
-
     return os.path.abspath(_settings.read("DISTCOMM_TRACE_DIR") or os.path.join(TRACES, job))
 
 

@@ -60,7 +60,7 @@ _deferred: list[int] = []
 #: The black box writes the ring when it changed, at most every ``_EVERY`` seconds, and waits
 #: at least ``_SHARE`` times as long as its last write took (at most 2% of the time).
 _EVERY, _SHARE = 0.25, 50
-#: Call sites, shapes and kinds a recorder keeps in JSON before it starts again.
+#: Kinds, call sites and shapes a recorder keeps in JSON before it starts again.
 _KEPT = 4096
 
 
@@ -81,10 +81,8 @@ class FlightRecorder:
         #: The JSON of each entry written, by ``id``, with the entry (which keeps the id its own)
         #: and its times and error then: a write encodes only the entries new or changed since.
         self._texts: dict[int, tuple[list[Any], Any, Any, str]] = {}
-        #: The JSON of each call site, shape and kind met (few in a program; reset when many).
-        self._sites: dict[Any, str] = {}
-        self._shapes: dict[Any, str] = {}
-        self._heads: dict[tuple[Any, ...], str] = {}
+        #: The JSON of each kind, call site and shape met (few in a program; reset when many).
+        self._known: dict[tuple[str, Any], str] = {}
         #: The thread writing now (a signal handler of the same thread does not write).
         self._writer: int | None = None
         #: What the ring held at the last write (:meth:`changed`).
@@ -107,28 +105,25 @@ class FlightRecorder:
         """``entry``'s record in JSON (:data:`recording.FIELDS`): its kind's fields, its site
         and its shape are written once each (few in a program), the rest per entry."""
         kind, seq, shape, site, issued, completed, error = entry
-        head = self._heads.get(kind)
-        if head is None:
-            op, group, dtype, nbytes, root = kind
-            fields = {"op": op, "group": list(group), "dtype": dtype}
-            fields |= {"bytes": None if dtype is None else nbytes, "root": root}
-            head = self._heads[kind] = json.dumps(fields)[1:-1]
-        where = self._sites.get(site)
-        if where is None:
-            where = self._sites[site] = json.dumps(format_site(site))
-        size = self._shapes.get(shape)
-        if size is None:
-            size = self._shapes[shape] = json.dumps(
-                None if shape is None else list(map(int, shape))
-            )
-        if len(self._sites) + len(self._shapes) + len(self._heads) > _KEPT:
-            for kept in (self._sites, self._shapes, self._heads):
-                kept.clear()
+        head = self._once(("kind", kind), lambda: _head(kind))
+        where = self._once(("site", site), lambda: json.dumps(format_site(site)))
+        size = self._once(
+            ("shape", shape), lambda: json.dumps(None if shape is None else [int(n) for n in shape])
+        )
         return (
             f'{{{head}, "seq": {seq}, "shape": {size}, "site": {where}, '
             f'"issued": {_number(issued)}, "completed": {_number(completed)}, '
             f'"error": {"null" if error is None else json.dumps(error)}}}'
         )
+
+    def _once(self, key: tuple[str, Any], encode: Callable[[], str]) -> str:
+        """The JSON of ``key`` (a kind, a site or a shape), encoded the first time."""
+        text = self._known.get(key)
+        if text is None:
+            if len(self._known) >= _KEPT:
+                self._known.clear()
+            text = self._known[key] = encode()
+        return text
 
     def changed(self) -> bool:
         """Whether the ring changed since the last write: an entry added, or the newest one
@@ -186,7 +181,7 @@ class FlightRecorder:
             document = f'{json.dumps(head)[:-1]}, "entries": [{", ".join(encoded)}]}}'
             private_folders(os.path.dirname(self.path))
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-            temporary = f"{self.path}.{threading.get_ident()}.tmp"
+            temporary = f"{self.path}.tmp"  # one write at a time
             with os.fdopen(os.open(temporary, flags, 0o600), "w", encoding="utf-8") as out:
                 out.write(document)
             os.replace(temporary, self.path)
@@ -202,6 +197,14 @@ class FlightRecorder:
     def stop(self) -> None:
         """Keep no more entries."""
         self.add = _ignore
+
+
+def _head(kind: tuple[Any, ...]) -> str:
+    """The fields of an entry's kind (:data:`recording.HEAD`), as JSON members."""
+    op, group, dtype, nbytes, root = kind
+    fields = {"op": op, "group": list(group), "dtype": dtype}
+    fields |= {"bytes": None if dtype is None else nbytes, "root": root}
+    return json.dumps(fields)[1:-1]
 
 
 def _number(value: float | None) -> str:

@@ -6,13 +6,14 @@ the signal, a forked child's signals, the permissions, bad settings, a dump's ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -163,6 +164,29 @@ else:
 """
 
 
+@contextlib.contextmanager
+def _started(
+    command: list[str], env: dict[str, str], cwd: Path | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``command`` started with its stdin, stdout and stderr piped (text); killed at the end
+    if still running."""
+    job = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+
+
 def _until(what: str, seconds: float, look: Callable[[], T | None]) -> T:
     """``look()``'s first answer that is not None within ``seconds`` (an OSError is none); else
     fail naming ``what``."""
@@ -222,62 +246,53 @@ def test_a_rank_inside_the_engine_dumps_on_the_signal_and_a_killed_rank_leaves_i
         request.getfixturevalue("aborted_mpich_job")  # hydra's files, left by the killed job
         launcher = [request.getfixturevalue("mpirun"), "-n", "3"]
     env = {**job_environment(), "DISTCOMM_TRACE": "50", "DISTCOMM_TIMEOUT": "100"}
-    job = subprocess.Popen(
-        [*launcher, sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     pids: dict[int, int] = {}
     try:
-        pids = _until(
-            "every rank's pid file",
-            60,
-            lambda: (
-                {r: int((tmp_path / f"pid-{r}").read_text()) for r in range(3)}
-                if all((tmp_path / f"pid-{r}").exists() for r in range(3))
-                else None
-            ),
-        )
-        jobs = tmp_path / "distcomm-trace"
-        (folder,) = _until("the job's folder", 5, lambda: list(jobs.iterdir()) or None)
-        boxes = _until(
-            "the black boxes",
-            5,
-            lambda: _dumps(
-                folder,
-                range(3),
-                lambda d: d["reason"] == "black box" and len(d["entries"]) == 5 + (d["rank"] == 0),
-            ),
-        )
-        assert _calls(boxes[0]) == [("all_reduce", True)] * 5 + [("barrier", False)], boxes[0]
-        assert _calls(boxes[2]) == [("all_reduce", True)] * 5, boxes[2]
-        assert [e["shape"] for e in boxes[2]["entries"]] == [[n] for n in range(1, 6)]
-        sent = time.time()
-        signalled = range(3) if backend == "gloo" else range(2)
-        if backend == "gloo":  # distcomm run passes it on to every rank
-            os.kill(job.pid, signal.SIGUSR2)
-        else:  # each rank in turn, rank 2 left out
-            for rank in signalled:
-                os.kill(pids[rank], signal.SIGUSR2)
-        dumped = _until(
-            f"the dumps of rank 0 (inside the engine) and ranks {list(signalled)[1:]} (asleep) "
-            "on SIGUSR2",
-            3,
-            lambda: _dumps(
-                folder, signalled, lambda d: d["reason"] == "SIGUSR2" and d["dumped"] >= sent
-            ),
-        )
-        assert _calls(dumped[0])[-1] == ("barrier", False), dumped[0]
-        os.kill(pids[2], signal.SIGKILL)
-        out, err = job.communicate(timeout=60)
+        with _started([*launcher, sys.executable, str(script)], env, tmp_path) as job:
+            pids = _until(
+                "every rank's pid file",
+                60,
+                lambda: (
+                    {r: int((tmp_path / f"pid-{r}").read_text()) for r in range(3)}
+                    if all((tmp_path / f"pid-{r}").exists() for r in range(3))
+                    else None
+                ),
+            )
+            jobs = tmp_path / "distcomm-trace"
+            (folder,) = _until("the job's folder", 5, lambda: list(jobs.iterdir()) or None)
+            boxes = _until(
+                "the black boxes",
+                5,
+                lambda: _dumps(
+                    folder,
+                    range(3),
+                    lambda d: (
+                        d["reason"] == "black box" and len(d["entries"]) == 5 + (d["rank"] == 0)
+                    ),
+                ),
+            )
+            assert _calls(boxes[0]) == [("all_reduce", True)] * 5 + [("barrier", False)], boxes[0]
+            assert _calls(boxes[2]) == [("all_reduce", True)] * 5, boxes[2]
+            assert [e["shape"] for e in boxes[2]["entries"]] == [[n] for n in range(1, 6)]
+            sent = time.time()
+            signalled = range(3) if backend == "gloo" else range(2)
+            if backend == "gloo":  # distcomm run passes it on to every rank
+                os.kill(job.pid, signal.SIGUSR2)
+            else:  # each rank in turn, rank 2 left out
+                for rank in signalled:
+                    os.kill(pids[rank], signal.SIGUSR2)
+            dumped = _until(
+                f"the dumps of rank 0 (inside the engine) and ranks {list(signalled)[1:]} (asleep) "
+                "on SIGUSR2",
+                3,
+                lambda: _dumps(
+                    folder, signalled, lambda d: d["reason"] == "SIGUSR2" and d["dumped"] >= sent
+                ),
+            )
+            assert _calls(dumped[0])[-1] == ("barrier", False), dumped[0]
+            os.kill(pids[2], signal.SIGKILL)
+            out, err = job.communicate(timeout=60)
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
         deadline = time.monotonic() + 10  # the launcher has ended every rank, or does
         while (left := [p for p in pids.values() if _runs(p)]) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -402,25 +417,13 @@ def test_a_burst_of_the_signal_is_answered_and_the_rank_goes_on(tmp_path: Path) 
     script.write_text(BURST)
     env = {**job_environment(), "DISTCOMM_TRACE": "2000", "DISTCOMM_TRACE_SIGNAL": "SIGUSR1"}
     env["DISTCOMM_TRACE_DIR"] = str(tmp_path / "t")
-    job = subprocess.Popen(
-        [sys.executable, str(script)],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert job.stdout is not None and job.stdin is not None
+    with _started([sys.executable, str(script)], env) as job:
+        assert job.stdout is not None
         pid = int(job.stdout.readline().split()[1])
         for _ in range(100):
             os.kill(pid, signal.SIGUSR1)
             time.sleep(0.002)
         out, err = job.communicate("go\n", timeout=30)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
     assert job.returncode == 0 and out == "alive\n", (job.returncode, out, err)
     dump = json.loads((tmp_path / "t" / "rank-0.json").read_text())
     assert dump["reason"] == "exit" and len(dump["entries"]) == 2000, dump["reason"]
@@ -447,18 +450,11 @@ def test_sigterm_during_the_last_write_ends_the_rank_by_sigterm_after_it(tmp_pat
     script.write_text(EXITING)
     env = {**job_environment(), "DISTCOMM_TRACE": "100000"}
     env["DISTCOMM_TRACE_DIR"] = str(tmp_path / "t")
-    job = subprocess.Popen(
-        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
+    with _started([sys.executable, str(script)], env) as job:
         assert job.stdout is not None
-        assert job.stdout.readline() == b"exiting\n"
+        assert job.stdout.readline() == "exiting\n"
         os.kill(job.pid, signal.SIGTERM)
         _, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
     assert job.returncode == -signal.SIGTERM, (job.returncode, err)
     dump = json.loads((tmp_path / "t" / "rank-0.json").read_text())
     assert dump["reason"] in ("exit", "SIGTERM") and len(dump["entries"]) == 100000

@@ -227,19 +227,12 @@ def the_default_stops_a_new_call_that_differs() -> None:
         return
     lib, _ = next(cases(lambda d: d == "float32"))
     with check_policy("sample", group):
+        size = 6 if group.rank == 0 else 4
         for seq in (65, 66):
-            try:
-                group.all_reduce(make(lib, "float32", [1.0] * (6 if group.rank == 0 else 4)))
-            except CollectiveMismatchError as exc:
-                expect(
-                    exc.seq == group.seq == seq, f"caught at #{exc.seq} ({group.seq}), not #{seq}"
-                )
-                expect(exc.ran is None, f"it ran: {exc.ran} ({exc})")
-            else:
-                raise AssertionError(f"rank {group.rank}: mismatched call #{seq} was not stopped")
-        t = make(lib, "float32", [1.0])
-        group.all_reduce(t)
-        expect_values(t, [group.world_size], "all_reduce after the stopped mismatch")
+            _stopped_before_it_ran(
+                group, seq, lambda: group.all_reduce(make(lib, "float32", [1.0] * size))
+            )
+        _still_usable(group, lib)
     group.finalize()
 
 
@@ -257,18 +250,32 @@ def the_default_stops_a_mismatch_of_calls_made_before() -> None:
     with check_policy("sample", group):
         group.all_reduce(make(lib, "float32", [1.0]))  # #65 and #66: agreed
         group.all_reduce(make(lib, "float32", [1.0]), op="max")
-        try:
-            group.all_reduce(make(lib, "float32", [1.0]), op="max" if group.rank == 1 else "sum")
-        except CollectiveMismatchError as exc:
-            expect(exc.seq == 67, f"the first diverging operation named is #{exc.seq}, not #67")
-            expect(exc.ran is None, f"it ran: {exc.ran} ({exc})")
-            expect("op MAX" in str(exc) and "op SUM" in str(exc), f"message {exc}")
-        else:
-            raise AssertionError(f"rank {group.rank}: mismatched #67 was not stopped")
-        t = make(lib, "float32", [1.0])
-        group.all_reduce(t)
-        expect_values(t, [group.world_size], "all_reduce after the stopped mismatch")
+        op = "max" if group.rank == 1 else "sum"
+        exc = _stopped_before_it_ran(
+            group, 67, lambda: group.all_reduce(make(lib, "float32", [1.0]), op=op)
+        )
+        expect("op MAX" in str(exc) and "op SUM" in str(exc), f"message {exc}")
+        _still_usable(group, lib)
     group.finalize()
+
+
+def _stopped_before_it_ran(group: Any, seq: int, call: Callable[[], object]) -> Exception:
+    """``call()``'s CollectiveMismatchError, naming operation ``seq`` (the group's latest) and
+    raised before the call ran; an AssertionError if it was not stopped."""
+    try:
+        call()
+    except CollectiveMismatchError as exc:
+        expect(exc.seq == group.seq == seq, f"caught at #{exc.seq} ({group.seq}), not #{seq}")
+        expect(exc.ran is None, f"it ran: {exc.ran} ({exc})")
+        return exc
+    raise AssertionError(f"rank {group.rank}: mismatched call #{seq} was not stopped")
+
+
+def _still_usable(group: Any, lib: str) -> None:
+    """After a stopped mismatch, the group's next all-reduce is right."""
+    t = make(lib, "float32", [1.0])
+    group.all_reduce(t)
+    expect_values(t, [group.world_size], "all_reduce after the stopped mismatch")
 
 
 @check
