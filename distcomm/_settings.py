@@ -53,6 +53,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _TORCH_GROUP: dict[str, str | bool] = {
     "auto": "auto",
+    "distcomm": "distcomm",
     **dict.fromkeys(_TRUE, True),
     **dict.fromkeys(_FALSE, False),
 }
@@ -206,9 +207,9 @@ def _torch_group(value: Any) -> str | bool:
     text = str(value).strip().lower()
     if text not in _TORCH_GROUP:
         raise ValueError(
-            "is not a choice; valid: auto, 1, 0 (also true, false, yes, no, on, off). HINT: 0 "
-            "keeps distcomm from making torch's default process group beside a non-torch "
-            "backend."
+            "is not a choice; valid: auto, 1, 0 (also true, false, yes, no, on, off), "
+            "distcomm. HINT: 0 keeps distcomm from making torch's default process group beside "
+            "a non-torch backend; distcomm runs it over distcomm's communicator."
         )
     return _TORCH_GROUP[text]
 
@@ -329,8 +330,9 @@ _DECLARED = (
     Setting(
         "DISTCOMM_TORCH_GROUP",
         "`auto` (default), `1` or `0`: make torch's default process group beside mpi and "
-        "other non-torch backends, so DDP, FSDP and Accelerate work under mpirun too "
-        "([docs/interop.md](docs/interop.md))",
+        "other non-torch backends, so DDP, FSDP and Accelerate work under mpirun too; "
+        "`distcomm`: make it over distcomm on any backend, so their traffic goes through "
+        "distcomm ([docs/interop.md](docs/interop.md))",
         _torch_group,
         "auto",
     ),

@@ -76,7 +76,8 @@ def init(
         debug: the mismatch check, ``"sample"``, ``"check"`` or ``"off"`` (``DISTCOMM_DEBUG``,
             else ``"sample"``; docs/debugging.md).
         torch_group: make torch's default group beside a non-torch backend (``"auto"``,
-            True, False; default ``DISTCOMM_TORCH_GROUP``, else ``"auto"``; docs/interop.md).
+            True, False), or over distcomm on any backend (``"distcomm"``); default
+            ``DISTCOMM_TORCH_GROUP``, else ``"auto"`` (docs/interop.md).
         objects: a peer's objects, ``"restricted"`` to the allow-list or ``"pickle"`` (any:
             every rank trusted); default ``DISTCOMM_OBJECTS``, else restricted (security.md).
         **options: the backend factory's keyword arguments.
@@ -116,12 +117,16 @@ def _start(request: InitRequest, export: bool) -> Communicator:
     """The phases of ``init``: parse the settings, detect the launch, select the backend,
     create the communicator (and torch's group beside it), attach it to the process."""
     _uncaught.install(None)  # an error before the launch is known ends at the user's line too
-    timeout, debug, beside = _parse(request)
-    launch = _detect(request)
-    trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
-    start = _Start(request, timeout, debug, beside, launch, trace)
-    spec = _select(start)
-    comm, beside_comm = _create(start, spec)
+    try:
+        timeout, debug, beside = _parse(request)
+        launch = _detect(request)
+        trace = [f"method {launch.method}: {launch.sources.get('method', 'chosen')}"]
+        start = _Start(request, timeout, debug, beside, launch, trace)
+        spec = _select(start)
+        comm, beside_comm = _create(start, spec)
+    except BaseException:
+        _unpickling.reset_policy()  # a failed init fixes nothing for later
+        raise
     return _attach(start, comm, beside_comm, export)
 
 
@@ -156,10 +161,13 @@ def _select(start: _Start) -> BackendSpec:
     return selection.spec
 
 
-def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Communicator | None]:
+def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Any]:
     """The default communicator, and torch's default group beside it where that is asked."""
     launch, request = start.launch, start.request
-    engine = spec.factory(launch, timeout=start.timeout, device=request.device, **request.options)
+    options = dict(request.options)
+    if start.beside == "distcomm" and spec.makes_torch_group:
+        options["torch_group"] = "distcomm"  # its group beside torch's, which runs over it
+    engine = spec.factory(launch, timeout=start.timeout, device=request.device, **options)
     comm = world_over(spec, engine, launch, start.timeout)
     if hasattr(comm, "debug"):
         comm.debug = start.debug
@@ -172,14 +180,13 @@ def _create(start: _Start, spec: BackendSpec) -> tuple[Communicator, Communicato
         comm.finalize()
         raise
     start.trace.append(why)
-    if group is not None and isinstance(comm, BaseCommunicator) and comm.torch_group is None:
+    over = start.beside == "distcomm"  # torch's default group, whatever the engine's group
+    if group is not None and isinstance(comm, BaseCommunicator) and (over or not comm.torch_group):
         comm.torch_group = group
     return comm, beside
 
 
-def _attach(
-    start: _Start, comm: Communicator, beside: Communicator | None, export: bool
-) -> Communicator:
+def _attach(start: _Start, comm: Communicator, beside: Any, export: bool) -> Communicator:
     """Make ``comm`` the process's default communicator: what ``init`` was asked and settled
     on (for a later call), the exported variables, the profiler."""
     launch = start.launch
@@ -194,7 +201,7 @@ def _attach(
         **start.request.given(),
     }
     _uncaught.install(comm.rank if comm.world_size > 1 else None)  # back above torch's
-    ctx = state.Context(comm, launch, start.trace, effective, torch_beside=beside)
+    ctx = state.Context(comm, launch, start.trace, effective, torch_made=beside)
     if export:
         made = beside if beside is not None else comm
         ctx.exported = exports.export_env(getattr(made, "launch", launch))
@@ -230,8 +237,8 @@ def finalize() -> None:
             finally:
                 if ctx.recorder is not None:
                     ctx.recorder.stop()
-                if ctx.torch_beside is not None:
-                    ctx.torch_beside.finalize()
+                if ctx.torch_made is not None:
+                    ctx.torch_made.finalize()
                 ctx.comm.finalize()
         finally:
             exports.unexport_env(ctx.exported)

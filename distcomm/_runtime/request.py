@@ -34,7 +34,8 @@ class InitRequest:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         debug: the mismatch check policy (``"sample"``, ``"check"`` or ``"off"``).
         torch_group: whether to make torch's default process group beside a non-torch
-            backend (``"auto"``, True or False; :mod:`~distcomm._runtime.torch_group`).
+            backend (``"auto"``, True or False), or over distcomm (``"distcomm"``;
+            :mod:`~distcomm._runtime.torch_group`).
         objects: how a peer's objects are unpickled (``"restricted"`` or ``"pickle"``;
             :mod:`~distcomm._unpickling`).
         options: the backend factory's own options.

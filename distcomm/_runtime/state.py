@@ -29,9 +29,10 @@ class Context:
         exported: environment variables ``init`` set (``finalize`` removes exactly these).
         thread_owned: True inside run_threads (finalize is a no-op there).
         recorder: the DISTCOMM_PROFILE recorder (:mod:`~distcomm._runtime.profiling`), if on.
-        torch_beside: the torch backend's communicator over torch's default process group,
-            when ``init`` made one beside a non-torch backend
-            (:mod:`~distcomm._runtime.torch_group`); ``finalize`` ends it.
+        torch_made: what ``init`` made for torch's default process group
+            (:mod:`~distcomm._runtime.torch_group`): the torch backend's communicator over a
+            group beside a non-torch backend, or the group over distcomm
+            (``torch_group="distcomm"``); ``finalize`` ends it (its ``finalize()``).
     """
 
     comm: Communicator
@@ -41,7 +42,7 @@ class Context:
     exported: dict[str, str] = dataclasses.field(default_factory=dict)
     thread_owned: bool = False
     recorder: Any = None
-    torch_beside: Communicator | None = None
+    torch_made: Any = None
 
 
 class _ThreadState(threading.local):

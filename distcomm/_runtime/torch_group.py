@@ -1,15 +1,21 @@
-"""A torch default process group beside a backend that makes none (mpi, linklink, plugins).
+"""torch's default process group after ``init()``: beside the backend, or over distcomm.
 
 torch-native code (DDP, FSDP, Accelerate, Ignite) reaches for torch's default process group.
 The torch backends make it; after any other backend, ``init(torch_group=...)`` (or
 ``DISTCOMM_TORCH_GROUP``) makes one too, through the ``gloo`` backend (``nccl`` when the device
-is a GPU) of the torch plugin, so the same code runs under mpirun as under torchrun:
+is a GPU) of the torch plugin, so the same code runs under mpirun as under torchrun (beside):
 
 - ``"auto"`` (the default): only when the program has imported torch before ``init()`` (a
   numpy-only MPI program pays nothing), the world is larger than 1 and no default group exists;
 - ``True``: whenever the world is larger than 1 and no default group exists (torch is imported;
   an error names what to install when it cannot be);
 - ``False``: never.
+
+``"distcomm"`` makes it *over* distcomm instead (under): torch's backend ``"distcomm"`` (the
+torch plugin's adapter, :class:`~distcomm.backend.AdapterSpec` ``"torch"``) runs every torch
+collective, DDP's and FSDP's included, on the world communicator. When the program has imported
+torch, ``init()`` registers that backend whatever the choice, so the program may call
+``torch.distributed.init_process_group("distcomm")`` itself where no default group exists.
 
 Its rendezvous travels over the communicator just made: rank 0 takes a free port on its address
 (the launch's master address, loopback for a one-node job, else its host's address) and
@@ -32,6 +38,7 @@ from distcomm._plugins.names import install_hint
 from distcomm.backend.communicator import BaseCommunicator, world_over
 from distcomm.backend.ports import free_port
 from distcomm.backend.registry import Registry
+from distcomm.backend.specs import AdapterSpec
 from distcomm.environment.info import LaunchInfo
 from distcomm.errors import BackendUnavailableError, InvalidArgumentError
 from distcomm.protocol import Communicator
@@ -39,7 +46,7 @@ from distcomm.protocol import Communicator
 __all__ = ["CHOICES", "make", "policy"]
 
 #: What ``init(torch_group=...)`` takes.
-CHOICES = ("auto", True, False)
+CHOICES = ("auto", True, False, "distcomm")
 
 
 def policy(given: Any = None, environ: Mapping[str, str] | None = None) -> str | bool:
@@ -52,8 +59,9 @@ def policy(given: Any = None, environ: Mapping[str, str] | None = None) -> str |
         if given in CHOICES and not (isinstance(given, int) and not isinstance(given, bool)):
             return str(given) if isinstance(given, str) else bool(given)
         raise InvalidArgumentError(
-            f"torch_group={given!r} is not a choice; valid: 'auto', True, False. HINT: 'auto' "
-            "makes torch's default process group when the program imported torch."
+            f"torch_group={given!r} is not a choice; valid: 'auto', True, False, 'distcomm'. "
+            "HINT: 'auto' makes torch's default process group beside the backend when the "
+            "program imported torch; 'distcomm' runs it over distcomm (docs/interop.md)."
         )
     value: str | bool = _settings.read("DISTCOMM_TORCH_GROUP", environ)
     return value
@@ -66,23 +74,35 @@ def make(
     registry: Registry,
     timeout: float,
     device: str | None,
-) -> tuple[Communicator | None, Any, str]:
-    """Make torch's default process group beside ``comm`` where ``choice`` says so.
+) -> tuple[Any, Any, str]:
+    """Make torch's default process group beside ``comm`` (or over it: ``"distcomm"``) where
+    ``choice`` says so; register torch's backend ``"distcomm"`` when torch is imported.
 
     Returns:
-        The torch backend's communicator over the new group (None if none was made), torch's
-        default group (the new one, or one the program had made; None if there is none), and a
-        sentence for the trace saying why.
+        What ``finalize()`` ends (the torch backend's communicator over the new group, or the
+        group over ``comm``; None if none was made), torch's default group (the new one, or one
+        the program had made; None if there is none), and a sentence for the trace saying why.
 
     Raises:
-        BackendUnavailableError: ``choice`` is True and torch or distcomm-torch is missing.
+        BackendUnavailableError: ``choice`` is True or "distcomm" and torch or distcomm-torch
+            is missing.
+        InvalidArgumentError: ``choice`` is "distcomm" where a torch default group exists.
     """
+    adapter = registry.adapters.get("torch")
+    if choice == "distcomm":
+        return _over(comm, launch, adapter, timeout)
+    installed = adapter is not None and "torch" in sys.modules
+    if installed:
+        adapter.install()  # type: ignore[union-attr]
     if getattr(comm, "torch_group", None) is not None:
         return None, None, "torch group: the backend's own"
     found = _default_group()
     if found is not None:
         return None, found, "torch group: the program's own (left as it is)"
     if choice is False:
+        if installed and launch.master_addr is None:
+            # the program may make the group itself (init_process_group("distcomm"), env://)
+            return _Made(None, _agreed(comm, launch)), None, "torch group: off (rendezvous agreed)"
         return None, None, "torch group: off"
     if comm.world_size == 1:
         return None, None, "torch group: none needed (a world of 1)"
@@ -98,18 +118,69 @@ def make(
         return _missing(choice, "this torch build has no torch.distributed")
     if spec is None:
         return _missing(choice, "distcomm-torch is not installed")
-    with _setting_up(comm):  # not the program's operation #1
-        addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
-    beside = launch.replace(
-        f"derived: rank 0's, over the {comm.backend} communicator",
-        master_addr=addr,
-        master_port=port,
-    )
+    beside = _agreed(comm, launch)
+    addr, port = beside.master_addr, beside.master_port
     engine = spec.factory(beside, timeout=timeout, device=device, companion=True)
     made = world_over(spec, engine, beside, timeout)
     logger.info("made torch's default process group (%s) at %s:%s", name, addr, port)
     why = f"torch group: {name}, made beside {comm.backend} (rendezvous {addr}:{port})"
     return made, dist.group.WORLD, why
+
+
+def _agreed(comm: Communicator, launch: LaunchInfo) -> LaunchInfo:
+    """``launch`` with rank 0's address and a free port on it, agreed over ``comm``."""
+    with _setting_up(comm):  # not the program's operation #1
+        addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
+    return launch.replace(
+        f"derived: rank 0's, over the {comm.backend} communicator",
+        master_addr=addr,
+        master_port=port,
+    )
+
+
+class _Made:
+    """What ``init`` made for torch (the adapter's group over distcomm, or nothing) and the
+    launch with its rendezvous, which ``init`` exports; ``finalize`` ends it."""
+
+    def __init__(self, handle: Any, launch: LaunchInfo) -> None:
+        self.handle = handle
+        self.launch = launch
+
+    def finalize(self) -> None:
+        if self.handle is not None:
+            self.handle.finalize()
+
+
+def _over(
+    comm: Communicator, launch: LaunchInfo, adapter: AdapterSpec | None, timeout: float
+) -> tuple[_Made, Any, str]:
+    """``torch_group="distcomm"``: torch's default group over ``comm`` (the torch adapter)."""
+    if adapter is None:
+        why = "distcomm-torch is not installed"
+        try:
+            import torch.distributed  # noqa: F401
+        except ImportError as exc:
+            why = f"torch is not installed ({exc})"
+        raise BackendUnavailableError(
+            f"init(torch_group='distcomm') runs torch's default process group over distcomm, "
+            f"but {why}. HINT: {install_hint('distcomm-torch')} (it brings torch).",
+            reason=why,
+        )
+    if comm.launch.method == "threads" and comm.world_size > 1:
+        raise InvalidArgumentError(
+            "init(torch_group='distcomm'): the ranks are threads of one process, and torch has "
+            "one default process group a process. HINT: run the ranks as processes (distcomm "
+            "run -n N), or torch_group=False."
+        )
+    launch = getattr(comm, "launch", launch)  # a torch engine's has its rendezvous
+    address = None
+    if comm.world_size > 1 and _default_group() is None:  # else the engine's store is its
+        launch = _agreed(comm, launch)
+        address = (launch.master_addr, launch.master_port)
+    handle = adapter.make(comm, address, timeout)
+    where = f" (store {address[0]}:{address[1]})" if address is not None else ""
+    why = f"torch group: distcomm, over {comm.backend}{where}"
+    return _Made(handle, launch), handle.group, why
 
 
 def _default_group() -> Any:

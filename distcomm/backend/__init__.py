@@ -29,6 +29,7 @@ from distcomm.backend.specs import (
     FLOAT_DTYPES,
     KIT_API,
     KIT_APIS,
+    AdapterSpec,
     BackendSpec,
     Capabilities,
     EnvironmentSpec,
@@ -38,6 +39,7 @@ from distcomm.environment.info import LaunchInfo, read_int
 
 __all__ = [
     "ALL_DTYPES",
+    "AdapterSpec",
     "DTYPE_NAMES",
     "FLOAT_DTYPES",
     "INTERNAL_TAG",

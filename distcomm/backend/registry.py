@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from distcomm.backend.specs import BackendSpec, EnvironmentSpec
+from distcomm.backend.specs import AdapterSpec, BackendSpec, EnvironmentSpec
 from distcomm.errors import PluginConflictError
 
 __all__ = ["CORE_DISTRIBUTION", "PluginRecord", "Registry"]
@@ -54,6 +54,7 @@ class Registry:
     def __init__(self) -> None:
         self._backends: dict[str, BackendSpec] = {}
         self._environments: dict[str, EnvironmentSpec] = {}
+        self._adapters: dict[str, AdapterSpec] = {}
         self._owners: dict[tuple[str, str], str] = {}
         self.conflicts: dict[tuple[str, str], str] = {}
         self.plugins: list[PluginRecord] = []
@@ -76,6 +77,12 @@ class Registry:
             )
         self._add("environment", spec.name, spec, self._environments)
 
+    def add_adapter(self, spec: AdapterSpec) -> None:
+        """Register a framework's adapter. Call from ``distcomm_register_backends``."""
+        if not isinstance(spec, AdapterSpec):
+            raise TypeError(f"add_adapter() takes a distcomm.backend.AdapterSpec, not {spec!r}")
+        self._add("adapter", spec.name, spec, self._adapters)
+
     def _add(self, kind: str, name: str, spec: Any, table: dict[str, Any]) -> None:
         record = self._current
         distribution = record.distribution if record else "<unknown>"
@@ -95,7 +102,7 @@ class Registry:
             raise PluginConflictError(message)
         table[name] = spec
         self._owners[(kind, name)] = distribution
-        if record is not None:
+        if record is not None and kind != "adapter":
             (record.backends if kind == "backend" else record.environments).append(name)
 
     # -- what distcomm reads -----------------------------------------------------------------
@@ -108,6 +115,11 @@ class Registry:
     def environments(self) -> dict[str, EnvironmentSpec]:
         """Registered environments by name (a copy)."""
         return dict(self._environments)
+
+    @property
+    def adapters(self) -> dict[str, AdapterSpec]:
+        """Registered adapters by framework name (a copy)."""
+        return dict(self._adapters)
 
     def distribution_of(self, backend: str) -> str | None:
         """Return the distribution that registered ``backend``, or None."""

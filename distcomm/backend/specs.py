@@ -52,6 +52,10 @@ class BackendSpec:
         kit_api: the version of the kit's contract the backend was written for
             (:data:`KIT_API` when written for this distcomm); one this distcomm does not run
             (:data:`KIT_APIS`), or none, raises NotSupportedError naming both and the fix.
+        makes_torch_group: the engine's group is torch's default process group (gloo, nccl):
+            with ``init(torch_group="distcomm")`` its factory is passed
+            ``torch_group="distcomm"`` and makes its group beside torch's default group,
+            which then runs over distcomm (docs/interop.md).
     """
 
     name: str
@@ -62,6 +66,7 @@ class BackendSpec:
     capabilities: Capabilities = Capabilities()  # noqa: RUF009 (frozen: one shared default)
     description: str = ""
     kit_api: int | None = None
+    makes_torch_group: bool = False
 
     def __post_init__(self) -> None:
         _check_name("backend", self.name)
@@ -89,6 +94,31 @@ class EnvironmentSpec:
 
     def __post_init__(self) -> None:
         _check_name("environment", self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterSpec:
+    """A framework's process groups over distcomm's communicators, as a plugin registers it
+    with ``registry.add_adapter(spec)`` (distcomm-torch's ``"torch"``: torch.distributed's
+    backend ``"distcomm"``).
+
+    Attributes:
+        name: the framework, lower case (``init(torch_group="distcomm")`` asks for ``"torch"``).
+        install: ``install()``: make the adapter reachable from the framework (register torch's
+            backend name); ``init()`` calls it when the program has imported the framework.
+        make: ``make(comm, address, timeout) -> handle``: make the framework's default group
+            over ``comm``, rank 0 serving its store at ``address`` (host, port; None for a world
+            of 1); ``handle.finalize()`` destroys it.
+        description: one line for ``distcomm info``.
+    """
+
+    name: str
+    install: Callable[[], None]
+    make: Callable[..., Any]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name("adapter", self.name)
 
 
 def _other_kit_api(name: str, declared: Any) -> str:

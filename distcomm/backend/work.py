@@ -125,6 +125,14 @@ class BaseWork:
         """For an irecv: the sender's rank in the communicator, once complete (else None)."""
         return None
 
+    def engine_future(self) -> Any:
+        """The engine's own future of the operation (torch's ``Future``, for the torch engines),
+        completed by the engine when it has finished, where the engine offers one; else None.
+        Once it is done, :meth:`is_completed` says True (or raises the operation's error), in
+        its callbacks too: so it says when to finish the Work without a thread of the rank's
+        waiting (torch's group over distcomm hands it to DDP)."""
+        return None
+
     @property
     def done(self) -> bool:
         """Whether the operation has completed and its result is in place, as far as this Work
@@ -228,7 +236,8 @@ class EngineWork(BaseWork):
     however the engine can; 0 or a fraction of a millisecond: never wait forever), else the
     kit tests with short sleeps; ``request.source``, a receive's sender once complete;
     ``request.waiting_for()``, what a timeout's message says it waited for (a receive's
-    sender).
+    sender); ``request.future()``, the engine's own future of the operation
+    (:meth:`BaseWork.engine_future`).
 
     Args:
         comm: the communicator (the engine's ``bind`` gave it).
@@ -255,6 +264,10 @@ class EngineWork(BaseWork):
         waiting_for = getattr(request, "waiting_for", None)
         if waiting_for is not None:
             self._waiting_for = waiting_for  # type: ignore[method-assign]
+
+    def engine_future(self) -> Any:
+        future = getattr(self.request, "future", None)
+        return None if future is None else future()
 
     @property
     def source(self) -> int | None:

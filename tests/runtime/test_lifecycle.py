@@ -240,3 +240,15 @@ def test_missing_first_party_backend_says_what_to_install() -> None:
     assert "backend 'gloo' is provided by distcomm-torch" in message
     assert "HINT: pip install ./backends/distcomm-torch" in message
     assert "available: fakelink" in message
+
+
+def test_a_failed_init_fixes_no_object_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``init()`` fixes the object policy from ``DISTCOMM_OBJECTS`` before it selects a
+    backend; when it then fails, the policy follows the variable again (``distcomm info`` and a
+    later ``init()`` read it as it is then)."""
+    from distcomm import _unpickling
+
+    with pytest.raises(distcomm.BackendNotFoundError):
+        distcomm.init(backend="no-such-backend")
+    monkeypatch.setenv("DISTCOMM_OBJECTS", "pickle")
+    assert _unpickling.policy() == "pickle", "the failed init() left its policy fixed"

@@ -41,6 +41,8 @@ class World:
         (True, {"DISTCOMM_TORCH_GROUP": "0"}, True),  # the argument wins
         (False, {}, False),
         ("auto", {}, "auto"),
+        ("distcomm", {}, "distcomm"),
+        (None, {"DISTCOMM_TORCH_GROUP": " DistComm "}, "distcomm"),
     ],
 )
 def test_the_choice(given: Any, environ: dict[str, str], choice: Any) -> None:
@@ -54,7 +56,7 @@ def test_a_bad_choice_names_the_valid_ones(given: Any) -> None:
         torch_group.policy(given, environ)
     text = str(info.value)
     assert ("sometimes" if given is None else repr(given)) in text and "HINT" in text
-    assert "auto" in text and ("True, False" in text or "1, 0" in text)
+    assert "auto" in text and ("True, False" in text or "1, 0" in text) and "distcomm" in text
 
 
 def test_no_group_when_off_alone_or_torch_not_imported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,3 +80,12 @@ def test_asked_for_without_the_torch_plugin_says_what_to_install() -> None:
     made, group, why = torch_group.make("auto", World(), LAUNCH, Registry(), 60, None)
     assert (made, group) == (None, None)
     assert why == "torch group: none (distcomm-torch is not installed)"
+
+
+def test_over_distcomm_without_the_torch_plugin_says_what_to_install() -> None:
+    """``"distcomm"`` needs the torch plugin's adapter; without it nothing is asked of the
+    communicator (no rendezvous)."""
+    with pytest.raises(BackendUnavailableError) as info:
+        torch_group.make("distcomm", World(), LAUNCH, Registry(), 60, None)
+    text = str(info.value)
+    assert "torch_group='distcomm'" in text and "pip install ./backends/distcomm-torch" in text

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 
-def check_interop(directory: Path, size: int, backend: str) -> None:
-    """Each rank's report in ``directory``: the backend, torch's default group, and every
-    client's results (DDP and FSDP: the same weights everywhere after a step; Accelerate and
-    Ignite: the world and their collectives)."""
+def check_interop(directory: Path, size: int, backend: str, torch_backend: str = "gloo") -> None:
+    """Each rank's report in ``directory``: the backend, torch's default group (of
+    ``torch_backend``, as Ignite sees it), and every client's results (DDP and FSDP: the same
+    weights everywhere after a step; Accelerate and Ignite: the world and their collectives)."""
     reports = sorted(directory.glob("rank-*.json"))
     assert len(reports) == size, f"{len(reports)} of {size} ranks reported"
     for rank in range(size):
@@ -27,7 +27,7 @@ def check_interop(directory: Path, size: int, backend: str) -> None:
             "gather_object": [f"rank {r}" for r in range(size)],
         }
         assert seen["ignite"] == {
-            "backend": "gloo",
+            "backend": torch_backend,
             "world_size": size,
             "rank": rank,
             "all_reduce": [float(size)],

@@ -36,6 +36,7 @@ from distcomm_torch.native import all_gather_single as _all_gather_single
 from distcomm_torch.native import native_call
 from distcomm_torch.native import reduce_scatter_single as _reduce_scatter_single
 from distcomm_torch.plugin import GLOO
+from distcomm_torch.process_group import torch_makes_groups
 from distcomm_torch.progress import StoreProgress
 
 __all__ = [
@@ -145,6 +146,7 @@ class TorchRequest:
     def __init__(self, work: Any, engine: TorchEngine) -> None:
         self._work = work
         self._engine = engine
+        self._future: Any = None  # torch's future, once asked for (``future``)
 
     @property
     def source(self) -> int | None:
@@ -157,10 +159,23 @@ class TorchRequest:
         world_rank = group_rank if group is None else dist.get_global_rank(group, group_rank)
         return self._engine.comm.global_ranks.index(world_rank)
 
+    def future(self) -> Any:
+        """torch's future of the operation, completed by torch's threads (DDP chains on it).
+        Its callbacks run before torch's Work says completed: ``test`` then reads the future."""
+        try:
+            self._future = self._work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented" (some of Gloo's works)
+            return None
+        return self._future
+
     def test(self) -> bool:
         """Whether the operation completed; torch says "completed" of a failed one too (NCCL's
         timed out by its watchdog), so a completed one is waited for (at once): a failure then
-        raises, a timeout as the communicator's DistTimeoutError."""
+        raises, a timeout as the communicator's DistTimeoutError. Once torch's future is done
+        (in its callbacks, before the Work says so) its value says it, or raises its error."""
+        if self._future is not None and self._future.done():
+            self._future.value()
+            return True
         if not self._work.is_completed():
             return False
         self._work.wait()
@@ -466,13 +481,16 @@ class TorchEngine:
         )
 
     def _new_groups(self, ranks: tuple[int, ...], local: bool) -> tuple[Any, Any]:
-        """torch groups for ``ranks``: the engine's, and a Gloo one for objects where needed."""
-        pg = dist.new_group(
-            list(ranks),
-            timeout=torch_timeout(self.comm.timeout),
-            use_local_synchronization=local,
-            **_ORDER,
-        )
+        """torch groups for ``ranks``: the engine's (of its backend: torch's default group may
+        be the ``"distcomm"`` one), and a Gloo one for objects where needed."""
+        with torch_makes_groups():
+            pg = dist.new_group(
+                list(ranks),
+                timeout=torch_timeout(self.comm.timeout),
+                backend=dist.get_backend(self.native),
+                use_local_synchronization=local,
+                **_ORDER,
+            )
         return pg, self._objects_group(ranks, local)
 
     def _objects_group(self, ranks: tuple[int, ...], local: bool) -> Any:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from distcomm import BackendUnavailableError, InvalidArgumentError, LaunchInfo
 from distcomm.backend import abort_on_uncaught_exception, free_port, select_cuda_device
-from distcomm_torch import gpus, rendezvous
+from distcomm_torch import gpus, process_group, rendezvous
 from distcomm_torch.communicator import (
     GlooEngine,
     NcclEngine,
@@ -45,6 +45,7 @@ def create(
     timeout: float = 1800.0,
     device: str | None = None,
     companion: bool = False,
+    torch_group: str | None = None,
     **options: Any,
 ) -> TorchEngine:
     """Factory of ``gloo`` and ``nccl``: the engine of torch's default group for ``launch``,
@@ -55,6 +56,11 @@ def create(
     ``companion=True`` is distcomm's own, for torch's default group made beside another
     backend (``init(torch_group=...)``): distcomm's operations never run on it, so it publishes
     no progress and answers no "where are you?" (which would read the store while idle).
+
+    ``torch_group="distcomm"`` (``init(torch_group="distcomm")``, gloo): torch's default group
+    is made first as the ``"distcomm"`` backend's, unbound
+    (:func:`distcomm_torch.process_group.begin`), then the engine's Gloo group beside it, which
+    the default group runs over once the communicator is made.
 
     Raises:
         BackendUnavailableError: the rendezvous is impossible (no master address or port), or a
@@ -70,15 +76,19 @@ def create(
         raise BackendUnavailableError(
             f"{name}: this torch build has no torch.distributed", backend=name
         )
+    under = torch_group == "distcomm"
+    if under:
+        _check_under(name)
     adopting = dist.is_initialized()
     if adopting:
         launch = _adopt(name, launch)
     cuda_device = _cuda_device(name, launch, device)
+    group = None
     if not adopting:
-        launch = _init_default_group(name, launch, timeout, cuda_device)
+        launch, group = _init_default_group(name, launch, timeout, cuda_device, under)
     progress = None if companion else _progress()
     if name == "gloo":
-        return GlooEngine(None, owns_group=not adopting, progress=progress, launch=launch)
+        return GlooEngine(group, owns_group=not adopting, progress=progress, launch=launch)
     with unbound_default_group():
         side_pg = dist.new_group(backend="gloo", timeout=torch_timeout(timeout))
     return NcclEngine(
@@ -89,6 +99,23 @@ def create(
         device=cuda_device,
         launch=launch,
     )
+
+
+def _check_under(name: str) -> None:
+    """``torch_group="distcomm"``: gloo only (nccl's CUDA tensors stay on torch's own NCCL
+    group), and no torch default group made before."""
+    if name != "gloo":
+        raise InvalidArgumentError(
+            f"init(backend={name!r}, torch_group='distcomm'): torch's groups over distcomm move "
+            "CPU tensors (gloo, mpi, zmq); on nccl torch's default group is NCCL's own. HINT: "
+            "torch_group='auto' on nccl, or backend='gloo' (or 'mpi') for CPU tensors."
+        )
+    if dist.is_initialized():
+        raise InvalidArgumentError(
+            f"init(torch_group='distcomm'): torch's default process group "
+            f"({dist.get_backend()}) exists already, so it cannot run over distcomm. HINT: "
+            "torch_group='auto' adopts it; or torch.distributed.destroy_process_group() first."
+        )
 
 
 def _cuda_device(name: str, launch: LaunchInfo, device: str | None) -> Any:
@@ -136,10 +163,12 @@ def _adopt(name: str, launch: LaunchInfo) -> LaunchInfo:
 
 
 def _init_default_group(
-    name: str, launch: LaunchInfo, timeout_s: float, device: Any = None
-) -> LaunchInfo:
+    name: str, launch: LaunchInfo, timeout_s: float, device: Any = None, under: bool = False
+) -> tuple[LaunchInfo, Any]:
     """Create torch's default group (bound to ``device``, nccl's CUDA device, where torch can);
-    return ``launch`` with the rendezvous it used.
+    return ``launch`` with the rendezvous it used, and the engine's group: None (the default
+    group), or with ``under`` a Gloo group beside the default group, which is the
+    ``"distcomm"`` backend's (:func:`distcomm_torch.process_group.begin`).
 
     Raises:
         DistTimeoutError: the rendezvous did not complete within the timeout (the master
@@ -177,27 +206,34 @@ def _init_default_group(
     engine = watchdog_timeout(timeout_s) if name == "nccl" else torch_timeout(timeout_s)
     try:
         with rendezvous.overrun_guard(name, launch, timeout_s, engine.total_seconds()):
-            dist.init_process_group(
-                name,
-                store=store,
-                rank=launch.rank,
-                world_size=launch.world_size,
-                timeout=engine,
-                **bound,
-            )
+            if under:
+                process_group.begin(store, launch.rank, launch.world_size, engine)
+            else:
+                dist.init_process_group(
+                    name,
+                    store=store,
+                    rank=launch.rank,
+                    world_size=launch.world_size,
+                    timeout=engine,
+                    **bound,
+                )
     except RuntimeError as exc:
         error = rendezvous.failed(name, launch, store, timeout_s, exc)
         # Let go of the store (rank 0's server port) even while the error is kept.
         traceback.clear_frames(exc.__traceback__)
         del store
         raise error from exc
-    if launch.world_size > 1:
-        try:
+    group = None
+    try:
+        if under:
+            with process_group.torch_makes_groups():
+                group = dist.new_group(backend=name, timeout=engine)
+        if launch.world_size > 1:
             rendezvous.confirm(name, launch, store, f"{launch.master_addr}:{launch.master_port}")
-        except BaseException:
-            dist.destroy_process_group()
-            raise
-    return launch
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    return launch, group
 
 
 def _progress() -> StoreProgress | None:

@@ -1,4 +1,6 @@
-"""The entry point: registers ``gloo`` and ``nccl`` with distcomm. Imports no torch."""
+"""The entry point: registers ``gloo`` and ``nccl`` with distcomm, and the ``torch`` adapter
+(torch.distributed's backend ``"distcomm"``, :mod:`distcomm_torch.process_group`). Imports no
+torch."""
 
 from __future__ import annotations
 
@@ -7,7 +9,14 @@ import os
 from typing import Any
 
 from distcomm import LaunchInfo
-from distcomm.backend import KIT_API, BackendSpec, Capabilities, Registry, hookimpl
+from distcomm.backend import (
+    KIT_API,
+    AdapterSpec,
+    BackendSpec,
+    Capabilities,
+    Registry,
+    hookimpl,
+)
 
 __all__ = ["GLOO", "NCCL", "distcomm_register_backends"]
 
@@ -66,9 +75,29 @@ def _create_nccl(launch: LaunchInfo, **options: Any) -> Any:
     return create("nccl", launch, **options)
 
 
+def _install() -> None:
+    from distcomm_torch.process_group import install
+
+    install()
+
+
+def _make_torch_group(comm: Any, address: tuple[str, int] | None, timeout: float) -> Any:
+    from distcomm_torch.process_group import make
+
+    return make(comm, address, timeout)
+
+
 @hookimpl
 def distcomm_register_backends(registry: Registry) -> None:
-    """Register gloo (priority 100) and nccl (priority 300)."""
+    """Register gloo (priority 100), nccl (priority 300) and the torch adapter."""
+    registry.add_adapter(
+        AdapterSpec(
+            name="torch",
+            install=_install,
+            make=_make_torch_group,
+            description="torch.distributed's backend 'distcomm': torch's groups over distcomm",
+        )
+    )
     registry.add_backend(
         BackendSpec(
             name="gloo",
@@ -79,6 +108,7 @@ def distcomm_register_backends(registry: Registry) -> None:
             capabilities=GLOO,
             description="torch.distributed Gloo: CPU tensors over TCP",
             kit_api=KIT_API,
+            makes_torch_group=True,
         )
     )
     registry.add_backend(
@@ -91,5 +121,6 @@ def distcomm_register_backends(registry: Registry) -> None:
             capabilities=NCCL,
             description="torch.distributed NCCL: CUDA tensors; objects over a CPU side channel",
             kit_api=KIT_API,
+            makes_torch_group=True,
         )
     )
