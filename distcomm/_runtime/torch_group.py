@@ -166,13 +166,13 @@ def _over(
             f"but {why}. HINT: {install_hint('distcomm-torch')} (it brings torch).",
             reason=why,
         )
-    if comm.launch.method == "threads" and comm.world_size > 1:
+    launch = getattr(comm, "launch", launch)  # a torch engine's has its rendezvous
+    if launch.method == "threads" and comm.world_size > 1:
         raise InvalidArgumentError(
             "init(torch_group='distcomm'): the ranks are threads of one process, and torch has "
             "one default process group a process. HINT: run the ranks as processes (distcomm "
             "run -n N), or torch_group=False."
         )
-    launch = getattr(comm, "launch", launch)  # a torch engine's has its rendezvous
     address = None
     if comm.world_size > 1 and _default_group() is None:  # else the engine's store is its
         launch = _agreed(comm, launch)

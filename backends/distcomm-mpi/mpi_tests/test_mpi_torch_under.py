@@ -123,6 +123,23 @@ def test_torch_distributed_calls_give_torch_s_results(under: Communicator) -> No
         assert got.item() == (rank - 1) % world
 
 
+def test_coalesced_calls_give_each_call_s_result(under: Communicator) -> None:
+    """torch's coalescing manager (FSDP's and DTensor's way of batching gathers and
+    reduce-scatters): every call's result, in order."""
+    rank, world = under.rank, under.world_size
+    outs = [torch.empty(2 * world), torch.empty(3 * world)]
+    with dist._coalescing_manager():
+        all_gather_single(outs[0], torch.full((2,), float(rank)))
+        all_gather_single(outs[1], torch.full((3,), 1.0 + rank))
+    assert outs[0].tolist() == [float(r) for r in range(world) for _ in range(2)]
+    assert outs[1].tolist() == [1.0 + r for r in range(world) for _ in range(3)]
+    shards = [torch.empty(1), torch.empty(2)]
+    with dist._coalescing_manager():
+        reduce_scatter_single(shards[0], torch.ones(world))
+        reduce_scatter_single(shards[1], torch.ones(2 * world))
+    assert [s.tolist() for s in shards] == [[float(world)], [float(world)] * 2]
+
+
 def test_new_group_is_a_group_of_the_communicator(under: Communicator) -> None:
     world = under.world_size
     evens = list(range(0, world, 2))
@@ -134,6 +151,16 @@ def test_new_group_is_a_group_of_the_communicator(under: Communicator) -> None:
     x = torch.ones(1)
     dist.all_reduce(x, group=group)
     assert x.item() == len(evens)
+
+
+def test_new_subgroups_are_groups_of_the_communicator(under: Communicator) -> None:
+    size = 2 if under.world_size % 2 == 0 else 1
+    mine, _ = dist.new_subgroups(size)
+    assert mine.comm.world_size == size  # type: ignore[union-attr]
+    x = torch.tensor([float(under.rank)])
+    dist.all_reduce(x, group=mine)
+    first = under.rank - under.rank % size
+    assert x.item() == sum(range(first, first + size))
 
 
 def test_a_device_mesh_redistributes_a_dtensor(under: Communicator) -> None:

@@ -11,11 +11,14 @@ After ``distcomm.init()``, :func:`install` has registered ``"distcomm"`` with to
 program had imported torch), so a program may also call
 ``torch.distributed.init_process_group("distcomm")`` itself where no default group exists yet.
 
-A collective runs when torch issues it, in the calling thread, and returns a completed work:
-torch's ``async_op=True`` gets its result at once. A point-to-point operation starts there and
-completes at ``wait()`` (a ring of isend then recv does not deadlock). torch's ``new_group`` (every
-rank calls it) is delegated to :meth:`DistcommProcessGroup.new_group`: the group is the
-communicator's ``new_group``, made over distcomm's engine.
+A collective runs when torch issues it, in the calling thread. An all-reduce (DDP's buckets)
+on an engine whose Work has a future of its own (gloo's) starts there and completes with that
+future, so that DDP's backward goes on meanwhile; every other collective, and all of them on
+engines without one (mpi, zmq: their blocking plans), has its result in place when torch gets
+its work. A point-to-point operation starts there and completes at ``wait()`` (a ring of isend
+then recv does not deadlock). torch's ``new_group`` (every rank calls it) is delegated to
+:meth:`DistcommProcessGroup.new_group`: the group is the communicator's ``new_group``, made
+over distcomm's engine.
 
 Tensors must be on a device the engine moves (``comm.devices``, CPU for mpi and zmq): a CUDA
 tensor on a CPU engine raises with the engine and the fix named.
@@ -158,8 +161,8 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 f"(rank {comm.rank} of {comm.world_size}). HINT: make them of one world."
             )
         self.comm = comm
-        #: The kinds of collective whose engine work has no future: they block.
-        self._blocking: set[str] = set()
+        #: Whether all-reduces start, completing with the engine's future (until one had none).
+        self._futures = True
 
     def getBackendName(self) -> str:
         return NAME
@@ -199,22 +202,22 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     # -- collectives -------------------------------------------------------------------------
 
-    def _collective(self, kind: str, run: Callable[[bool], Work | None], result: Any) -> dist.Work:
-        """Run ``run(async_op)``: started, with a work that completes with the engine's future
-        where the engine has one (gloo: DDP's buckets overlap its backward); else blocking
-        (mpi, zmq: the engine's blocking plans), once a call of this kind found none.
+    def _all_reduce(self, tensor: torch.Tensor, op: ReduceOp, result: Any) -> dist.Work:
+        """Started, with a work that completes with the engine's future, where the engine's
+        Work has one (gloo: DDP's buckets overlap its backward); else blocking (mpi, zmq: the
+        engine's blocking plans), once a call found none.
 
-        Only all-reduces (DDP's buckets) run so: the others block, their result in place when
-        torch gets their work (functional collectives and DTensor build on it: a copy back
-        that came later would change a view they already returned)."""
-        if kind in self._blocking:
-            run(False)
+        Only all-reduces run so: the others block, their result in place when torch gets their
+        work (functional collectives and DTensor build views on it: a copy back that came later
+        would change a view they already returned)."""
+        if not self._futures:
+            self.comm.all_reduce(tensor, op=op)
             return _Done(result)
-        work = run(True)
-        assert work is not None, "async_op=True returns a Work"
-        future = work.engine_future()
+        work = self.comm.all_reduce(tensor, op=op, async_op=True)
+        offered = getattr(work, "engine_future", None)  # the kit's Works have it
+        future = None if offered is None else offered()
         if future is None:
-            self._blocking.add(kind)
+            self._futures = False
             work.wait()
             return _Done(result)
         return _Started(work, result, future)
@@ -222,10 +225,7 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         self._check(tensors, "all_reduce")
         if len(tensors) == 1:
-            op = _op(opts)
-            return self._collective(
-                "all_reduce", lambda a: self.comm.all_reduce(tensors[0], op=op, async_op=a), tensors
-            )
+            return self._all_reduce(tensors[0], _op(opts), tensors)
         self.comm.all_reduce_coalesced(tensors, op=_op(opts))
         return _Done(tensors)
 
@@ -271,9 +271,7 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> _Done:
-        for output, tensor in zip(outputs, inputs, strict=True):
-            self.all_gather_single(output, tensor, opts)
-        return _Done(outputs)
+        return self._pairs(self.all_gather_single, outputs, inputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -297,8 +295,15 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> _Done:
+        return self._pairs(self.reduce_scatter_single, outputs, inputs, opts)
+
+    @staticmethod
+    def _pairs(
+        one: Callable[..., Any], outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> _Done:
+        """A coalesced call as one call per (output, input) pair, in order."""
         for output, tensor in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(output, tensor, opts)
+            one(output, tensor, opts)
         return _Done(outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
