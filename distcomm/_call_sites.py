@@ -1,4 +1,10 @@
-"""Where the user called distcomm from: the innermost frame outside the ``distcomm`` package.
+"""Where the user called distcomm from: the innermost frame outside the ``distcomm`` package,
+the packages of its plugins (``distcomm_*``) and torch's package.
+
+torch's frames are skipped too because, with torch's group over distcomm
+(``torch_group="distcomm"``), a call reaches distcomm through torch: ``dist.all_reduce`` and the
+plugin's process group, or DDP's reducer from autograd; the user's line is the one that called
+torch (``loss.backward()``, ``dist.all_reduce(...)``).
 
 The mismatch check names each kind of call by it, the flight recorder writes it beside every
 operation, and ``rank_zero_first``-style helpers say which block a rank waits in.
@@ -20,18 +26,29 @@ _OURS: dict[int, tuple[CodeType, bool]] = {}
 
 
 def _ours(code: CodeType) -> bool:
-    """Whether ``code`` is distcomm's (its file resolved once, then remembered in :data:`_OURS`)."""
+    """Whether ``code`` is distcomm's, a plugin's or torch's (its file resolved once, then
+    remembered in :data:`_OURS`)."""
     known = _OURS.get(id(code))
     if known is None:
         if len(_OURS) > 4096:
             _OURS.clear()
-        known = _OURS[id(code)] = (code, os.path.abspath(code.co_filename).startswith(_PACKAGE))
+        known = _OURS[id(code)] = (code, _between(os.path.abspath(code.co_filename)))
     return known[1]
 
 
+def _between(path: str) -> bool:
+    """Whether the file at ``path`` stands between the user's line and distcomm: distcomm's,
+    a plugin package's (``distcomm_*``) or torch's."""
+    if path.startswith(_PACKAGE) or os.path.basename(os.path.dirname(path)).startswith("distcomm_"):
+        return True
+    torch = sys.modules.get("torch")
+    where = getattr(torch, "__file__", None)
+    return where is not None and path.startswith(os.path.dirname(where) + os.sep)
+
+
 def user_frame(skip: tuple[str, ...] = ()) -> FrameType | None:
-    """The innermost frame of the calling thread outside distcomm (and outside the files
-    ``skip``); None when every frame is distcomm's."""
+    """The innermost frame of the calling thread outside distcomm, its plugins and torch (and
+    outside the files ``skip``); None when every frame is theirs."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and (_ours(frame.f_code) or frame.f_code.co_filename in skip):
         frame = frame.f_back

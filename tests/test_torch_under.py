@@ -16,6 +16,7 @@ import pytest
 from jobs import run_job
 
 SCRIPT = str(Path(__file__).resolve().parent / "support" / "torch_under.py")
+LINES = Path(SCRIPT).read_text().splitlines()
 LATE = 1
 
 
@@ -59,6 +60,8 @@ def test_torch_s_groups_over_distcomm_under_a_launcher(
         said = seen["mismatch"]
         assert said.startswith("CollectiveMismatchError: "), f"rank {rank}: {said}"
         assert "shape (3,)" in said and "shape (4,)" in said, said
+        line = next(n for n, text in enumerate(LINES, 1) if "# MISMATCH" in text)
+        assert f"torch_under.py:{line}" in said, f"not the user's line {line}: {said}"
     named = f"ranks that had not arrived: [{LATE}]"
     if not seen["cancellable"]:  # the engine ends the job with the timeout's diagnostic
         assert done.returncode != 0 and named in done.stderr, said_by_job

@@ -71,7 +71,7 @@ def ddp(rank: int, world: int) -> dict[str, Any]:
 
 def mismatch(rank: int) -> str:
     try:
-        dist.all_reduce(torch.ones(3 + rank))
+        dist.all_reduce(torch.ones(3 + rank))  # MISMATCH: the line the error names
     except distcomm.CollectiveMismatchError as exc:
         return f"CollectiveMismatchError: {exc}"
     except Exception as exc:  # anything else is what the test reports

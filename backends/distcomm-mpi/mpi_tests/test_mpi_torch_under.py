@@ -123,6 +123,48 @@ def test_torch_distributed_calls_give_torch_s_results(under: Communicator) -> No
         assert got.item() == (rank - 1) % world
 
 
+def test_torch_s_other_call_forms_give_torch_s_results(under: Communicator) -> None:
+    """The group's methods in torch's other forms: a tensor for a list of one, a ReduceOp or a
+    root for the options (DDP's Join calls ``pg.allreduce(tensor)``)."""
+    rank, world = under.rank, under.world_size
+    group = dist.group.WORLD
+    assert group is not None
+    x = torch.ones(2) * (rank + 1)
+    group.allreduce(x).wait()
+    assert x.tolist() == [float(sum(range(1, world + 1)))] * 2
+    y = torch.ones(2) * (rank + 1)
+    group.allreduce([y], dist.ReduceOp.MAX).wait()
+    assert y.tolist() == [float(world)] * 2, "a bare ReduceOp was not honoured"
+    z = torch.tensor([float(rank)])
+    group.broadcast(z, world - 1).wait()
+    assert z.item() == world - 1
+    r = torch.tensor([rank + 2.0])
+    group.reduce(r, 0, dist.ReduceOp.PRODUCT).wait()
+    if rank == 0:
+        assert r.item() == float(torch.arange(2, world + 2).prod())
+    parts = [torch.empty(1) for _ in range(world)]
+    group.allgather(parts, torch.tensor([rank * 3.0])).wait()
+    assert [p.item() for p in parts] == [r * 3.0 for r in range(world)]
+
+
+def test_ddp_join_with_unused_parameters_and_uneven_inputs(under: Communicator) -> None:
+    """DDP's Join (ranks with different numbers of batches) with find_unused_parameters: the
+    ranks end with the same parameters."""
+    from torch.distributed.algorithms.join import Join
+
+    model = torch.nn.parallel.DistributedDataParallel(_model(), find_unused_parameters=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Join([model]):
+        for step in range(3 + 2 * under.rank):
+            optimizer.zero_grad()
+            model(_batch(under.rank, step)).pow(2).mean().backward()
+            optimizer.step()
+    mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+    everyone = [torch.empty_like(mine) for _ in range(under.world_size)]
+    dist.all_gather(everyone, mine)
+    assert all(torch.equal(other, mine) for other in everyone), "the ranks' parameters differ"
+
+
 def test_coalesced_calls_give_each_call_s_result(under: Communicator) -> None:
     """torch's coalescing manager (FSDP's and DTensor's way of batching gathers and
     reduce-scatters): every call's result, in order."""
@@ -222,8 +264,13 @@ def test_a_size_mismatch_through_torch_raises_distcomm_s_error(under: Communicat
 
 def test_a_cuda_tensor_is_refused_with_the_engine_named(under: Communicator) -> None:
     meta = torch.empty(2, device="meta")  # a device mpi does not move (no GPU here)
+    group = dist.group.WORLD
+    assert group is not None
     with pytest.raises(InvalidArgumentError, match=r"engine \(mpi\) moves \['cpu'\]"):
-        dist.group.WORLD.allreduce([meta])  # type: ignore[union-attr]
+        group.allreduce([meta])
+    out = torch.empty(2 * under.world_size, device="meta")  # an output too
+    with pytest.raises(InvalidArgumentError, match="all_gather_into_tensor: a tensor on meta"):
+        group.all_gather_single(out, torch.ones(2))
 
 
 def test_the_program_may_call_init_process_group_itself() -> None:

@@ -127,9 +127,29 @@ class _Started(dist.Work):  # type: ignore[misc]
 
 
 def _op(opts: Any) -> ReduceOp:
-    """distcomm's op of torch's options (their ``reduceOp`` wraps a ``RedOpType``)."""
-    op = getattr(opts, "reduceOp", None)
+    """distcomm's op of torch's options (their ``reduceOp`` wraps a ``RedOpType``), or of a
+    ``ReduceOp`` given as is (``pg.allreduce([t], ReduceOp.MAX)``); None: SUM."""
+    op = getattr(opts, "reduceOp", opts)
     return ReduceOp.SUM if op is None else ReduceOp.coerce(getattr(op, "op", op))
+
+
+def _root(opts: Any) -> int:
+    """The root of torch's options, or a root given as is (``pg.broadcast(t, 0)``)."""
+    return int(opts) if isinstance(opts, int) else int(opts.rootRank)
+
+
+def _listed(x: Any) -> list[Any]:
+    """A tensor as a list of one (torch's one-tensor forms: ``pg.allreduce(t)``), else a list."""
+    return [x] if isinstance(x, torch.Tensor) else list(x)
+
+
+def _each(tensors: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of an argument: a tensor, a list, or a list of lists."""
+    if isinstance(tensors, torch.Tensor):
+        yield tensors
+    else:
+        for item in tensors:
+            yield from _each(item)
 
 
 class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
@@ -187,10 +207,11 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def supports_splitting(self) -> bool:
         return False
 
-    def _check(self, tensors: Sequence[torch.Tensor], op: str) -> None:
-        """A tensor the engine cannot move is refused before any rank waits for it."""
+    def _check(self, op: str, *arguments: Any) -> None:
+        """A tensor (input or output) the engine cannot move is refused before any rank waits
+        for it."""
         devices = getattr(self.comm, "devices", frozenset({"cpu"}))
-        for tensor in tensors:
+        for tensor in _each(arguments):
             kind = tensor.device.type
             if kind not in devices and str(tensor.device) not in devices:
                 raise InvalidArgumentError(
@@ -222,34 +243,41 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             return _Done(result)
         return _Started(work, result, future)
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        self._check(tensors, "all_reduce")
+    # Each takes torch's forms too: a tensor for a list of one, a ReduceOp or a root for the
+    # options (``pg.allreduce(t)``: DDP's Join; ``pg.broadcast(t, 0)``; ``pg.reduce(t, 0, op)``).
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+        tensors = _listed(tensors)
+        self._check("all_reduce", tensors)
         if len(tensors) == 1:
             return self._all_reduce(tensors[0], _op(opts), tensors)
         self.comm.all_reduce_coalesced(tensors, op=_op(opts))
         return _Done(tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _Done:
-        self._check(tensors, "all_reduce_coalesced")
+        self._check("all_reduce_coalesced", tensors)
         self.comm.all_reduce_coalesced(tensors, op=_op(opts))
         return _Done(tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _Done:
-        self._check(tensors, "broadcast")
+    def broadcast(self, tensors: Any, opts: Any = None) -> _Done:
+        tensors = _listed(tensors)
+        self._check("broadcast", tensors)
         for tensor in tensors:
-            self.comm.broadcast(tensor, src=opts.rootRank)
+            self.comm.broadcast(tensor, src=_root(opts))
         return _Done(tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _Done:
-        self._check(tensors, "reduce")
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None) -> _Done:
+        tensors = _listed(tensors)
+        self._check("reduce", tensors)
+        reduce_op = _op(opts if op is None and not isinstance(opts, int) else op)
         for tensor in tensors:
-            self.comm.reduce(tensor, dst=opts.rootRank, op=_op(opts))
+            self.comm.reduce(tensor, dst=_root(opts), op=reduce_op)
         return _Done(tensors)
 
-    def allgather(
-        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _Done:
-        self._check(inputs, "all_gather")
+    def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> _Done:
+        if isinstance(inputs, torch.Tensor):  # torch's form: (a list of outputs, an input)
+            outputs, inputs = [outputs], [inputs]
+        self._check("all_gather", outputs, inputs)
         for out, tensor in zip(outputs, inputs, strict=True):
             self.comm.all_gather(out, tensor)
         return _Done(outputs)
@@ -262,7 +290,7 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def all_gather_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None
     ) -> _Done:
-        self._check([tensor], "all_gather_into_tensor")
+        self._check("all_gather_into_tensor", output, tensor)
         self.comm.all_gather_into_tensor(output, tensor)
         return _Done(output)
 
@@ -275,10 +303,10 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def reduce_scatter(
-        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
-    ) -> _Done:
-        self._check(outputs, "reduce_scatter")
+    def reduce_scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> _Done:
+        if isinstance(outputs, torch.Tensor):  # torch's form: (an output, a list of inputs)
+            outputs, inputs = [outputs], [inputs]
+        self._check("reduce_scatter", outputs, inputs)
         for out, parts in zip(outputs, inputs, strict=True):
             self.comm.reduce_scatter(out, parts, op=_op(opts))
         return _Done(outputs)
@@ -286,7 +314,7 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def reduce_scatter_single(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None
     ) -> _Done:
-        self._check([tensor], "reduce_scatter_tensor")
+        self._check("reduce_scatter_tensor", output, tensor)
         self.comm.reduce_scatter_tensor(output, tensor, op=_op(opts))
         return _Done(output)
 
@@ -316,7 +344,7 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
         input_splits: list[int],
         opts: Any = None,
     ) -> _Done:
-        self._check([tensor], "all_to_all_single")
+        self._check("all_to_all_single", output, tensor)
         self.comm.all_to_all_single(output, tensor, output_splits or None, input_splits or None)
         return _Done(output)
 
@@ -325,23 +353,23 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> _Done:
-        self._check(inputs, "all_to_all")
+        self._check("all_to_all", outputs, inputs)
         self.comm.all_to_all(outputs, inputs)
         return _Done(outputs)
 
-    def gather(
-        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-    ) -> _Done:
-        self._check(inputs, "gather")
-        root = opts.rootRank
+    def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> _Done:
+        if isinstance(inputs, torch.Tensor):  # torch's form: (a list of outputs, an input, root)
+            outputs, inputs = [outputs], [inputs]
+        self._check("gather", outputs, inputs)
+        root = _root(opts)
         self.comm.gather(inputs[0], outputs[0] if self.comm.rank == root else None, dst=root)
         return _Done(outputs)
 
-    def scatter(
-        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
-    ) -> _Done:
-        self._check(outputs, "scatter")
-        root = opts.rootRank
+    def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> _Done:
+        if isinstance(outputs, torch.Tensor):  # torch's form: (an output, a list of inputs, root)
+            outputs, inputs = [outputs], [inputs]
+        self._check("scatter", outputs, inputs)
+        root = _root(opts)
         self.comm.scatter(outputs[0], inputs[0] if self.comm.rank == root else None, src=root)
         return _Done(outputs)
 
@@ -352,17 +380,17 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     # -- point to point ----------------------------------------------------------------------
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _Started:
-        self._check(tensors, "send")
+        self._check("send", tensors)
         (tensor,) = tensors
         return _Started(self.comm.isend(tensor, dst, tag), tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _Started:
-        self._check(tensors, "recv")
+        self._check("recv", tensors)
         (tensor,) = tensors
         return _Started(self.comm.irecv(tensor, src, tag), tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _Started:
-        self._check(tensors, "recv")
+        self._check("recv", tensors)
         (tensor,) = tensors
         return _Started(self.comm.irecv(tensor, None, tag), tensors)
 
@@ -387,8 +415,22 @@ class DistcommProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
     ) -> DistcommProcessGroup | None:
         """torch's ``new_group`` (called on every rank of the world): a group over the
         communicator's ``new_group`` of ``ranks``, named as torch names it (DeviceMesh finds
-        its groups by name); None on the ranks outside it."""
-        made = self.comm.new_group(list(ranks))
+        its groups by name); None on the ranks outside it.
+
+        Raises:
+            InvalidArgumentError: the ranks passed differ between ranks (torch's
+                ``use_local_synchronization=True``, where each group's members alone call it).
+        """
+        try:
+            made = self.comm.new_group(list(ranks))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(
+                f"torch.distributed.new_group over distcomm: {exc} torch's groups over distcomm "
+                "are made by every rank of the world, with the same ranks: "
+                "use_local_synchronization=True (each group's members calling it alone) is not "
+                "supported. HINT: call new_group(ranks) with the same ranks on every rank, or "
+                "new_subgroups() / new_subgroups_by_enumeration() for disjoint groups."
+            ) from exc
         if isinstance(made, NonMember):
             return None
         return DistcommProcessGroup.over(made, group_name or "", group_desc or "")
