@@ -127,10 +127,15 @@ def make(
     return made, dist.group.WORLD, why
 
 
+def _shared(comm: Communicator, value: Any) -> Any:
+    """Rank 0's ``value`` on every rank of ``comm``: init's own call, not the program's."""
+    with _setting_up(comm):  # not the program's operation #1
+        return comm.broadcast_object(value if comm.rank == 0 else None, src=0)
+
+
 def _agreed(comm: Communicator, launch: LaunchInfo) -> LaunchInfo:
     """``launch`` with rank 0's address and a free port on it, agreed over ``comm``."""
-    with _setting_up(comm):  # not the program's operation #1
-        addr, port = comm.broadcast_object(_address(launch) if comm.rank == 0 else None, src=0)
+    addr, port = _shared(comm, _address(launch) if comm.rank == 0 else None)
     return launch.replace(
         f"derived: rank 0's, over the {comm.backend} communicator",
         master_addr=addr,
@@ -173,11 +178,17 @@ def _over(
             "one default process group a process. HINT: run the ranks as processes (distcomm "
             "run -n N), or torch_group=False."
         )
-    address = None
+    host = None
     if comm.world_size > 1 and _default_group() is None:  # else the engine's store is its
-        launch = _agreed(comm, launch)
-        address = (launch.master_addr, launch.master_port)
-    handle = adapter.make(comm, address, timeout)
+        host = _host(launch)
+    handle = adapter.make(comm, host, lambda value: _shared(comm, value), timeout)
+    address = handle.address
+    if address is not None:
+        launch = launch.replace(
+            f"derived: rank 0's store, over the {comm.backend} communicator",
+            master_addr=address[0],
+            master_port=address[1],
+        )
     where = f" (store {address[0]}:{address[1]})" if address is not None else ""
     why = f"torch group: distcomm, over {comm.backend}{where}"
     return _Made(handle, launch), handle.group, why
@@ -194,12 +205,20 @@ def _default_group() -> Any:
 
 def _address(launch: LaunchInfo) -> tuple[str, int]:
     """Rank 0's rendezvous address and a free port on it."""
-    one_node = launch.num_nodes == 1 and launch.local_world_size == launch.world_size
+    host = _host(launch)
+    return host, free_port("127.0.0.1" if _one_node(launch) else host)
+
+
+def _host(launch: LaunchInfo) -> str:
+    """Rank 0's rendezvous address: the launch's master address, loopback for a one-node job,
+    else its host's address."""
     if launch.master_addr:
-        host = launch.master_addr
-    else:
-        host = "127.0.0.1" if one_node else socket.gethostbyname(socket.gethostname())
-    return host, free_port("127.0.0.1" if one_node else host)
+        return launch.master_addr
+    return "127.0.0.1" if _one_node(launch) else socket.gethostbyname(socket.gethostname())
+
+
+def _one_node(launch: LaunchInfo) -> bool:
+    return launch.num_nodes == 1 and launch.local_world_size == launch.world_size
 
 
 def _missing(choice: str | bool, why: str) -> tuple[None, None, str]:

@@ -106,9 +106,12 @@ class AdapterSpec:
         name: the framework, lower case (``init(torch_group="distcomm")`` asks for ``"torch"``).
         install: ``install()``: make the adapter reachable from the framework (register torch's
             backend name); ``init()`` calls it when the program has imported the framework.
-        make: ``make(comm, address, timeout) -> handle``: make the framework's default group
-            over ``comm``, rank 0 serving its store at ``address`` (host, port; None for a world
-            of 1); ``handle.finalize()`` destroys it.
+        make: ``make(comm, host, share, timeout) -> handle``: make the framework's default
+            group over ``comm``. Rank 0 serves its store at ``host`` (None for a world of 1, or
+            where the backend made one) and tells the others its port with ``share(value)``,
+            which returns rank 0's value on every rank (init's own call over ``comm``).
+            ``handle.group`` is the group, ``handle.address`` where its store is (or None), and
+            ``handle.finalize()`` destroys it.
         description: one line for ``distcomm info``.
     """
 

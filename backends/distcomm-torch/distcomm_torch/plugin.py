@@ -81,10 +81,10 @@ def _install() -> None:
     install()
 
 
-def _make_torch_group(comm: Any, address: tuple[str, int] | None, timeout: float) -> Any:
+def _make_torch_group(comm: Any, host: str | None, share: Any, timeout: float) -> Any:
     from distcomm_torch.process_group import make
 
-    return make(comm, address, timeout)
+    return make(comm, host, share, timeout)
 
 
 @hookimpl

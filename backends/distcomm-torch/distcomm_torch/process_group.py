@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from distcomm import DistcommError, InvalidArgumentError
+from distcomm import DistcommError, DistTimeoutError, InvalidArgumentError
+from distcomm.backend import free_port
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 
 __all__ = [
@@ -451,12 +452,46 @@ def torch_makes_groups() -> Iterator[None]:
         _torch_makes.pop()
 
 
+#: The store's key of each rank that reached it (``_arrive``).
+_ARRIVED = "distcomm/torch-group/arrived/"
+
+
+def _arrive(store: Any, comm: Communicator, address: tuple[str, int], timeout: float) -> None:
+    """Every rank says it reached the store; rank 0, which serves it, waits for them all, so
+    that it never ends the server (a ``finalize`` right after) before a slow rank connected.
+
+    Raises:
+        DistTimeoutError: on rank 0, ranks that did not reach the store within ``timeout``
+            seconds (named).
+    """
+    store.set(f"{_ARRIVED}{comm.rank}", b"1")
+    if comm.rank != 0:
+        return
+    keys = [f"{_ARRIVED}{r}" for r in range(comm.world_size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=min(timeout, 10**8)))
+    except RuntimeError as exc:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise DistTimeoutError(
+            f"init(torch_group='distcomm'): ranks {missing} did not reach the store of torch's "
+            f"default group at {address[0]}:{address[1]} within {timeout:g} s. HINT: check "
+            "that they are running and can reach rank 0; raise init(timeout=...) if they are "
+            "slow.",
+            op="init",
+            seq=0,
+            group=f"torch's store at {address[0]}:{address[1]}",
+            missing_ranks=missing,
+        ) from exc
+
+
 class TorchDefaultGroup:
     """torch's default process group made by :func:`make`; ``finalize`` destroys it."""
 
-    def __init__(self, group: DistcommProcessGroup) -> None:
+    def __init__(self, group: DistcommProcessGroup, address: Any = None) -> None:
         #: torch's default group (``torch.distributed.group.WORLD``).
         self.group = group
+        #: Where its store is served (host, port); None for a HashStore or the engine's store.
+        self.address: tuple[str, int] | None = None if address is None else tuple(address)
 
     def finalize(self) -> None:
         """Destroy torch's default group (and its subgroups) if it is still this one."""
@@ -524,11 +559,17 @@ def begin(store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -
         _making.pop()
 
 
-def make(comm: Communicator, address: tuple[str, int] | None, timeout: float) -> Any:
+def make(
+    comm: Communicator, host: str | None, share: Callable[[Any], Any], timeout: float
+) -> TorchDefaultGroup:
     """Make torch's default process group a :class:`DistcommProcessGroup` over ``comm``.
 
     torch's default group keeps a store, for code that reads it (``_get_default_store``): a
-    TCPStore served by rank 0 at ``address`` (a world of 1: a HashStore).
+    TCPStore that rank 0 serves at ``host`` on a free port that ``share`` (rank 0's value on
+    every rank, over ``comm``) tells the others, met as the gloo backend meets its own
+    (:func:`distcomm_torch.rendezvous.open_store`: loopback only for a one-node job, the
+    others waiting for rank 0's server, each rank claimed once). ``host`` None (a world of 1):
+    a HashStore.
 
     Returns:
         A :class:`TorchDefaultGroup`, whose ``finalize`` destroys the group.
@@ -545,14 +586,16 @@ def make(comm: Communicator, address: tuple[str, int] | None, timeout: float) ->
             "torch.distributed.destroy_process_group() before distcomm.init()."
         )
     span = datetime.timedelta(seconds=min(timeout, 10**8))
-    store: Any
-    if address is None:
+    store: Any = None
+    address = None
+    if host is None:
         store = dist.HashStore()  # type: ignore[attr-defined]
     else:
-        host, port = address
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            host, port, comm.world_size, comm.rank == 0, timeout=span, wait_for_workers=False
-        )
+        from distcomm_torch.rendezvous import open_store  # it imports the engines
+
+        address = share((host, free_port(host)) if comm.rank == 0 else None)
+        store = open_store(NAME, comm.launch, address[0], address[1], timeout)
+        _arrive(store, comm, address, timeout)
     _making.append(comm)
     try:
         dist.init_process_group(
@@ -562,4 +605,4 @@ def make(comm: Communicator, address: tuple[str, int] | None, timeout: float) ->
         _making.pop()
     group = dist.group.WORLD
     assert isinstance(group, DistcommProcessGroup), "torch made the group with our creator"
-    return TorchDefaultGroup(group)
+    return TorchDefaultGroup(group, address)
