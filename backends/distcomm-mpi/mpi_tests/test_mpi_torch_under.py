@@ -288,3 +288,31 @@ def test_the_program_may_call_init_process_group_itself() -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         distcomm.finalize()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_slow_to_reach_torch_s_store_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last rank reaches torch's store 1 s late, and every rank finalizes at once: rank 0,
+    which serves the store, waits for it (else the late rank retried for half an hour)."""
+    import time
+
+    from distcomm_torch import rendezvous
+
+    distcomm.finalize()
+    late = dist.get_world_size() if dist.is_initialized() else None
+    assert late is None, "a torch default group was left by an earlier test"
+    opened = rendezvous.open_store
+
+    def slowly(*args: object, **kwargs: object) -> object:
+        if args[1].rank == args[1].world_size - 1:  # type: ignore[attr-defined]
+            time.sleep(1.0)
+        return opened(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rendezvous, "open_store", slowly)
+    started = time.monotonic()
+    distcomm.init(backend="mpi", torch_group="distcomm", timeout=20)
+    distcomm.finalize()
+    assert not dist.is_initialized()
+    assert time.monotonic() - started < 15, "a rank waited for a store that had gone"
