@@ -172,12 +172,6 @@ def _over(
             reason=why,
         )
     launch = getattr(comm, "launch", launch)  # a torch engine's has its rendezvous
-    if launch.method == "threads" and comm.world_size > 1:
-        raise InvalidArgumentError(
-            "init(torch_group='distcomm'): the ranks are threads of one process, and torch has "
-            "one default process group a process. HINT: run the ranks as processes (distcomm "
-            "run -n N), or torch_group=False."
-        )
     host = None
     if comm.world_size > 1 and _default_group() is None:  # else the engine's store is its
         host = _host(launch)

@@ -295,7 +295,8 @@ def test_a_rank_slow_to_reach_torch_s_store_is_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The last rank reaches torch's store 1 s late, and every rank finalizes at once: rank 0,
-    which serves the store, waits for it (else the late rank retried for half an hour)."""
+    which serves the store, waits for it (``rendezvous.wait_for_all``; else the late rank
+    retried for half an hour)."""
     import time
 
     from distcomm_torch import rendezvous

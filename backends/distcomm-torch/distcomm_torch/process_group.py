@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from distcomm import DistcommError, DistTimeoutError, InvalidArgumentError
+from distcomm import DistcommError, InvalidArgumentError
 from distcomm.backend import free_port
 from distcomm.protocol import Communicator, NonMember, ReduceOp, Work
 
@@ -452,38 +452,6 @@ def torch_makes_groups() -> Iterator[None]:
         _torch_makes.pop()
 
 
-#: The store's key of each rank that reached it (``_arrive``).
-_ARRIVED = "distcomm/torch-group/arrived/"
-
-
-def _arrive(store: Any, comm: Communicator, address: tuple[str, int], timeout: float) -> None:
-    """Every rank says it reached the store; rank 0, which serves it, waits for them all, so
-    that it never ends the server (a ``finalize`` right after) before a slow rank connected.
-
-    Raises:
-        DistTimeoutError: on rank 0, ranks that did not reach the store within ``timeout``
-            seconds (named).
-    """
-    store.set(f"{_ARRIVED}{comm.rank}", b"1")
-    if comm.rank != 0:
-        return
-    keys = [f"{_ARRIVED}{r}" for r in range(comm.world_size)]
-    try:
-        store.wait(keys, datetime.timedelta(seconds=min(timeout, 10**8)))
-    except RuntimeError as exc:
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
-        raise DistTimeoutError(
-            f"init(torch_group='distcomm'): ranks {missing} did not reach the store of torch's "
-            f"default group at {address[0]}:{address[1]} within {timeout:g} s. HINT: check "
-            "that they are running and can reach rank 0; raise init(timeout=...) if they are "
-            "slow.",
-            op="init",
-            seq=0,
-            group=f"torch's store at {address[0]}:{address[1]}",
-            missing_ranks=missing,
-        ) from exc
-
-
 class TorchDefaultGroup:
     """torch's default process group made by :func:`make`; ``finalize`` destroys it."""
 
@@ -591,11 +559,13 @@ def make(
     if host is None:
         store = dist.HashStore()  # type: ignore[attr-defined]
     else:
-        from distcomm_torch.rendezvous import open_store  # it imports the engines
+        from distcomm_torch import rendezvous  # it imports the engines
 
         address = share((host, free_port(host)) if comm.rank == 0 else None)
-        store = open_store(NAME, comm.launch, address[0], address[1], timeout)
-        _arrive(store, comm, address, timeout)
+        store = rendezvous.open_store(NAME, comm.launch, address[0], address[1], timeout)
+        if comm.rank == 0:  # a slow rank must find the server still there
+            where = f"{address[0]}:{address[1]}"
+            rendezvous.wait_for_all(NAME, comm.launch, store, where, timeout)
     _making.append(comm)
     try:
         dist.init_process_group(

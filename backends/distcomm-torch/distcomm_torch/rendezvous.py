@@ -36,7 +36,7 @@ from distcomm.backend.engine_messages import engine_said
 from distcomm.errors import DistcommError
 from distcomm_torch.communicator import torch_timeout
 
-__all__ = ["confirm", "failed", "open_store", "overrun_guard"]
+__all__ = ["confirm", "failed", "open_store", "overrun_guard", "wait_for_all"]
 
 _ARRIVED = "distcomm/arrived/"
 _CLAIMED = "distcomm/claimed/"
@@ -110,6 +110,30 @@ def open_store(name: str, launch: LaunchInfo, addr: str, port: int, timeout: flo
         return attempt
     store.set(f"{_ARRIVED}{launch.rank}", "1")
     return store
+
+
+def wait_for_all(name: str, launch: LaunchInfo, store: Any, where: str, timeout: float) -> None:
+    """On rank 0, which serves ``store``: wait until every rank has reached it (each marks its
+    arrival in :func:`open_store`), so that the server is never ended (a ``finalize`` right
+    after) before a slow rank connected, which would then retry until its timeout.
+
+    Raises:
+        DistTimeoutError: ranks that did not arrive within ``timeout`` seconds (named).
+    """
+    keys = [f"{_ARRIVED}{r}" for r in range(launch.world_size)]
+    try:
+        store.wait(keys, torch_timeout(timeout))
+    except RuntimeError as exc:
+        missing = _not_arrived(store, launch.world_size)
+        raise DistTimeoutError(
+            f"{name}: ranks {missing} did not reach the rendezvous at {where} within "
+            f"{timeout:g} s. HINT: check that they are running and can reach rank 0; raise "
+            "init(timeout=...) if they are slow.",
+            op="init",
+            seq=0,
+            group=f"rendezvous at {where}",
+            missing_ranks=missing or [],
+        ) from exc
 
 
 def _loopback_socket(addr: str, port: int) -> int | None:
