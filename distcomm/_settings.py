@@ -264,6 +264,20 @@ _DECLARED = (
         "sample",
     ),
     Setting(
+        "DISTCOMM_NODE_MEMORY",
+        "whether CPU tensors and large objects of a one-node group move through node memory on "
+        "engines without shared memory of their own (gloo, zmq): `auto` (default), `off` (the "
+        "engine carries everything) or `require` (a group that cannot use it raises; for tests) "
+        "([docs/backends.md](docs/backends.md#node-memory))",
+        _choice(
+            ("auto", "off", "require"),
+            "a node-memory policy",
+            "'auto' (the default) uses node memory where a group's ranks proved they share this "
+            "node; 'off' keeps the engine; 'require' raises where a group cannot use it.",
+        ),
+        "auto",
+    ),
+    Setting(
         "DISTCOMM_OBJECTS",
         "how a rank unpickles a peer's objects: `restricted` (default: only the allow-list) or "
         "`pickle` (anything: every rank trusted; [docs/security.md](docs/security.md))",

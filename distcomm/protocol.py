@@ -78,10 +78,11 @@ class Capabilities:
             being silently swapped; tag 0 works, messages matching in the order they are sent.
         subgroup_split: whether a sub-communicator can itself be split (``new_group(...,
             group=g)``, ``g.split``); engines whose groups are made by the whole world cannot.
-        node_memory: whether large object payloads may go through node memory when every
-            rank is a process of one node; False where the engine's own transfer is as fast
-            there (MPI's shared-memory transport: a 16 MiB broadcast_object at 2 ranks took
-            2.5 ms through it, 3.9 ms through node memory).
+        node_memory: whether CPU tensors and large object payloads may go through node
+            memory when every rank of a group is a process of one node (docs/backends.md,
+            "Node memory"); False where the engine has a shared-memory path of its own (MPI's:
+            a 16 MiB broadcast_object at 2 ranks took 2.5 ms through it, 3.9 ms through node
+            memory).
     """
 
     ops: frozenset[str] = ALL_OPS

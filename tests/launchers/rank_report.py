@@ -39,6 +39,8 @@ def main() -> None:
         "host": socket.gethostname(),
         "sum": distcomm.all_reduce(comm.rank + 1),
         "hosts": distcomm.all_gather_object(socket.gethostname()),
+        # whether the world's CPU tensors moved through node memory (docs/backends.md)
+        "node_memory": getattr(getattr(comm, "_node", None), "calls", 0) > 0,
     }
     distcomm.finalize()
     Path(out, f"rank-{report['rank']}.json").write_text(json.dumps(report))

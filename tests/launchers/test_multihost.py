@@ -156,4 +156,7 @@ def test_gloo_rendezvous_across_two_hosts(hosts: Hosts, tmp_path: Path) -> None:
         assert seen["master_addr"] == "dcnode0" and seen["host"] == hosts.hosts[node]
         assert seen["hosts"] == expected_hosts
         assert seen["sum"] == sum(range(1, NODES * PER_NODE + 1))
-    assert hosts.received(1) > 10_000  # the rendezvous and the collectives crossed the link
+        # the namespaces are two hosts to the network, but one machine's memory: the ranks
+        # prove it (they map rank 0's segment) and the world's tensors go through node memory
+        assert seen["node_memory"], f"rank {rank}: the world kept Gloo on one machine"
+    assert hosts.received(1) > 10_000  # the rendezvous crossed the link

@@ -63,11 +63,12 @@ def over(
     capabilities: Capabilities | None = None,
 ) -> BaseCommunicator:
     """The communicator of ``rank`` of ``world_size`` over ``engine`` (the kit binds it), with
-    ``capabilities`` (default: every one, as fakelink's)."""
+    ``capabilities`` (default: every one, as fakelink's, but node memory: its proof is a
+    collective that a stand-in engine in one process cannot make)."""
     return BaseCommunicator(
         engine,
         backend=backend,
-        capabilities=Capabilities() if capabilities is None else capabilities,
+        capabilities=Capabilities(node_memory=False) if capabilities is None else capabilities,
         rank=rank,
         world_size=world_size,
         launch=launch,

@@ -29,6 +29,7 @@ NCCL = Capabilities(
     reduce_ops=frozenset({"SUM", "PRODUCT", "MIN", "MAX", "AVG"}),
     any_source=False,
     p2p_tags=False,  # ProcessGroupNCCL ignores tags: messages match in the order they are posted
+    node_memory=False,  # its tensors are on GPUs; its objects travel on a Gloo side group
 )
 
 

@@ -1,5 +1,7 @@
 """The conformance suite on gloo, through the kit a plugin author runs: ``distcomm run -n N -m
-pytest --pyargs distcomm.testing.conformance --distcomm-backend=gloo`` at N = 1, 2 and 4."""
+pytest --pyargs distcomm.testing.conformance --distcomm-backend=gloo`` at N = 1, 2 and 4, with
+node memory (docs/backends.md#node-memory) forced on (``DISTCOMM_NODE_MEMORY=require``: a group
+that cannot use it fails) and off (Gloo carries every call)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ from distcomm.testing.conformance import CHECKS
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs", [1, 2, 4])
-def test_gloo_passes_the_conformance_kit(nprocs: int) -> None:
+@pytest.mark.parametrize(
+    ("nprocs", "node_memory"),
+    [(1, "auto"), (2, "require"), (2, "off"), (4, "require"), (4, "off")],
+)
+def test_gloo_passes_the_conformance_kit(nprocs: int, node_memory: str) -> None:
     kit = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs"]
     kit += ["distcomm.testing.conformance", "--distcomm-backend=gloo"]
-    done = run_job([sys.executable, "-m", "distcomm", "run", "-n", str(nprocs), *kit], timeout=280)
+    command = [sys.executable, "-m", "distcomm", "run", "-n", str(nprocs), *kit]
+    done = run_job(command, timeout=280, env={"DISTCOMM_NODE_MEMORY": node_memory})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     passed = re.findall(rf"\[rank (\d+)\] {len(CHECKS)} passed in ", done.stdout)
     assert sorted(map(int, passed)) == list(range(nprocs)), done.stdout[-4000:]

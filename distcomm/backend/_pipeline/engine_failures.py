@@ -14,7 +14,7 @@ the error shows their Python stacks (:mod:`distcomm.backend.stacks`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distcomm import _divergence as divergence
@@ -65,7 +65,13 @@ class Failures:
 
     # -- for backends ----------------------------------------------------------------------------
     def timed_out(
-        self, op: str, seq: int | None, limit: float, waiting_for: str = "", stalled: str = ""
+        self,
+        op: str,
+        seq: int | None,
+        limit: float,
+        waiting_for: str = "",
+        stalled: str = "",
+        ended: Sequence[int] = (),
     ) -> DistTimeoutError | CollectiveMismatchError:
         """Retire this communicator after ``op`` did not complete within ``limit`` seconds and
         return the error to raise; under ``DISTCOMM_ON_TIMEOUT=abort``, end the job instead.
@@ -81,6 +87,9 @@ class Failures:
             waiting_for: what a point-to-point operation waited for ("a message from rank 1").
             stalled: why the operation can never complete, when the engine knows it before
                 the timeout (an in-process world where every rank waits).
+            ended: the ranks the operation waited for whose process has ended, where the
+                engine knows them (node memory's pidfds): they are named at once, without
+                asking the others out of band.
         """
         behalf = self._checking_for
         if behalf is not None:
@@ -89,7 +98,7 @@ class Failures:
                 behalf.op, behalf.seq, limit, waiting_for, stalled
             )
             return told
-        error, message = self.timeout_error(op, seq, limit, waiting_for, stalled)
+        error, message = self.timeout_error(op, seq, limit, waiting_for, stalled, ended=ended)
         if aborts.on_timeout() == "abort":
             self._abort_job(f"distcomm: rank {self._rank}: {message} (DISTCOMM_ON_TIMEOUT=abort)")
         return error
@@ -104,6 +113,7 @@ class Failures:
         *,
         label: str = "",
         consequence: str = "",
+        ended: Sequence[int] = (),
     ) -> tuple[DistTimeoutError | CollectiveMismatchError, str]:
         """The one builder of a timeout's error and message: retire this communicator, find
         the ranks that had not arrived (their stacks), or the mismatch that kept them apart.
@@ -116,12 +126,19 @@ class Failures:
             label: what is named instead of ``op (operation #seq)`` (a Work: "irecv from
                 rank 1").
             consequence: a sentence said before the HINT ("MPI cannot cancel it, ...").
+            ended: as for :meth:`timed_out`.
 
         Returns:
             The error, and the message to print for it (the mismatch's, after the operation).
         """
         label = label or _label(op, seq)
-        found = self.diagnose(seq, waiting_for)
+        if ended:
+            gone = sorted(ended)
+            found = Diagnosis(
+                gone, f"ranks that had not arrived: {gone} (their process ended)", {}, " "
+            )
+        else:
+            found = self.diagnose(seq, waiting_for)
         late = (
             f"can never complete ({stalled})"
             if stalled

@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from distcomm import _unpickling
+from distcomm import _settings, _unpickling
 from distcomm._object_codec import (
     ALIGN,
     DIRECT_BYTES,
@@ -345,6 +345,7 @@ def _offer(
         and size >= node.NODE_BYTES
         and comm.capabilities.node_memory
         and (shared := node.local(comm)) is not False
+        and _settings.read("DISTCOMM_NODE_MEMORY") != "off"
     ):
         where = None
         if shared:

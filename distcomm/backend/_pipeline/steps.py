@@ -27,7 +27,7 @@ from time import time as _wall
 from typing import TYPE_CHECKING, Any
 
 from distcomm._call_sites import user_site
-from distcomm.backend._pipeline import mismatch_check, observing, recording
+from distcomm.backend._pipeline import mismatch_check, node_collectives, observing, recording
 from distcomm.backend._pipeline.arguments import ArgumentChecks
 from distcomm.backend._pipeline.defaults import Defaults
 from distcomm.backend._pipeline.engine_failures import Failures
@@ -115,6 +115,7 @@ class Steps(ArgumentChecks, Failures, Defaults):
         "_native_dtypes",
         "_native_ops",
         "_next_check",
+        "_node",
         "_pending",
         "_plans",
         "_rank",
@@ -230,6 +231,13 @@ class Steps(ArgumentChecks, Failures, Defaults):
         self._thread = threading.get_ident()
         #: The kinds of call the pipeline took, their plans and fingerprints
         #: (:mod:`~distcomm.backend._pipeline.plans`).
+        #: CPU tensor collectives through node memory, where the engine has no such path
+        #: (:mod:`~distcomm.backend._pipeline.node_collectives`): its methods stand for the
+        #: engine's, and hand it the calls they do not take.
+        self._node = node_collectives.over(self)
+        if self._node is not None:
+            for name, method in self._node.methods().items():
+                setattr(self, "_" + name, method)
         self._plans = Plans(self._plan, self._barrier_plan, self._global_ranks, self._rank)
         self._last_kind = self._plans.last  # the same dict for its life: read on every call
         self.debug = mismatch_check.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
@@ -243,6 +251,8 @@ class Steps(ArgumentChecks, Failures, Defaults):
         bind = getattr(engine, "bind", None)
         if bind is not None:
             bind(self)
+        if self._node is not None:  # every member makes the communicator at once
+            self._node.prove()
 
     def _use(self, engine: Any) -> None:
         """Bind ``engine``'s methods to this communicator's ``_`` names (``self._all_reduce``

@@ -16,9 +16,13 @@ from distcomm.testing.conformance import CHECKS
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python *args`` from the repository's root, as a user's shell would start it."""
+def run(
+    *args: str, timeout: float = 240, node_memory: str = "auto"
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` from the repository's root, as a user's shell would start it (with
+    ``DISTCOMM_NODE_MEMORY=node_memory``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
+    env["DISTCOMM_NODE_MEMORY"] = node_memory
     return subprocess.run(
         [sys.executable, *args],
         cwd=ROOT,
@@ -31,11 +35,15 @@ def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
-def test_the_conformance_kit_passes(nprocs: int) -> None:
+@pytest.mark.parametrize(
+    ("nprocs", "node_memory"), [(1, "auto"), (2, "require"), (3, "off"), (4, "require")]
+)
+def test_the_conformance_kit_passes(nprocs: int, node_memory: str) -> None:
+    """Node memory (docs/backends.md#node-memory) forced on at 2 and 4 ranks, off at 3."""
     kit = ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
     kit += ["--pyargs", "distcomm.testing.conformance"]
-    done = run("-m", "distcomm", "run", "-n", str(nprocs), *kit, "--distcomm-backend=zmq")
+    command = ("-m", "distcomm", "run", "-n", str(nprocs), *kit, "--distcomm-backend=zmq")
+    done = run(*command, node_memory=node_memory)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     for rank in range(nprocs):  # pytest's last line on every rank: every check passed
         assert f"[rank {rank}] {len(CHECKS)} passed in " in done.stdout, done.stdout[-4000:]
