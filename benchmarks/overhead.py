@@ -48,7 +48,7 @@ def main() -> None:
     comm = BaseCommunicator(  # rank 0 of a world of 2 whose engine does nothing
         NullEngine(),
         backend="null",
-        capabilities=Capabilities(),
+        capabilities=Capabilities(node_memory=False),  # one process: nothing to prove
         rank=0,
         world_size=2,
         launch=LaunchInfo("env", 0, 2, 0, 2, 0, 1),

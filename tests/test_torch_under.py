@@ -24,7 +24,7 @@ LATE = 1
 @pytest.mark.usefixtures("aborted_mpich_job")
 @pytest.mark.parametrize(
     ("launcher", "backend", "engine_future"),
-    [("distcomm run", "gloo", True), ("distcomm run", "zmq", False), ("mpirun", "mpi", False)],
+    [("distcomm run", "gloo", True), ("distcomm run", "zmq", True), ("mpirun", "mpi", False)],
     ids=["gloo", "zmq", "mpirun-mpi"],
 )
 def test_torch_s_groups_over_distcomm_under_a_launcher(
@@ -34,9 +34,10 @@ def test_torch_s_groups_over_distcomm_under_a_launcher(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    """``engine_future``: whether the engine's Work has torch's future (gloo's), so that torch
-    gets an all-reduce's work started, completing with it (DDP overlaps its backward), instead
-    of done when it returns."""
+    """``engine_future``: whether the engine's Work has torch's future (gloo's; on one node,
+    gloo's and zmq's all-reduces go through node memory, whose worker completes one), so that
+    torch gets an all-reduce's work started, completing with it (DDP overlaps its backward),
+    instead of done when it returns."""
     if launcher == "mpirun":
         command = [request.getfixturevalue("mpirun"), "-n", "2", sys.executable]
     else:

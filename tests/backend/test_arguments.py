@@ -36,7 +36,7 @@ def comm() -> BaseCommunicator:
     return BaseCommunicator(
         Probe(),
         backend="probe",
-        capabilities=Capabilities(),
+        capabilities=Capabilities(node_memory=False),  # a probe in one process: no proof
         rank=1,
         world_size=3,
         launch=LaunchInfo("env", 1, 3, 1, 3, 0, 1),

@@ -75,6 +75,9 @@ def test_a_call_into_distcomm_shows_as_its_first_frame() -> None:
     def rank() -> str:
         if distcomm.get_rank() == 1:
             for _ in range(200):  # until rank 0 is inside the barrier
+                if not peer:  # rank 0 has not started yet
+                    threading.Event().wait(0.01)
+                    continue
                 text = stacks.where(thread=peer[0])
                 if "in barrier" in text:
                     distcomm.barrier()

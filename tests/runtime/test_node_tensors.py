@@ -103,7 +103,8 @@ def test_a_rank_killed_mid_collective_is_named_and_nothing_is_left(
         waited, error = report.read_text().split("\n", 1)
         assert error.startswith("DistTimeoutError: "), error
         assert "can never complete (the process of rank 1 (pid " in error, error
-        assert float(waited) < 0.3 + 1.0, f"rank {rank} took {waited} s to see rank 1 die"
+        # at once, then the others asked out of band whether the ranks parted (a few seconds)
+        assert float(waited) < 0.3 + 8.0, f"rank {rank} took {waited} s to see rank 1 die"
     assert dev_shm_names() <= shm_before, "left in /dev/shm"
     left = {n for n in set(os.listdir("/tmp")) - tmp_before if "distcomm" in n or "torch" in n}
     assert not left, f"left in /tmp: {left}"

@@ -180,10 +180,14 @@ def mismatched() -> str:
 def slow_rank(timeout: float) -> str:
     """Rank 1 comes after the group's ``timeout``: the others raise DistTimeoutError naming it;
     rank 1 too, then (nobody waits for it). Returns the error and the seconds waited."""
-    group = distcomm.new_group(list(range(distcomm.get_world_size())))
+    world = distcomm.get_communicator()
+    saved, world.timeout = world.timeout, timeout
+    try:  # a group takes its parent's timeout when it is made
+        group = distcomm.new_group(list(range(world.world_size)))
+    finally:
+        world.timeout = saved
     x = torch.ones(1000)
-    distcomm.all_reduce(x, group=group)  # proved
-    group.timeout = timeout
+    distcomm.all_reduce(x, group=group)
     if distcomm.get_rank() == 1:
         time.sleep(timeout * 2.5)
     start = time.monotonic()

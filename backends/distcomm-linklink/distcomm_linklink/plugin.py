@@ -21,6 +21,7 @@ LINKLINK_CAPABILITIES = Capabilities(
     any_source=False,
     p2p=False,
     subgroup_split=False,
+    node_memory=False,  # linklink moves GPU memory; node memory carries CPU tensors only
 )
 _NAMES = ("linklink", "spring.linklink")
 

@@ -28,7 +28,7 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -535,10 +535,7 @@ def never_sent(workdir: str) -> dict[str, Any]:
 
 # -- the tests ----------------------------------------------------------------------------------
 def _run(
-    factory: pytest.TempPathFactory,
-    world: Callable[..., WarmWorld],
-    fn: Callable[..., Any],
-    timeout: float,
+    factory: pytest.TempPathFactory, world: WarmWorld, fn: Callable[..., Any], timeout: float
 ) -> list[dict[str, Any]]:
     """``fn``'s results on 2 gloo ranks, with no DISTCOMM_* setting of the caller's and the
     module's short timeout."""
@@ -548,23 +545,29 @@ def _run(
             if name.startswith("DISTCOMM_"):
                 env.delenv(name)
         env.setenv("DISTCOMM_TIMEOUT", str(TIMEOUT))
-        return world(2).run(fn, str(workdir), timeout=timeout)
+        # Gloo's plans, not node memory's (docs/backends.md#node-memory): read by the ranks
+        # when the world starts, at its first run
+        env.setenv("DISTCOMM_NODE_MEMORY", "off")
+        return world.run(fn, str(workdir), timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def ranks(
-    tmp_path_factory: pytest.TempPathFactory, warm_world: Callable[..., WarmWorld]
-) -> list[dict[str, Any]]:
+def gloo_world() -> Iterator[WarmWorld]:
+    """2 gloo ranks whose collectives Gloo carries (node memory off), for this module."""
+    with WarmWorld(2, backend="gloo") as world:
+        yield world
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory, gloo_world: WarmWorld) -> list[dict[str, Any]]:
     """The program's results on ranks 0 and 1 (one run for the module)."""
-    return _run(tmp_path_factory, warm_world, program, 120)
+    return _run(tmp_path_factory, gloo_world, program, 120)
 
 
 @pytest.fixture(scope="module")
-def silent(
-    tmp_path_factory: pytest.TempPathFactory, warm_world: Callable[..., WarmWorld]
-) -> list[dict[str, Any]]:
+def silent(tmp_path_factory: pytest.TempPathFactory, gloo_world: WarmWorld) -> list[dict[str, Any]]:
     """:func:`never_sent`'s results on ranks 0 and 1 (a run of its own)."""
-    return _run(tmp_path_factory, warm_world, never_sent, 60)
+    return _run(tmp_path_factory, gloo_world, never_sent, 60)
 
 
 def said(check: dict[str, Any]) -> list[tuple[str, Any]]:

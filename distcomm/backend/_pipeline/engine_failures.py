@@ -88,8 +88,8 @@ class Failures:
             stalled: why the operation can never complete, when the engine knows it before
                 the timeout (an in-process world where every rank waits).
             ended: the ranks the operation waited for whose process has ended, where the
-                engine knows them (node memory's pidfds): they are named at once, without
-                asking the others out of band.
+                engine knows them (node memory's pidfds): they are named as the ranks that
+                had not arrived, without asking for their stacks.
         """
         behalf = self._checking_for
         if behalf is not None:
@@ -132,11 +132,12 @@ class Failures:
             The error, and the message to print for it (the mismatch's, after the operation).
         """
         label = label or _label(op, seq)
-        if ended:
-            gone = sorted(ended)
-            found = Diagnosis(
-                gone, f"ranks that had not arrived: {gone} (their process ended)", {}, " "
-            )
+        if ended:  # no stacks to ask of an ended process; its last words may show a mismatch
+            found = self.diagnose(seq, waiting_for, show_stacks=False)
+            if found.mismatch is None:
+                gone = sorted(ended)
+                detail = f"ranks that had not arrived: {gone} (their process ended)"
+                found = Diagnosis(gone, detail, {}, " ")
         else:
             found = self.diagnose(seq, waiting_for)
         late = (

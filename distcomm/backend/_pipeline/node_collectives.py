@@ -145,6 +145,9 @@ class Transport:
     def __init__(self, comm: BaseCommunicator, required: bool) -> None:
         self.comm = comm
         self.required = required
+        #: The seconds a wait gives the other ranks: the group's timeout when it was made, as
+        #: an engine's (Gloo's) is fixed then.
+        self.timeout = comm.timeout
         #: The engine's methods as the communicator had bound them (None: the engine lacks it).
         self.engine: dict[str, Any] = {name: getattr(comm, "_" + name, None) for name in SERVED}
         #: The group's segment once proved; else why not (:data:`_NOT_PROVED` before the proof).
@@ -158,14 +161,20 @@ class Transport:
         self._idle = threading.Condition()
         self._pending = 0  # calls given to the worker and not finished
 
+    @property
+    def proved(self) -> bool:
+        """Whether the group proved it shares this node (its calls can go through memory)."""
+        return isinstance(self.segment, Segment)
+
     def methods(self) -> dict[str, Callable[..., Any]]:
         """What the communicator binds in place of its engine's methods (:data:`SERVED`;
         ``plan`` and ``finalize`` even where the engine has none)."""
         return {name: getattr(self, name) for name in SERVED}
 
-    def prove(self) -> None:
+    def prove(self) -> bool:
         """Collective, once, when the communicator is made: whether its ranks share this node
-        (:func:`~.node_segment.prove`); the answer is logged, and raised under ``require``."""
+        (:func:`~.node_segment.prove`); the answer is logged, and raised under ``require``.
+        False: the communicator binds its engine's methods again (this transport unused)."""
         comm = self.comm
         all_gather, broadcast = self.engine["all_gather_into"], self.engine["broadcast"]
         found = node_segment.prove(
@@ -180,7 +189,7 @@ class Transport:
                 "map one segment)",
                 comm.describe(),
             )
-            return
+            return True
         logger.info("node memory: %s keeps its engine: %s", comm.describe(), found)
         if self.required:
             raise NotSupportedError(
@@ -188,6 +197,7 @@ class Transport:
                 f"memory: {found}. HINT: unset DISTCOMM_NODE_MEMORY (auto) to let the "
                 "engine carry this group's calls."
             )
+        return False
 
     # -- which calls, and where they run -----------------------------------------------------------
     def _takes(self, op: str, *arrays: Any, reduce_op: ReduceOp | None = None) -> Any:
@@ -253,6 +263,7 @@ class Transport:
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
+            del job, move, args, done, future  # the caller's arrays: not kept past the call
 
     # -- the engine methods ------------------------------------------------------------------------
     def all_reduce(self, tensor: Any, op: ReduceOp, async_op: bool) -> Any:
@@ -344,32 +355,24 @@ class Transport:
         if _size(x) < THRESHOLDS[engine_op] or _size(x) == 0:
             return None
         plain, sums = _PLAIN[kind], ReduceOp.SUM
+        # what the call writes must be writable (a read-only numpy array: the pipeline refuses
+        # it, naming it); a rank's read-only input is read as it is
+        mine = self.comm.rank
+        writes = mine != root if op == "broadcast" else (op != "reduce" or mine == root)
 
-        if op == "all_reduce":
-
-            def run(x: Any, y: Any) -> None:
-                if not plain(x):
-                    raise NotPlanned
-                self._run(False, self._reduce, kind, x, sums, None)
-
-        elif op == "reduce":
-
-            def run(x: Any, y: Any) -> None:
-                if not plain(x):
-                    raise NotPlanned
-                self._run(False, self._reduce, kind, x, sums, root)
-
-        elif op == "broadcast":
+        if op in ("all_reduce", "reduce", "broadcast"):
+            move = self._broadcast if op == "broadcast" else self._reduce
+            extra = (root,) if op == "broadcast" else (sums, root)
 
             def run(x: Any, y: Any) -> None:
-                if not plain(x):
+                if not plain(x) or (writes and not _writable(x)):
                     raise NotPlanned
-                self._run(False, self._broadcast, kind, x, root)
+                self._run(False, move, kind, x, *extra)
 
         elif op == "all_gather_into_tensor":
 
             def run(x: Any, y: Any) -> None:
-                if not (plain(x) and plain(y)):
+                if not (plain(x) and plain(y) and _writable(y)):
                     raise NotPlanned
                 self._run(False, self._all_gather, kind, y, x)
 
@@ -378,7 +381,7 @@ class Transport:
             how = sums if reduces else None
 
             def run(x: Any, y: Any) -> None:
-                if not (plain(x) and plain(y)):
+                if not (plain(x) and plain(y) and _writable(y)):
                     raise NotPlanned
                 self._run(False, self._exchange, kind, name, y, x, how)
 
@@ -417,7 +420,7 @@ class Transport:
         segment.arrive(descriptor)
         comm, (op, seq) = self.comm, label
         segment.wait(
-            comm.timeout,
+            self.timeout,
             lambda limit, stalled, ended: comm.timed_out(op, seq, limit, "", stalled, ended),
         )
         if descriptor is not None:
@@ -614,12 +617,11 @@ def _torch_plain(x: Any) -> bool:
 
 
 def _numpy_plain(x: Any) -> bool:
-    flags = x.flags
-    return bool(flags.c_contiguous and flags.writeable)
+    return bool(x.flags.c_contiguous)  # (read-only: a root's input, the same path as the others')
 
 
 def _bytes_plain(x: Any) -> bool:
-    return isinstance(x, bytearray)
+    return isinstance(x, bytearray) or memoryview(x).c_contiguous
 
 
 #: Whether an array of each kind is memory the transport moves as it is.
@@ -628,6 +630,14 @@ _PLAIN: dict[str, Callable[[Any], bool]] = {
     "numpy": _numpy_plain,
     "bytes": _bytes_plain,
 }
+
+
+def _writable(x: Any) -> bool:
+    """Whether the call may write into ``x`` (a numpy array's flag; bytes: not read-only)."""
+    flags = getattr(x, "flags", None)
+    if flags is not None:
+        return bool(flags.writeable)
+    return isinstance(x, bytearray) or not isinstance(x, (bytes, memoryview)) or not x.readonly
 
 
 def _bytes(kind: str, x: Any) -> Any:
@@ -640,7 +650,7 @@ def _bytes(kind: str, x: Any) -> Any:
         import numpy
 
         return x.reshape(-1).view(numpy.uint8)
-    return memoryview(x)
+    return memoryview(x).cast("B")
 
 
 def _size(x: Any) -> int:
@@ -649,7 +659,7 @@ def _size(x: Any) -> int:
 
 
 def _dtype(x: Any) -> str:
-    return "uint8" if isinstance(x, bytearray) else adapter_for(x).dtype(x)
+    return "uint8" if isinstance(x, (bytearray, memoryview)) else adapter_for(x).dtype(x)
 
 
 def _row(descriptor: tuple[int, int, int]) -> dict[str, object]:

@@ -251,8 +251,11 @@ class Steps(ArgumentChecks, Failures, Defaults):
         bind = getattr(engine, "bind", None)
         if bind is not None:
             bind(self)
-        if self._node is not None:  # every member makes the communicator at once
-            self._node.prove()
+        if self._node is not None and not self._node.prove():  # (collective: every member
+            # makes the communicator at once) the group keeps its engine: its methods again
+            for name, method in self._node.engine.items():
+                setattr(self, "_" + name, method)
+            self._plans.ask_through(self._plan)
 
     def _use(self, engine: Any) -> None:
         """Bind ``engine``'s methods to this communicator's ``_`` names (``self._all_reduce``
@@ -285,6 +288,13 @@ class Steps(ArgumentChecks, Failures, Defaults):
         """Whether the kit's votes (``_control_isend``) travel here: the engine's own, or its
         point-to-point messages (the engine set ``control_isend`` to None: none)."""
         return self._control
+
+    @property
+    def node_memory(self) -> bool:
+        """Whether this group's CPU tensor collectives go through node memory: its engine has
+        no shared-memory path of its own and its ranks proved, when it was made, that they
+        share this node (docs/backends.md, "Node memory")."""
+        return self._node is not None and self._node.proved
 
     @property
     def world_of_one_shortcut(self) -> bool:
