@@ -192,6 +192,15 @@ def run_job(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> s
     return out + "\n" + err
 
 
+def marked(out: str, marker: str, what: str) -> Any:
+    """The JSON a job's rank printed after ``marker`` (its first line that has it); ``what``
+    names the job when there is none."""
+    for line in out.splitlines():
+        if marker in line:
+            return json.loads(line.split(marker, 1)[1])
+    raise SystemExit(f"{what}: no result in the job's output:\n{out[-3000:]}")
+
+
 def parse(out: str, tree: Path, backend: str) -> dict[str, Any]:
     """Rank 0's result from a job's output, after checking that every rank imported ``tree``."""
     decoder = json.JSONDecoder()  # a launcher may join two ranks' lines: decode from each marker

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from checkouts import run_job
+from checkouts import marked, run_job
 from timing import cell, comparison_table, interleaved
 
 MARKER = "NODE-OBJECTS-RESULT "
@@ -188,11 +188,7 @@ def job(engine: str, nprocs: int, tail: list[str]) -> Any:
         argv = [*run, *tail]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTCOMM_", "MASTER_"))}
     env.setdefault("OMP_NUM_THREADS", "1")
-    out = run_job(argv, env, os.getcwd(), 1800)
-    for line in out.splitlines():
-        if MARKER in line:
-            return json.loads(line.split(MARKER, 1)[1])
-    raise SystemExit(f"{engine}: no result in the job's output:\n{out[-3000:]}")
+    return marked(run_job(argv, env, os.getcwd(), 1800), MARKER, f"{engine}")
 
 
 def state_dict_table(engine: str, gib: float, rounds: int, kind: str) -> list[str]:

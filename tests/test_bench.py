@@ -312,6 +312,9 @@ def test_under_distcomm_run_on_gloo_with_raw_and_a_plot(tmp_path: Path) -> None:
     check_bench_json(collectives, sized, SIZES, 2, native_ops("gloo") - set(SYNC_OPS))
     check_sync_records(doc, mine, SIZES, SYNC_OPS)
     assert doc["backend"] == "gloo" and doc["launcher"] == "env"
+    # one node: distcomm's rows went through node memory, the raw rows through Gloo
+    assert doc["node_memory"] is True
+    assert any("go through node memory" in line for line in done.stdout.splitlines())
     check_png(tmp_path / "bench.png")
     lines = (done.stdout + done.stderr).splitlines()
     steps = (len(sized) + 1) * len(SIZES) + 1  # sendrecv at each size, barrier once
@@ -349,7 +352,7 @@ def test_under_mpirun_on_mpi(tmp_path: Path) -> None:
     check_bench_json(collectives, ops, SIZES, 2, native_ops("mpi") & set(ops))
     check_sync_records(doc, mine, SIZES, SYNC_OPS)
     check_sync_table(done.stdout.splitlines(), doc["no_raw_call"])
-    assert doc["backend"] == "mpi"
+    assert doc["backend"] == "mpi" and doc["node_memory"] is False  # MPI's shared memory
 
 
 def test_barrier_alone_under_mpirun_with_a_plot(tmp_path: Path) -> None:

@@ -72,9 +72,15 @@ _NOTES = {
 }
 
 
-def print_table(records: list[dict[str, Any]], no_raw: list[str] | tuple[str, ...] = ()) -> None:
+def print_table(
+    records: list[dict[str, Any]],
+    no_raw: list[str] | tuple[str, ...] = (),
+    node_memory: bool = False,
+) -> None:
     """The records as a table on stdout; ``raw/distcomm`` above 1 means distcomm is faster.
-    The ops in ``no_raw`` (``--compare raw`` found no engine call) get a ``raw n/a`` row."""
+    The ops in ``no_raw`` (``--compare raw`` found no engine call) get a ``raw n/a`` row;
+    ``node_memory``: the communicator's CPU tensors went through node memory, which a line
+    says (the ``raw`` rows are then the engine's own path)."""
     if not records:
         print("distcomm bench: nothing was measured")
         return
@@ -83,6 +89,11 @@ def print_table(records: list[dict[str, Any]], no_raw: list[str] | tuple[str, ..
         f"distcomm bench: {first['backend']}, {first['world_size']} rank(s); time per call is "
         "the slowest rank's, median (min-max) of the rounds; busbw as nccl-tests"
     )
+    if node_memory:
+        print(
+            "distcomm's CPU tensor collectives and barriers go through node memory (every rank "
+            "on this node; docs/backends.md#node-memory); raw rows: the engine's own call"
+        )
     compare = any("raw_over_distcomm" in r for r in records) or bool(no_raw)
     head = f"{'op':<18} {'size':>8} {'engine':<8} {'time per call':>30} {'algbw GB/s':>11} "
     print(head + f"{'busbw GB/s':>11}" + (f" {'raw/distcomm':>13}" if compare else ""))

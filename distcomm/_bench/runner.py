@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
         args.device = choose_device(args.device, comm.devices, comm.backend)
         records, unmatched = _measure(comm, args)
         if comm.rank == 0:
-            print_table(records, unmatched)
+            node_memory = comm.node_memory and args.device == "cpu"
+            print_table(records, unmatched, node_memory)
             header = _header(comm, args)
+            header["node_memory"] = node_memory
             if args.compare == "raw":
                 header["no_raw_call"] = unmatched
             if args.json:
