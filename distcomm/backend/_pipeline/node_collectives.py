@@ -1,24 +1,25 @@
 """CPU tensor collectives through node memory, for engines that have no shared-memory path.
 
-Gloo moves CPU tensors over TCP loopback even when every rank is a process of one node (2.4 ms
-for a 1 MiB all_reduce at 2 ranks on the machine this was written on, against 0.20 ms for
-MPICH's shared memory and 0.25 ms through node memory). A communicator whose engine says it has no such path of its own
-(``Capabilities.node_memory``: gloo, zmq, plugins by default; mpi sets it False) gets a
-:class:`Transport` between the kit's steps and the engine: it serves the engine methods
-``all_reduce``, ``broadcast``, ``all_gather_into``, ``reduce``, ``reduce_scatter``,
-``all_to_all`` and ``barrier``, and the plans of their kinds, through the group's node segment
+Gloo moves CPU tensors over TCP loopback even when every rank is a process of one node (2.4 ms for
+a 1 MiB all_reduce at 2 ranks on the machine this was written on, against 0.20 ms for MPICH's
+shared memory and 0.25 ms through node memory). A communicator whose engine says it has no such
+path of its own (``Capabilities.node_memory``: gloo, zmq, plugins by default; mpi sets it False)
+gets a :class:`Transport` between the kit's steps and the engine: it serves the engine methods
+``all_reduce``, ``broadcast``, ``all_gather_into``, ``reduce``, ``reduce_scatter``, ``all_to_all``
+and ``barrier``, and the plans of their kinds, through the group's node segment
 (:mod:`.node_segment`) when the group passed the proof that it shares this node, and hands every
 other call to the engine's method as it was: GPU memory, the reductions a framework cannot do on
 the array (bytes), calls below the op's :data:`THRESHOLDS`, groups that span nodes.
 
-The proof is made when the communicator is made (a collective over the engine: every member
-makes it at once), and its answer kept for the group's life: a group that failed it binds its
-engine's methods again, and the log says why (``DISTCOMM_LOG_LEVEL=INFO``). A blocking call runs
-in the caller's thread; an asynchronous one in the transport's worker thread, in order, so that
-it goes on while the caller does other things, as an engine's does; the Work it returns has
-torch's future where torch is imported (DDP over torch's group ``"distcomm"`` waits on it). ``DISTCOMM_NODE_MEMORY`` chooses:
-``auto`` (default), ``off`` (the engine carries everything, objects included) or ``require`` (a
-group of processes that cannot use node memory raises, for tests that must reach it).
+The proof is made when the communicator is made (a collective over the engine: every member makes
+it at once), and its answer kept for the group's life: a group that failed it binds its engine's
+methods again, and the log says why (``DISTCOMM_LOG_LEVEL=INFO``). A blocking call runs in the
+caller's thread; an asynchronous one in the transport's worker thread, in order, so that it goes on
+while the caller does other things, as an engine's does; the Work it returns has torch's future
+where torch is imported (DDP over torch's group ``"distcomm"`` waits on it).
+``DISTCOMM_NODE_MEMORY`` chooses: ``auto`` (default), ``off`` (the engine carries everything,
+objects included) or ``require`` (a group of processes that cannot use node memory raises, for
+tests that must reach it).
 
 How each call moves, in pieces of at most :data:`~.node_segment.SLOT_BYTES` per rank, each piece
 in the set of slots of its parity (so that a rank writes a piece while slower ranks still read the
