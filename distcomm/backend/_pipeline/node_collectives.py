@@ -12,8 +12,8 @@ other call to the engine's method as it was: GPU memory, the reductions a framew
 the array (bytes), calls below the op's :data:`THRESHOLDS`, groups that span nodes.
 
 The proof is made when the communicator is made (a collective over the engine: every member makes
-it at once), and its answer kept for the group's life: a group that failed it binds its engine's
-methods again, and the log says why (``DISTCOMM_LOG_LEVEL=INFO``). A blocking call runs in the
+it at once), and its answer kept for the group's life: a group that failed it keeps its engine's
+methods, and the log says why (``DISTCOMM_LOG_LEVEL=INFO``). A blocking call runs in the
 caller's thread; an asynchronous one in the transport's worker thread, in order, so that it goes on
 while the caller does other things, as an engine's does; the Work it returns has torch's future
 where torch is imported (DDP over torch's group ``"distcomm"`` waits on it).
@@ -101,6 +101,12 @@ _DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloa
 _REDUCE_OPS = tuple(ReduceOp)
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 _NOT_PROVED = "not proved yet"
+#: The engine method of each planned op whose name differs.
+_ENGINE_OPS = {
+    "all_gather_into_tensor": "all_gather_into",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+}
 #: A call's op and seq, which its errors name (it may run after the caller made other calls).
 Label = tuple[str, int]
 #: The ops whose plans node memory makes (the others' are the engine's).
@@ -152,8 +158,8 @@ class Transport:
         self._views: dict[str, Any] = {}  # the segment as each kind of array's bytes
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the asynchronous calls
         self._worker: threading.Thread | None = None
-        self._idle = threading.Condition()
-        self._pending = 0  # calls given to the worker and not finished
+        self._lock = threading.Lock()
+        self._pending = 0  # calls given to the worker and not finished (under the lock)
 
     @property
     def proved(self) -> bool:
@@ -168,7 +174,7 @@ class Transport:
     def prove(self) -> bool:
         """Collective, once, when the communicator is made: whether its ranks share this node
         (:func:`~.node_segment.prove`); the answer is logged, and raised under ``require``.
-        False: the communicator binds its engine's methods again (this transport unused)."""
+        False: the communicator keeps its engine's methods (this transport unused)."""
         comm = self.comm
         all_gather, broadcast = self.engine["all_gather_into"], self.engine["broadcast"]
         found = node_segment.prove(
@@ -222,7 +228,7 @@ class Transport:
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         torch = sys.modules.get("torch")
         future = torch.futures.Future() if torch is not None else None
-        with self._idle:
+        with self._lock:
             self._pending += 1
         self._jobs.put((move, args, label, done, future))
         if self._worker is None:
@@ -254,9 +260,8 @@ class Transport:
                 if future is not None:
                     future.set_result(None)
             finally:
-                with self._idle:
+                with self._lock:
                     self._pending -= 1
-                    self._idle.notify_all()
             del job, move, args, done, future  # the caller's arrays: not kept past the call
 
     # -- the engine methods ------------------------------------------------------------------------
@@ -333,20 +338,13 @@ class Transport:
     # -- plans -------------------------------------------------------------------------------------
     def _plan(self, call: Any) -> Callable[[Any, Any], Any] | None:
         op, x, root = call.op, call.array, call.root
-        if op == "barrier":
-            if not isinstance(self.segment, Segment):
-                return None
-            return lambda x, y: self.barrier(False)  # after the calls started before it
         if not isinstance(self.segment, Segment):
             return None
+        if op == "barrier":
+            return lambda x, y: self.barrier(False)  # after the calls started before it
         reduces = op in ("all_reduce", "reduce", "reduce_scatter_tensor")
-        kind = _kind(x, reduces)
+        kind = self._takes(_ENGINE_OPS.get(op, op), x, reduce_op=ReduceOp.SUM if reduces else None)
         if kind is None:
-            return None
-        engine_op = {"all_gather_into_tensor": "all_gather_into",
-                     "reduce_scatter_tensor": "reduce_scatter",
-                     "all_to_all_single": "all_to_all"}.get(op, op)  # fmt: skip
-        if _size(x) < THRESHOLDS[engine_op] or _size(x) == 0:
             return None
         plain, sums = _PLAIN[kind], ReduceOp.SUM
         # what the call writes must be writable (a read-only numpy array: the pipeline refuses

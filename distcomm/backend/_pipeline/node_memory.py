@@ -65,6 +65,7 @@ __all__ = [
     "fetch",
     "learn",
     "local",
+    "neighbours",
     "publish",
 ]
 
@@ -194,16 +195,26 @@ def node_key() -> tuple[bytes, int, int]:
     return boot, namespace, os.geteuid()
 
 
+def neighbours(
+    all_gather: Callable[[bytearray, bytearray], Any], world: int
+) -> tuple[bool, list[int]]:
+    """Collective (``all_gather(output, mine)``, blocking, over ``world`` ranks): whether every
+    rank has this node's key (:func:`node_key`, a readable one), and each rank's pid."""
+    every = bytearray(_RECORD.size * world)
+    all_gather(every, bytearray(_RECORD.pack(*node_key(), os.getpid())))
+    records = [_RECORD.unpack_from(every, r * _RECORD.size) for r in range(world)]
+    keys = {record[:3] for record in records}
+    return len(keys) == 1 and _NO_KEY not in keys, [record[3] for record in records]
+
+
 def learn(comm: BaseCommunicator) -> bool:
     """Collective: whether every rank of ``comm`` is its own process on this node (one
-    all-gather of node keys and pids); remembered for ``comm``."""
+    all-gather of node keys and pids, :func:`neighbours`); remembered for ``comm``."""
     world = comm.world_size
-    every = bytearray(_RECORD.size * world)
-    mine = bytearray(_RECORD.pack(*node_key(), os.getpid()))
-    comm._call(comm._all_gather_into, False, every, mine)
-    records = [_RECORD.unpack_from(every, r * _RECORD.size) for r in range(world)]
-    keys, pids = {record[:3] for record in records}, {record[3] for record in records}
-    _node(comm).local = len(keys) == 1 and _NO_KEY not in keys and len(pids) == world
+    same, pids = neighbours(
+        lambda every, mine: comm._call(comm._all_gather_into, False, every, mine), world
+    )
+    _node(comm).local = same and len(set(pids)) == world
     return bool(_node(comm).local)
 
 

@@ -52,7 +52,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from distcomm._logs import logger
-from distcomm.backend._pipeline.node_memory import node_key
+from distcomm.backend._pipeline.node_memory import neighbours
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -71,10 +71,8 @@ SLICE = 0.05
 _LINE_WORDS = 16
 #: The words of a descriptor: op and root, dtype, bytes (low, high).
 _DESCRIPTOR = 4
-_NONCE = struct.Struct("<16s")
 #: Where rank 0's segment is: pid, fd, inode, bytes, and the 16 bytes it wrote at its end.
 _WHERE = struct.Struct("<qqqq16s")
-_RECORD = struct.Struct("<16sQQq")
 _MASK = 2**32 - 1
 _FUTEX_WAIT, _FUTEX_WAKE, _ETIMEDOUT = 0, 1, 110
 _SYS_FUTEX = 202  # x86-64
@@ -270,12 +268,8 @@ def prove(
     which block): whether every rank is a process of this node that maps the segment rank 0 made
     (module docstring). The segment, or why not (the same on every rank)."""
     world, rank = comm.world_size, comm.rank
-    every = bytearray(_RECORD.size * world)
-    all_gather(every, bytearray(_RECORD.pack(*node_key(), os.getpid())))
-    records = [_RECORD.unpack_from(every, r * _RECORD.size) for r in range(world)]
-    keys = {record[:3] for record in records}
-    pids = [record[3] for record in records]
-    if len(keys) != 1 or keys == {(bytes(16), 0, 0)}:
+    same, pids = neighbours(all_gather, world)
+    if not same:
         return "its ranks are not all on this node (their boot ids, pid namespaces or users differ)"
     if len(set(pids)) != world:
         return "its ranks are threads of one process (their engine already shares memory)"

@@ -231,13 +231,6 @@ class Steps(ArgumentChecks, Failures, Defaults):
         self._thread = threading.get_ident()
         #: The kinds of call the pipeline took, their plans and fingerprints
         #: (:mod:`~distcomm.backend._pipeline.plans`).
-        #: CPU tensor collectives through node memory, where the engine has no such path
-        #: (:mod:`~distcomm.backend._pipeline.node_collectives`): its methods stand for the
-        #: engine's, and hand it the calls they do not take.
-        self._node = node_collectives.over(self)
-        if self._node is not None:
-            for name, method in self._node.methods().items():
-                setattr(self, "_" + name, method)
         self._plans = Plans(self._plan, self._barrier_plan, self._global_ranks, self._rank)
         self._last_kind = self._plans.last  # the same dict for its life: read on every call
         self.debug = mismatch_check.policy()  # DISTCOMM_DEBUG; init(debug=...) sets it after
@@ -251,9 +244,13 @@ class Steps(ArgumentChecks, Failures, Defaults):
         bind = getattr(engine, "bind", None)
         if bind is not None:
             bind(self)
-        if self._node is not None and not self._node.prove():  # (collective: every member
-            # makes the communicator at once) the group keeps its engine: its methods again
-            for name, method in self._node.engine.items():
+        #: CPU tensor collectives through node memory, where the engine has no such path
+        #: (:mod:`~distcomm.backend._pipeline.node_collectives`): once the group proved it
+        #: shares the node (a collective: every member makes the communicator at once), its
+        #: methods stand for the engine's and hand it the calls they do not take.
+        self._node = node_collectives.over(self)
+        if self._node is not None and self._node.prove():
+            for name, method in self._node.methods().items():
                 setattr(self, "_" + name, method)
             self._plans.ask_through(self._plan)
 
